@@ -1,0 +1,298 @@
+# libkvpage — one GNU Makefile.
+#
+#   make                 build/libkvpage.{a,so}, tools in build/bin/
+#   make test            unit tests (cmocka) + install/pkg-config consumer test
+#   make test SAN=1      the same tests under AddressSanitizer + UBSan (build/san/)
+#   make bench docs install uninstall clean demo
+#
+# Variables: CC CFLAGS LDFLAGS PREFIX DESTDIR LIBDIR INCLUDEDIR BINDIR
+#            PKGCONFIGDIR NVCC CUDA_ARCHS HAVE_CUDA SAN V WERROR
+
+.DEFAULT_GOAL := all
+.DELETE_ON_ERROR:
+.SECONDARY:
+MAKEFLAGS += --no-builtin-rules
+
+# ---- version (from the header: one source of truth) ------------------------
+version_field = $(shell sed -n 's/^\#define KVP_VERSION_$(1) \([0-9][0-9]*\).*/\1/p' include/kvpage.h)
+MAJOR := $(call version_field,MAJOR)
+MINOR := $(call version_field,MINOR)
+PATCH := $(call version_field,PATCH)
+VERSION := $(MAJOR).$(MINOR).$(PATCH)
+
+# ---- user variables ---------------------------------------------------------
+CC ?= cc
+ifeq ($(origin CC),default)
+CC := cc
+endif
+CFLAGS ?= -O2 -g
+LDFLAGS ?=
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+BINDIR ?= $(PREFIX)/bin
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+DESTDIR ?=
+SAN ?= 0
+V ?= 0
+WERROR ?= 0
+CUDA_ARCHS ?= 80 90
+
+# nvcc: on PATH, or the toolkit's usual place.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+ifeq ($(origin HAVE_CUDA),undefined)
+HAVE_CUDA := $(if $(NVCC),1,0)
+endif
+ifeq ($(HAVE_CUDA),1)
+ifeq ($(NVCC),)
+$(error HAVE_CUDA=1 but nvcc was not found; set NVCC=/path/to/nvcc or HAVE_CUDA=0)
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CUDA_LIBDIR ?= $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib $(CUDA_HOME)/lib))
+endif
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+# ---- output directories -----------------------------------------------------
+# BUILD_ROOT lets CI keep several configurations side by side (e.g. clang).
+BUILD_ROOT ?= build
+ifeq ($(SAN),1)
+BUILD := $(BUILD_ROOT)/san
+else
+BUILD := $(BUILD_ROOT)
+endif
+OBJ := $(BUILD)/obj
+BIN := $(BUILD)/bin
+
+# ---- flags ------------------------------------------------------------------
+WARN := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+        -Wpointer-arith -Wcast-qual -Wformat=2 -Wvla
+ifeq ($(WERROR),1)
+WARN += -Werror
+endif
+SANFLAGS :=
+ifeq ($(SAN),1)
+SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+endif
+DEFS :=
+ifeq ($(HAVE_CUDA),1)
+DEFS += -DKVP_HAVE_CUDA
+endif
+ALL_CFLAGS := -std=c11 $(WARN) $(CFLAGS) $(SANFLAGS) -fPIC -fvisibility=hidden \
+              -Iinclude -Ilib $(DEFS) -MMD -MP
+TOOL_CFLAGS := -std=c11 $(WARN) $(CFLAGS) $(SANFLAGS) -Iinclude -Ilib -Itools -MMD -MP
+SYS_LIBS := -lm -lpthread
+CUDA_LIBS :=
+ifeq ($(HAVE_CUDA),1)
+# cudart is linked statically: libkvpage.so then needs only the driver
+# (libcuda.so.1, loaded at run time) and runs on machines without a GPU.
+CUDA_LIBS := -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt
+endif
+LIBS := $(CUDA_LIBS) $(SYS_LIBS)
+
+NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+NVCCFLAGS ?= -O3
+ALL_NVCCFLAGS := -std=c++17 $(NVCCFLAGS) $(NVCC_GENCODE) -Iinclude -Ilib $(DEFS) \
+                 -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-fno-exceptions \
+                 -MMD -MP
+ifeq ($(SAN),1)
+ALL_NVCCFLAGS += -Xcompiler -fsanitize=address,-fsanitize=undefined,-fno-omit-frame-pointer
+endif
+
+# ---- sources ----------------------------------------------------------------
+LIB_SRCS := $(wildcard lib/*.c) $(wildcard lib/cpu/*.c)
+ifeq ($(HAVE_CUDA),1)
+LIB_SRCS := $(filter-out lib/cuda_stub.c,$(LIB_SRCS))
+CU_SRCS := $(wildcard cuda/*.cu)
+else
+CU_SRCS :=
+endif
+LIB_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o) $(CU_SRCS:%.cu=$(OBJ)/%.o)
+
+TOOL_COMMON := tools/cli.c
+TOOL_NAMES := kvpage-plan kvpage-bench
+TOOLS := $(TOOL_NAMES:%=$(BIN)/%)
+# extra sources per tool
+kvpage-plan_SRCS := tools/kvpage-plan.c tools/plan_cli.c
+kvpage-bench_SRCS := tools/kvpage-bench.c $(wildcard bench/*.c)
+
+TEST_SRCS := $(wildcard tests/test_*.c)
+TESTS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+# extra sources per test
+test_plan_cli_EXTRA := tools/plan_cli.c
+
+STATIC_LIB := $(BUILD)/libkvpage.a
+SONAME := libkvpage.so.$(MAJOR)
+SHARED_REAL := $(BUILD)/libkvpage.so.$(VERSION)
+SHARED_LIBS := $(SHARED_REAL) $(BUILD)/$(SONAME) $(BUILD)/libkvpage.so
+
+# ---- configuration stamp ------------------------------------------------------
+# Objects depend on a file holding the flags they were built with, so changing
+# HAVE_CUDA, CC or CFLAGS rebuilds what it must (SAN=1 has its own directory).
+CONFIG_LINE := $(CC) $(ALL_CFLAGS) | cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS) | $(LIBS)
+CONFIG_STAMP := $(BUILD)/.config
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+$(shell mkdir -p $(BUILD) && { printf '%s\n' '$(CONFIG_LINE)' | cmp -s - $(CONFIG_STAMP) || \
+    printf '%s\n' '$(CONFIG_LINE)' > $(CONFIG_STAMP); })
+endif
+
+# ---- top-level targets --------------------------------------------------------
+.PHONY: all lib tools tests test test-unit test-install bench docs install uninstall \
+        clean demo deps-test deps-docs print-config
+
+all: lib tools
+
+lib: $(STATIC_LIB) $(SHARED_LIBS)
+
+tools: $(TOOLS)
+
+tests: $(TESTS)
+
+print-config:
+	@echo "version    $(VERSION)"
+	@echo "CC         $(CC)"
+	@echo "HAVE_CUDA  $(HAVE_CUDA) $(if $(filter 1,$(HAVE_CUDA)),($(NVCC), archs $(CUDA_ARCHS)))"
+	@echo "SAN        $(SAN)"
+	@echo "BUILD      $(BUILD)"
+
+# ---- compile ------------------------------------------------------------------
+$(OBJ)/%.o: %.c $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(OBJ)/%.o: %.cu $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(ALL_NVCCFLAGS) -c $< -o $@
+
+$(OBJ)/tools/%.o: tools/%.c $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(TOOL_CFLAGS) -c $< -o $@
+
+$(OBJ)/bench/%.o: bench/%.c $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(TOOL_CFLAGS) -c $< -o $@
+
+$(OBJ)/tests/%.o: tests/%.c $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(TOOL_CFLAGS) -Wno-missing-prototypes -c $< -o $@
+
+# ---- link ---------------------------------------------------------------------
+$(STATIC_LIB): $(LIB_OBJS)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(SHARED_REAL): $(LIB_OBJS)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined $(SANFLAGS) $(LDFLAGS) \
+	    -o $@ $^ $(LIBS)
+
+$(BUILD)/$(SONAME): $(SHARED_REAL)
+	$(Q)ln -sf $(notdir $<) $@
+
+$(BUILD)/libkvpage.so: $(BUILD)/$(SONAME)
+	$(Q)ln -sf $(notdir $<) $@
+
+# Tools and tests link the static library: they run from the build tree
+# without LD_LIBRARY_PATH, and tests may call internal (kvp__) functions.
+.SECONDEXPANSION:
+objs_of = $(addprefix $(OBJ)/,$(addsuffix .o,$(basename $(1))))
+$(BIN)/%: $$(call objs_of,$$($$*_SRCS) $(TOOL_COMMON)) $(STATIC_LIB)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+$(BUILD)/tests/%: $(OBJ)/tests/%.o $$(call objs_of,$$($$*_EXTRA) $(TOOL_COMMON)) $(STATIC_LIB)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(LIBS)
+
+# ---- tests ----------------------------------------------------------------------
+deps-test:
+	@scripts/ensure-deps.sh test
+
+deps-docs:
+	@scripts/ensure-deps.sh docs
+
+# Order: build the tests only after the dependencies are in place.
+test: deps-test
+	@$(MAKE) --no-print-directory test-run
+
+.PHONY: test-run
+test-run: all $(TESTS)
+ifneq ($(SAN),1)
+	+@CC="$(CC)" HAVE_CUDA=$(HAVE_CUDA) scripts/test-install.sh
+endif
+	@SAN=$(SAN) scripts/run-tests.sh $(TESTS)
+
+test-unit: deps-test
+	@$(MAKE) --no-print-directory all tests
+	@SAN=$(SAN) scripts/run-tests.sh $(TESTS)
+
+test-install: deps-test all
+	+@CC="$(CC)" HAVE_CUDA=$(HAVE_CUDA) scripts/test-install.sh
+
+bench: tools
+	@echo "benchmarks: $(BIN)/kvpage-bench (run it with --help)"
+
+docs: deps-docs
+	@mkdir -p build/docs
+	@$(if $(Q),echo "  DOXYGEN docs/Doxyfile")
+	$(Q)KVP_VERSION=$(VERSION) doxygen docs/Doxyfile
+	@echo "docs: build/docs/html/index.html"
+
+# Until the real-model demo lands, the main job is the capacity planner.
+demo: tools
+	@echo "== kvpage-plan: Llama-3.1-8B on an H100 80GB at 8k context =="
+	@$(BIN)/kvpage-plan --preset llama-3.1-8b --gpu h100-80g --context 8192
+	@echo
+	@echo "== kvpage-plan: Llama-3.1-70B (fp8 weights) on an H200 at 32k context, int8 KV =="
+	@$(BIN)/kvpage-plan --preset llama-3.1-70b --gpu h200-141g --weight-dtype fp8 --context 32k --format int8
+
+# ---- install ----------------------------------------------------------------------
+# In kvpage.pc, directories under PREFIX are written relative to ${prefix}, so
+# a relocated install works with `pkg-config --define-variable=prefix=...`.
+PC_LIBDIR := $(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))
+PC_INCLUDEDIR := $(patsubst $(PREFIX)/%,$${prefix}/%,$(INCLUDEDIR))
+$(BUILD)/kvpage.pc: pkgconfig/kvpage.pc.in include/kvpage.h FORCE
+	@mkdir -p $(@D)
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(PC_LIBDIR)|g' \
+	    -e 's|@INCLUDEDIR@|$(PC_INCLUDEDIR)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	    -e 's|@LIBS_PRIVATE@|$(strip $(LIBS))|g' $< > $@.tmp && \
+	    { cmp -s $@.tmp $@ && rm -f $@.tmp || mv -f $@.tmp $@; }
+
+.PHONY: FORCE
+FORCE:
+
+install: all $(BUILD)/kvpage.pc
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(BINDIR)
+	install -m 644 include/kvpage.h include/kvpage_cuda.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(STATIC_LIB) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(SHARED_REAL) $(DESTDIR)$(LIBDIR)/
+	ln -sf libkvpage.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libkvpage.so
+	install -m 644 $(BUILD)/kvpage.pc $(DESTDIR)$(PKGCONFIGDIR)/
+	install -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
+
+uninstall:
+	rm -f $(DESTDIR)$(INCLUDEDIR)/kvpage.h $(DESTDIR)$(INCLUDEDIR)/kvpage_cuda.h
+	rm -f $(DESTDIR)$(LIBDIR)/libkvpage.a $(DESTDIR)$(LIBDIR)/libkvpage.so \
+	      $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libkvpage.so.$(VERSION)
+	rm -f $(DESTDIR)$(PKGCONFIGDIR)/kvpage.pc
+	rm -f $(TOOL_NAMES:%=$(DESTDIR)$(BINDIR)/%)
+
+clean:
+	rm -rf build
+
+-include $(shell find $(OBJ) -name '*.d' 2>/dev/null)

@@ -1,0 +1,539 @@
+/**
+ * @file kvpage.h
+ * @brief libkvpage — KV-cache management for LLM inference engines.
+ *
+ * One header for the whole public C API. docs/concepts.md explains the ideas;
+ * docs/formats.md the byte layout of every format.
+ */
+#ifndef KVPAGE_H
+#define KVPAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/**
+ * @mainpage libkvpage
+ *
+ * libkvpage manages the KV cache of an LLM inference engine: how many tokens
+ * fit in a memory budget (layer `plan`), where each token's keys and values
+ * live (pages), in which precision (formats), and what happens when memory
+ * runs out.
+ *
+ * @section conventions Conventions
+ *
+ * - Every fallible function returns an `int` status: #KVP_OK (0) or a
+ *   negative `KVP_E*` code (see #kvp_status). Results come back through
+ *   out-parameters, which are left untouched on failure.
+ * - Functions that belong to no object take an optional error buffer
+ *   (`char *err, size_t err_size`; NULL/0 means "no detail wanted"). On
+ *   failure a one-line, NUL-terminated explanation is written there (e.g.
+ *   which argument was bad). #KVP_ERR_SIZE bytes always suffice.
+ * - Parameter and result structs start with `uint32_t struct_size`, which the
+ *   caller sets to `sizeof` the struct it was compiled with (the
+ *   `*_params_init()` functions do it). The library reads and writes only the
+ *   bytes the caller declared, so fields can be appended in later minor
+ *   versions without breaking the ABI.
+ * - No public struct contains bitfields, unions or enums: enumerated values are
+ *   stored as `int32_t`. Bindings (ctypes, cffi, bindgen, cgo) mirror the
+ *   structs mechanically.
+ *
+ * @section threads Thread safety
+ *
+ * Functions without an object argument are thread-safe. An object (pool,
+ * table, store, …) may be used from several threads only if the caller
+ * serialises the calls, unless a function's documentation says otherwise.
+ * The library has no global mutable state.
+ *
+ * @section memory Memory
+ *
+ * The library allocates host memory only through the #kvp_allocator_t hooks
+ * given when an object is created (NULL hooks mean libc). It never aborts,
+ * exits or prints.
+ */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Export macro                                                              */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @def KVP_API
+ * @brief Marks a public symbol. The library is built with
+ *        `-fvisibility=hidden`; only `KVP_API` symbols are exported from the
+ *        shared object.
+ */
+#if defined(_WIN32) && defined(KVP_BUILDING_SHARED)
+#define KVP_API __declspec(dllexport)
+#elif defined(_WIN32) && defined(KVP_USING_SHARED)
+#define KVP_API __declspec(dllimport)
+#elif defined(__GNUC__) || defined(__clang__)
+#define KVP_API __attribute__((visibility("default")))
+#else
+#define KVP_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/** @brief Major version: releases with the same major version are ABI compatible. */
+#define KVP_VERSION_MAJOR 0
+/** @brief Minor version: new features, ABI compatible within a major version. */
+#define KVP_VERSION_MINOR 1
+/** @brief Patch version: fixes only. */
+#define KVP_VERSION_PATCH 0
+/** @brief The version as one number: MAJOR*10000 + MINOR*100 + PATCH. */
+#define KVP_VERSION_NUMBER \
+    (KVP_VERSION_MAJOR * 10000 + KVP_VERSION_MINOR * 100 + KVP_VERSION_PATCH)
+
+/** @cond KVP_INTERNAL */
+#define KVP__STR2(x) #x
+#define KVP__STR(x) KVP__STR2(x)
+/** @endcond */
+
+/** @brief The version as a string, e.g. "0.1.0". */
+#define KVP_VERSION_STRING                                                    \
+    KVP__STR(KVP_VERSION_MAJOR) "." KVP__STR(KVP_VERSION_MINOR) "." KVP__STR( \
+        KVP_VERSION_PATCH)
+
+/**
+ * @brief Version of the library actually loaded at run time.
+ * @return #KVP_VERSION_NUMBER of the library that was built; compare with the
+ *         header's macro to detect a mismatched shared object.
+ */
+KVP_API unsigned kvp_version_number(void);
+
+/**
+ * @brief Version string of the library actually loaded at run time.
+ * @return A static string such as "0.1.0"; never NULL.
+ */
+KVP_API const char *kvp_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief The status table: X(name, value, message).
+ *
+ * Values are never renumbered; new codes are appended with the next negative
+ * value. Expanding this table generates #kvp_status, kvp_strerror() and
+ * kvp_status_name().
+ */
+#define KVP_STATUS_TABLE(X)                                                   \
+    X(KVP_OK, 0, "success")                                                   \
+    X(KVP_EINVAL, -1, "invalid argument")                                     \
+    X(KVP_ENOMEM, -2, "out of memory")                                        \
+    X(KVP_ENOSPC, -3, "not enough free pages")                                \
+    X(KVP_ENOENT, -4, "no such sequence or entry")                            \
+    X(KVP_ENOTSUP, -5, "not supported by this build, backend or format")      \
+    X(KVP_ENODEV, -6, "no usable device")                                     \
+    X(KVP_ECUDA, -7, "CUDA runtime error")                                    \
+    X(KVP_ESTATE, -8, "object is in the wrong state for this call")           \
+    X(KVP_EINTERNAL, -9, "internal error in libkvpage (please report)")
+
+/** @brief Internal: expands one row of #KVP_STATUS_TABLE into an enumerator. */
+#define KVP__STATUS_ENUM(name, value, msg) name = value,
+
+/**
+ * @brief Status codes returned by every fallible function (see
+ *        #KVP_STATUS_TABLE for the values; they are never renumbered).
+ */
+enum kvp_status { KVP_STATUS_TABLE(KVP__STATUS_ENUM) };
+
+/** @var KVP_OK
+ *  @brief Success (0). */
+/** @var KVP_EINVAL
+ *  @brief An argument is invalid: NULL, out of range, inconsistent with
+ *         another, or a struct_size that is too small. Nothing was changed. */
+/** @var KVP_ENOMEM
+ *  @brief A host (or device) allocation failed. Nothing was changed. */
+/** @var KVP_ENOSPC
+ *  @brief The pool has fewer free pages than the request needs; all-or-nothing
+ *         requests leave the pool as it was. */
+/** @var KVP_ENOENT
+ *  @brief An id or name refers to no live sequence, entry or preset. */
+/** @var KVP_ENOTSUP
+ *  @brief Valid, but not supported by this build, backend or format. */
+/** @var KVP_ENODEV
+ *  @brief No usable device: no GPU, no driver, or an ordinal out of range. */
+/** @var KVP_ECUDA
+ *  @brief The CUDA runtime reported an error; the detail text has its message. */
+/** @var KVP_ESTATE
+ *  @brief The object is in the wrong state for this call (e.g. a sequence that
+ *         is swapped out). */
+/** @var KVP_EINTERNAL
+ *  @brief An internal invariant failed: a bug in libkvpage. Please report it
+ *         with the detail text. */
+
+/** @brief Recommended size of an error-detail buffer (`char err[KVP_ERR_SIZE]`). */
+#define KVP_ERR_SIZE 256
+
+/**
+ * @brief A short human-readable message for a status code.
+ * @param[in] status A value returned by a libkvpage function.
+ * @return A static string; "unknown status" for values not in the table.
+ */
+KVP_API const char *kvp_strerror(int status);
+
+/**
+ * @brief The symbolic name of a status code, e.g. "KVP_ENOSPC".
+ * @param[in] status A value returned by a libkvpage function.
+ * @return A static string; "KVP_UNKNOWN" for values not in the table.
+ */
+KVP_API const char *kvp_status_name(int status);
+
+/* ------------------------------------------------------------------------ */
+/* Allocator hooks                                                           */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Host allocator hooks, given per object at creation.
+ *
+ * Leave both function pointers NULL to use libc. If one is set, both must be.
+ * `alloc` must return memory aligned to at least `alignment` (a power of two,
+ * at most 4096) or NULL on failure; the library handles NULL as #KVP_ENOMEM.
+ */
+typedef struct kvp_allocator {
+    /** Allocate `size` bytes aligned to `alignment`; NULL on failure. */
+    void *(*alloc)(void *opaque, size_t size, size_t alignment);
+    /** Free memory returned by `alloc`; `ptr` is never NULL. */
+    void (*free)(void *opaque, void *ptr);
+    /** Passed unchanged to both hooks. */
+    void *opaque;
+} kvp_allocator_t;
+
+/* ------------------------------------------------------------------------ */
+/* KV formats                                                                */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Element formats for keys and values (chosen independently).
+ *
+ * Stored in structs as `int32_t`. Byte counts per format are defined in
+ * docs/formats.md and computed by kvp_layout_compute().
+ */
+enum kvp_format {
+    KVP_FORMAT_FP32 = 0,     /**< 32-bit float, the reference. */
+    KVP_FORMAT_FP16 = 1,     /**< IEEE binary16. */
+    KVP_FORMAT_BF16 = 2,     /**< bfloat16. */
+    KVP_FORMAT_FP8_E4M3 = 3, /**< OCP FP8 E4M3 (max 448), fp32 scale per layer and kv head. */
+    KVP_FORMAT_INT8 = 4,     /**< K: asymmetric per channel over a page; V: symmetric per token and head. */
+    KVP_FORMAT_INT4 = 5      /**< K: asymmetric per channel over a page; V: asymmetric per 32-wide group. */
+};
+
+/** @brief Number of formats in #kvp_format (valid values are 0 .. KVP_FORMAT_COUNT-1). */
+#define KVP_FORMAT_COUNT 6
+
+/**
+ * @brief The canonical name of a format ("fp32", "fp16", "bf16", "fp8_e4m3",
+ *        "int8", "int4").
+ * @param[in] format A #kvp_format value.
+ * @return A static string, or NULL if `format` is not a known format.
+ */
+KVP_API const char *kvp_format_name(int32_t format);
+
+/**
+ * @brief Parse a format name (case-insensitive; "fp8" is accepted for
+ *        "fp8_e4m3").
+ * @param[in]  name     The name.
+ * @param[out] format   The #kvp_format value.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size in bytes.
+ * @return #KVP_OK, or #KVP_EINVAL for NULL arguments or an unknown name.
+ */
+KVP_API int kvp_format_parse(const char *name, int32_t *format, char *err,
+                             size_t err_size);
+
+/* ------------------------------------------------------------------------ */
+/* Page layout and arena size (the one byte-count function)                  */
+/* ------------------------------------------------------------------------ */
+
+/** @brief Alignment, in bytes, of every K or V block of one (page, layer, kv head). */
+#define KVP_BLOCK_ALIGN 16
+/** @brief Alignment, in bytes, of the arena base and of its page region. */
+#define KVP_ARENA_ALIGN 256
+/** @brief Largest accepted page size, in tokens. */
+#define KVP_MAX_PAGE_SIZE 4096
+/** @brief Largest accepted head dimension. */
+#define KVP_MAX_HEAD_DIM 1024
+
+/**
+ * @brief Exact byte counts of one page for a model shape and K/V formats.
+ *
+ * A page holds `page_size` tokens of one sequence for every layer. For each
+ * (layer, kv head) it holds one K block and one V block: the elements plus
+ * their scale data, padded to #KVP_BLOCK_ALIGN bytes. When the K format is
+ * int8 or int4 (scales per channel over the page's tokens), a sequence's page
+ * that is still filling lives in an fp16 *staging page* (K and V of every
+ * layer) and is quantized into a pool page when it fills; every active
+ * sequence then holds one staging page.
+ *
+ * The planner, the pool and the page arena all use these numbers.
+ */
+typedef struct kvp_layout {
+    uint32_t struct_size;        /**< Set by the caller to sizeof(kvp_layout_t). */
+    int32_t layers;              /**< Number of transformer layers. */
+    int32_t kv_heads;            /**< K/V heads per layer. */
+    int32_t head_dim;            /**< Elements per head vector. */
+    int32_t page_size;           /**< Tokens per page. */
+    int32_t k_format;            /**< #kvp_format of keys. */
+    int32_t v_format;            /**< #kvp_format of values. */
+    int32_t needs_staging;       /**< 1 if sequences need an fp16 staging page (K int8/int4). */
+    uint64_t k_block_bytes;      /**< One (page, layer, kv head) K block, scales included, padded. */
+    uint64_t v_block_bytes;      /**< One (page, layer, kv head) V block, scales included, padded. */
+    uint64_t page_bytes;         /**< One page, all layers, K and V: layers*kv_heads*(k_block+v_block). */
+    uint64_t staging_page_bytes; /**< One fp16 staging page (all layers, K and V), or 0. */
+    uint64_t fixed_bytes;        /**< Per-arena data (fp8 scale tables), padded to #KVP_ARENA_ALIGN. */
+    uint64_t element_bytes_per_token; /**< K+V element bytes per token before scales, all layers:
+                                           layers*kv_heads*head_dim*(k_bits+v_bits)/8. */
+    double bytes_per_token;      /**< Stored bytes per token: page_bytes / page_size. */
+} kvp_layout_t;
+
+/**
+ * @brief Compute the exact byte counts of a page.
+ *
+ * @param[in]  layers    1 .. 65536.
+ * @param[in]  kv_heads  1 .. 65536.
+ * @param[in]  head_dim  A multiple of 8, 8 .. #KVP_MAX_HEAD_DIM.
+ * @param[in]  page_size 1 .. #KVP_MAX_PAGE_SIZE; even for int4 keys (two
+ *                       tokens share a byte along a channel).
+ * @param[in]  k_format  #kvp_format of keys.
+ * @param[in]  v_format  #kvp_format of values.
+ * @param[out] out       Result; `out->struct_size` must be set.
+ * @param[out] err       Optional error-detail buffer.
+ * @param[in]  err_size  Its size.
+ * @return #KVP_OK or #KVP_EINVAL (bad value, unusable page size, overflow).
+ *         O(1).
+ */
+KVP_API int kvp_layout_compute(int32_t layers, int32_t kv_heads,
+                               int32_t head_dim, int32_t page_size,
+                               int32_t k_format, int32_t v_format,
+                               kvp_layout_t *out, char *err, size_t err_size);
+
+/**
+ * @brief Bytes of a page arena holding `num_pages` pool pages and
+ *        `num_staging` staging pages.
+ *
+ * `fixed_bytes + num_pages*page_bytes + num_staging*staging_page_bytes`,
+ * with an overflow check. This is exactly what the page arena allocates.
+ *
+ * @param[in]  layout      From kvp_layout_compute().
+ * @param[in]  num_pages   Pool pages.
+ * @param[in]  num_staging Staging pages (ignored when the layout needs none).
+ * @param[out] bytes       The arena size.
+ * @param[out] err         Optional error-detail buffer.
+ * @param[in]  err_size    Its size.
+ * @return #KVP_OK or #KVP_EINVAL (NULL, invalid layout, overflow).
+ */
+KVP_API int kvp_arena_bytes(const kvp_layout_t *layout, uint64_t num_pages,
+                            uint64_t num_staging, uint64_t *bytes, char *err,
+                            size_t err_size);
+
+/* ------------------------------------------------------------------------ */
+/* Planner                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Inputs of the capacity planner. Fill with kvp_plan_params_init().
+ *
+ * The KV budget is either `kv_budget_bytes` (when non-zero) or
+ * `floor(memory_bytes * utilization) - weight_bytes - reserve_bytes`.
+ */
+typedef struct kvp_plan_params {
+    uint32_t struct_size;     /**< sizeof(kvp_plan_params_t); set by init. */
+    int32_t layers;           /**< Transformer layers (required). */
+    int32_t kv_heads;         /**< K/V heads per layer (required). */
+    int32_t head_dim;         /**< Head dimension (required). */
+    int32_t q_heads;          /**< Query heads; 0 = unknown. If set, a multiple of kv_heads. */
+    int32_t k_format;         /**< Key format; default #KVP_FORMAT_FP16. */
+    int32_t v_format;         /**< Value format; default #KVP_FORMAT_FP16. */
+    int32_t page_size;        /**< Tokens per page; default 16. */
+    uint64_t context;         /**< Tokens per sequence for the concurrency figures; 0 = none. */
+    uint64_t kv_budget_bytes; /**< Direct KV budget; 0 = derive from memory. */
+    uint64_t memory_bytes;    /**< Device memory (used when kv_budget_bytes is 0). */
+    uint64_t weight_bytes;    /**< Model weights resident in that memory. */
+    uint64_t reserve_bytes;   /**< Activations, workspace, runtime; default 0. */
+    double utilization;       /**< Fraction of memory_bytes the engine may use; default 0.90. */
+} kvp_plan_params_t;
+
+/**
+ * @brief Fill `p` with defaults (fp16 K/V, page size 16, utilization 0.90)
+ *        and set its struct_size. Shape and memory fields are zeroed.
+ * @param[out] p Parameters to initialise; NULL is ignored.
+ */
+KVP_API void kvp_plan_params_init(kvp_plan_params_t *p);
+
+/**
+ * @brief Result of the capacity planner.
+ *
+ * With the staging scheme (K int8/int4) a sequence of `context` tokens holds
+ * `floor(context/page_size)` pool pages plus one staging page; otherwise
+ * `ceil(context/page_size)` pool pages.
+ */
+typedef struct kvp_plan {
+    uint32_t struct_size;         /**< Set by the caller to sizeof(kvp_plan_t). */
+    int32_t k_format;             /**< Echo of the key format. */
+    int32_t v_format;             /**< Echo of the value format. */
+    int32_t page_size;            /**< Echo of the page size. */
+    int32_t needs_staging;        /**< 1 if each sequence holds an fp16 staging page. */
+    int32_t reserved_;            /**< Padding; always 0. */
+    uint64_t kv_budget_bytes;     /**< Bytes available to the KV cache. */
+    uint64_t bytes_per_token;     /**< Element bytes per token, all layers, K+V, before scales:
+                                       layers*kv_heads*head_dim*(k_bits+v_bits)/8 — for one
+                                       format, 2 x layers x kv_heads x head_dim x bytes. */
+    double bytes_per_token_stored;/**< Stored bytes per token, scales and padding included:
+                                       page_bytes / page_size. */
+    double bytes_per_token_per_layer; /**< bytes_per_token_stored / layers. */
+    uint64_t page_bytes;          /**< One page, all layers, K and V (kvp_layout_t::page_bytes). */
+    uint64_t staging_page_bytes;  /**< One staging page, or 0 (kvp_layout_t::staging_page_bytes). */
+    uint64_t fixed_bytes;         /**< Per-arena bytes (kvp_layout_t::fixed_bytes). */
+    uint64_t num_pages;           /**< Pool pages the budget holds (after staging pages). */
+    uint64_t num_staging;         /**< Staging pages reserved (max_seqs when staging is needed). */
+    uint64_t arena_bytes;         /**< kvp_arena_bytes(num_pages, num_staging) <= kv_budget_bytes. */
+    uint64_t max_tokens;          /**< num_pages * page_size. */
+    uint64_t context;             /**< Echo of the context length. */
+    uint64_t pages_per_seq;       /**< Pool pages one sequence of `context` tokens holds. */
+    uint64_t seq_bytes;           /**< Bytes one such sequence holds (its pages + staging page). */
+    uint64_t max_seqs;            /**< Sequences of `context` tokens that fit at once; 0 if context is 0. */
+} kvp_plan_t;
+
+/**
+ * @brief Compute how many pages, tokens and concurrent sequences fit.
+ *
+ * @param[in]  params   Inputs (see #kvp_plan_params_t).
+ * @param[out] plan     Result; `plan->struct_size` must be set. Untouched on error.
+ * @param[out] err      Optional error-detail buffer; says which input is bad.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK, or #KVP_EINVAL for a bad or inconsistent input: zero sizes,
+ *         q_heads not a multiple of kv_heads, utilization outside (0, 1],
+ *         weights plus reserve larger than usable memory, a budget smaller
+ *         than one page (plus one staging page when needed), or products that
+ *         overflow 64 bits. O(1).
+ */
+KVP_API int kvp_plan_compute(const kvp_plan_params_t *params, kvp_plan_t *plan,
+                             char *err, size_t err_size);
+
+/**
+ * @brief A public model configuration known to the planner.
+ */
+typedef struct kvp_model_preset {
+    uint32_t struct_size;   /**< Set by the caller to sizeof(kvp_model_preset_t). */
+    const char *name;       /**< Preset name, e.g. "llama-3.1-8b". */
+    const char *source;     /**< Where the numbers come from (the model's config). */
+    int32_t layers;         /**< num_hidden_layers. */
+    int32_t q_heads;        /**< num_attention_heads. */
+    int32_t kv_heads;       /**< num_key_value_heads. */
+    int32_t head_dim;       /**< Head dimension. */
+    int32_t max_context;    /**< max_position_embeddings. */
+    int32_t reserved_;      /**< Padding; always 0. */
+    uint64_t params;        /**< Parameter count (for the weight size). */
+} kvp_model_preset_t;
+
+/** @brief Number of model presets. @return The count (> 0). */
+KVP_API int32_t kvp_preset_count(void);
+
+/**
+ * @brief Get a model preset by index.
+ * @param[in]  index 0 .. kvp_preset_count()-1.
+ * @param[out] out   Result; `out->struct_size` must be set.
+ * @return #KVP_OK or #KVP_EINVAL (NULL, bad struct_size, index out of range).
+ */
+KVP_API int kvp_preset_get(int32_t index, kvp_model_preset_t *out);
+
+/**
+ * @brief Find a model preset by name (case-insensitive).
+ * @param[in]  name     e.g. "llama-3.1-8b".
+ * @param[out] out      Result; `out->struct_size` must be set.
+ * @param[out] err      Optional error-detail buffer (lists the known names).
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK, #KVP_ENOENT for an unknown name, #KVP_EINVAL for NULL.
+ */
+KVP_API int kvp_preset_find(const char *name, kvp_model_preset_t *out,
+                            char *err, size_t err_size);
+
+/** @brief A GPU (or device) memory size known to the planner. */
+typedef struct kvp_gpu_preset {
+    uint32_t struct_size;  /**< Set by the caller to sizeof(kvp_gpu_preset_t). */
+    int32_t reserved_;     /**< Padding; always 0. */
+    const char *name;      /**< e.g. "h100-80g". */
+    const char *description; /**< The product, and what the memory figure is. */
+    uint64_t memory_bytes; /**< Device memory in bytes. */
+} kvp_gpu_preset_t;
+
+/** @brief Number of GPU presets. @return The count (> 0). */
+KVP_API int32_t kvp_gpu_count(void);
+
+/**
+ * @brief Get a GPU preset by index.
+ * @param[in]  index 0 .. kvp_gpu_count()-1.
+ * @param[out] out   Result; `out->struct_size` must be set.
+ * @return #KVP_OK or #KVP_EINVAL.
+ */
+KVP_API int kvp_gpu_get(int32_t index, kvp_gpu_preset_t *out);
+
+/**
+ * @brief Find a GPU preset by name (case-insensitive).
+ * @param[in]  name     e.g. "h200-141g".
+ * @param[out] out      Result; `out->struct_size` must be set.
+ * @param[out] err      Optional error-detail buffer (lists the known names).
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK, #KVP_ENOENT for an unknown name, #KVP_EINVAL for NULL.
+ */
+KVP_API int kvp_gpu_find(const char *name, kvp_gpu_preset_t *out, char *err,
+                         size_t err_size);
+
+/**
+ * @brief Weight bytes of a model from its parameter count and weight type.
+ *
+ * Weight types: "fp32" (4 bytes), "fp16"/"bf16" (2), "fp8"/"int8" (1),
+ * "int4" (4.25 bits: 4-bit weights plus a 16-bit scale per group of 64).
+ *
+ * @param[in]  params      Parameter count (> 0).
+ * @param[in]  weight_type One of the names above (case-insensitive).
+ * @param[out] bytes       Result, rounded up.
+ * @param[out] err         Optional error-detail buffer.
+ * @param[in]  err_size    Its size.
+ * @return #KVP_OK or #KVP_EINVAL.
+ */
+KVP_API int kvp_weight_bytes(uint64_t params, const char *weight_type,
+                             uint64_t *bytes, char *err, size_t err_size);
+
+/**
+ * @brief Parse a byte size such as "80GiB", "24GB", "512MiB", "1.5T" or
+ *        "4096".
+ *
+ * Suffixes (case-insensitive): B; KB/MB/GB/TB are powers of 1000;
+ * KiB/MiB/GiB/TiB and the bare K/M/G/T are powers of 1024. A decimal
+ * fraction is allowed before a suffix; the result is rounded down to whole
+ * bytes. Surrounding spaces are allowed; anything else is rejected.
+ *
+ * @param[in]  text     The text.
+ * @param[out] bytes    Result (> 0).
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK or #KVP_EINVAL (NULL, empty, not a number, unknown
+ *         suffix, zero, negative, or larger than 2^64-1).
+ */
+KVP_API int kvp_parse_size(const char *text, uint64_t *bytes, char *err,
+                           size_t err_size);
+
+/* ------------------------------------------------------------------------ */
+/* Build features                                                            */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Whether this build of the library contains the CUDA backend.
+ * @return 1 if built with CUDA (kvpage_cuda.h functions are functional),
+ *         0 if CPU-only (they return #KVP_ENOTSUP).
+ */
+KVP_API int kvp_build_has_cuda(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPAGE_H */

@@ -1,0 +1,104 @@
+/*
+ * Internal declarations shared by lib/ and cuda/. Not installed.
+ */
+#ifndef KVPAGE_INTERNAL_H
+#define KVPAGE_INTERNAL_H
+
+#include "kvpage.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVP__PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#define KVP__LIKELY(x) __builtin_expect(!!(x), 1)
+#define KVP__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define KVP__PRINTF(fmt, args)
+#define KVP__LIKELY(x) (x)
+#define KVP__UNLIKELY(x) (x)
+#endif
+
+/* ---- error detail ------------------------------------------------------ */
+
+/* Write a formatted detail message into `err` (if non-NULL and err_size > 0)
+ * and return `status`. Never prints; truncates silently. */
+int kvp__errf(char *err, size_t err_size, int status, const char *fmt, ...)
+    KVP__PRINTF(4, 5);
+int kvp__verrf(char *err, size_t err_size, int status, const char *fmt,
+               va_list ap) KVP__PRINTF(4, 0);
+
+/* ---- allocation -------------------------------------------------------- */
+
+/* Validate allocator hooks: both NULL or both set. */
+int kvp__allocator_check(const kvp_allocator_t *a, char *err, size_t err_size);
+
+/* The one internal allocation path. `a` may be NULL (libc). `alignment` is a
+ * power of two (0 means the default, 16). Returns NULL on failure or for
+ * size 0. */
+void *kvp__malloc(const kvp_allocator_t *a, size_t size, size_t alignment);
+/* Zero-filled variant; checks n*size for overflow. */
+void *kvp__calloc(const kvp_allocator_t *a, size_t n, size_t size,
+                  size_t alignment);
+void kvp__free(const kvp_allocator_t *a, void *ptr);
+
+/* ---- checked arithmetic ------------------------------------------------ */
+
+static inline bool kvp__mul_u64(uint64_t a, uint64_t b, uint64_t *r) {
+#if defined(__GNUC__) || defined(__clang__)
+    return !__builtin_mul_overflow(a, b, r);
+#else
+    if (a != 0 && b > UINT64_MAX / a) return false;
+    *r = a * b;
+    return true;
+#endif
+}
+
+static inline bool kvp__add_u64(uint64_t a, uint64_t b, uint64_t *r) {
+    if (b > UINT64_MAX - a) return false;
+    *r = a + b;
+    return true;
+}
+
+static inline uint64_t kvp__round_up_u64(uint64_t x, uint64_t align) {
+    return (x + align - 1) / align * align;
+}
+
+/* ---- versioned structs ------------------------------------------------- */
+
+/* Check the struct_size of a caller's struct: at least the size of the first
+ * public version of that struct (`min_size`). */
+int kvp__check_struct(const void *s, size_t min_size, const char *what,
+                      char *err, size_t err_size);
+
+/* Copy a full result `src` (of our `full_size`) to the caller's `dst`,
+ * writing only the bytes the caller declared in dst->struct_size and keeping
+ * that field. Both structs start with uint32_t struct_size. */
+void kvp__copy_out(void *dst, const void *src, size_t full_size);
+
+/* ---- formats ----------------------------------------------------------- */
+
+static inline bool kvp__format_valid(int32_t f) {
+    return f >= 0 && f < KVP_FORMAT_COUNT;
+}
+/* Element bits of a format (32, 16, 8 or 4); 0 for an unknown format. */
+int kvp__format_bits(int32_t f);
+/* Keys quantized per channel over a page need an fp16 staging page. */
+static inline bool kvp__format_k_needs_staging(int32_t f) {
+    return f == KVP_FORMAT_INT8 || f == KVP_FORMAT_INT4;
+}
+
+/* Case-insensitive ASCII string compare (no locale). */
+int kvp__strcasecmp(const char *a, const char *b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPAGE_INTERNAL_H */

@@ -1,0 +1,68 @@
+#!/bin/sh
+# Install what a make target needs and is missing, saying so.
+#   scripts/ensure-deps.sh test|docs|fuzz|python
+# Uses apt-get (Debian/Ubuntu), through sudo when not root. Prints nothing when
+# everything is present.
+set -eu
+
+what=${1:-test}
+missing=""
+
+have_header() { # header, extra cflags
+    printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <stdint.h>\n#include <%s>\n' "$1" |
+        ${CC:-cc} -E -x c - >/dev/null 2>&1
+}
+need() { missing="$missing $1"; }
+
+case "$what" in
+test)
+    have_header cmocka.h || need libcmocka-dev
+    command -v pkg-config >/dev/null 2>&1 || need pkg-config
+    ;;
+docs)
+    command -v doxygen >/dev/null 2>&1 || need doxygen
+    ;;
+fuzz)
+    command -v clang >/dev/null 2>&1 || need clang
+    # libFuzzer's runtime ships in clang's compiler-rt package
+    if command -v clang >/dev/null 2>&1; then
+        printf 'int LLVMFuzzerTestOneInput(const unsigned char*d, unsigned long n){(void)d;(void)n;return 0;}\n' >/tmp/kvp-fuzz-probe.$$.c
+        clang -fsanitize=fuzzer /tmp/kvp-fuzz-probe.$$.c -o /tmp/kvp-fuzz-probe.$$ >/dev/null 2>&1 ||
+            need "libclang-rt-$(clang --version | sed -n 's/.*version \([0-9]*\).*/\1/p' | head -n1)-dev"
+        rm -f /tmp/kvp-fuzz-probe.$$ /tmp/kvp-fuzz-probe.$$.c
+    else
+        need libclang-rt-dev
+    fi
+    ;;
+*)
+    echo "ensure-deps: unknown target '$what'" >&2
+    exit 2
+    ;;
+esac
+
+[ -z "$missing" ] && exit 0
+
+echo "libkvpage: '$what' needs:$missing — installing with apt-get"
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "libkvpage: apt-get not found; install$missing with your package manager" >&2
+    exit 1
+fi
+sudo=""
+if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+        echo "libkvpage: not root and no sudo; install$missing as root" >&2
+        exit 1
+    fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+# shellcheck disable=SC2086
+if ! $sudo apt-get install -y --no-install-recommends $missing >/tmp/kvpage-apt.log 2>&1; then
+    echo "libkvpage: apt-get install failed; refreshing the package lists and retrying"
+    $sudo apt-get update >/tmp/kvpage-apt.log 2>&1 || true
+    # shellcheck disable=SC2086
+    $sudo apt-get install -y --no-install-recommends $missing >>/tmp/kvpage-apt.log 2>&1 || {
+        echo "libkvpage: could not install$missing (see /tmp/kvpage-apt.log)" >&2
+        exit 1
+    }
+fi
+echo "libkvpage: installed$missing"

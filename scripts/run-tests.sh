@@ -1,0 +1,40 @@
+#!/bin/sh
+# Run test programs (cmocka), then print one summary in cmocka's style.
+# Exits non-zero if any program fails.
+set -u
+
+if [ "${SAN:-0}" = 1 ]; then
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:protect_shadow_gap=0}"
+    export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+fi
+
+programs=0
+run=0
+failed_tests=0
+failed_programs=""
+for t in "$@"; do
+    programs=$((programs + 1))
+    log=$(mktemp)
+    "$t" >"$log" 2>&1
+    rc=$?
+    cat "$log"
+    n=$(sed -n 's/^\[==========\] \([0-9][0-9]*\) test(s) run\..*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
+    f=$(sed -n 's/^\[  FAILED  \] \([0-9][0-9]*\) test(s), listed below:.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
+    run=$((run + n))
+    failed_tests=$((failed_tests + f))
+    if [ $rc -ne 0 ]; then
+        failed_programs="$failed_programs $(basename "$t")(exit $rc)"
+        [ "$f" -eq 0 ] && failed_tests=$((failed_tests + 1))
+    fi
+    rm -f "$log"
+done
+
+echo
+echo "[==========] $run test(s) run in $programs program(s)."
+if [ -z "$failed_programs" ]; then
+    echo "[  PASSED  ] $run test(s)."
+    exit 0
+fi
+echo "[  PASSED  ] $((run - failed_tests)) test(s)."
+echo "[  FAILED  ] $failed_tests test(s) in:$failed_programs"
+exit 1

@@ -1,0 +1,169 @@
+/*
+ * Helpers shared by the cmocka test programs (header-only: each test is one
+ * program). Include after <cmocka.h>'s prerequisites.
+ */
+#ifndef KVPAGE_TESTUTIL_H
+#define KVPAGE_TESTUTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvpage.h"
+
+/* ---- an allocator that fails on demand --------------------------------- */
+
+typedef struct {
+    long calls;       /* alloc calls so far */
+    long fail_at;     /* fail the call with this index (0-based); -1 = never */
+    long live;        /* allocations not yet freed */
+    size_t live_bytes;
+} test_alloc_state;
+
+static inline void *kvt_alloc(void *opaque, size_t size, size_t alignment) {
+    test_alloc_state *s = (test_alloc_state *)opaque;
+    long call = s->calls++;
+    if (s->fail_at >= 0 && call == s->fail_at) return NULL;
+    if (alignment < sizeof(void *)) alignment = sizeof(void *);
+    /* header before the block remembers the size for the byte count */
+    size_t header = alignment > 16 ? alignment : 16;
+    void *raw = NULL;
+    if (posix_memalign(&raw, alignment, size + header) != 0) return NULL;
+    memcpy(raw, &size, sizeof size);
+    s->live++;
+    s->live_bytes += size;
+    void *user = (char *)raw + header;
+    /* remember the header size just before the user pointer */
+    memcpy((char *)user - sizeof(size_t), &header, sizeof header);
+    return user;
+}
+
+static inline void kvt_free(void *opaque, void *ptr) {
+    test_alloc_state *s = (test_alloc_state *)opaque;
+    size_t header, size;
+    memcpy(&header, (char *)ptr - sizeof(size_t), sizeof header);
+    void *raw = (char *)ptr - header;
+    memcpy(&size, raw, sizeof size);
+    s->live--;
+    s->live_bytes -= size;
+    free(raw);
+}
+
+static inline kvp_allocator_t test_allocator(test_alloc_state *s) {
+    kvp_allocator_t a;
+    a.alloc = kvt_alloc;
+    a.free = kvt_free;
+    a.opaque = s;
+    return a;
+}
+
+/* ---- a strict JSON syntax checker (RFC 8259 grammar, no semantics) ----- */
+
+typedef struct {
+    const char *p;
+    int depth;
+} json_cursor;
+
+static inline void json_ws(json_cursor *c) {
+    while (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r') c->p++;
+}
+
+static bool json_value(json_cursor *c);
+
+static inline bool json_string_(json_cursor *c) {
+    if (*c->p != '"') return false;
+    c->p++;
+    while (*c->p != '"') {
+        unsigned char ch = (unsigned char)*c->p;
+        if (ch == 0 || ch < 0x20) return false;
+        if (ch == '\\') {
+            c->p++;
+            if (strchr("\"\\/bfnrt", *c->p) != NULL && *c->p) {
+                c->p++;
+            } else if (*c->p == 'u') {
+                for (int i = 1; i <= 4; i++)
+                    if (!strchr("0123456789abcdefABCDEF", c->p[i]) || !c->p[i]) return false;
+                c->p += 5;
+            } else {
+                return false;
+            }
+        } else {
+            c->p++;
+        }
+    }
+    c->p++;
+    return true;
+}
+
+static inline bool json_number_(json_cursor *c) {
+    const char *s = c->p;
+    if (*c->p == '-') c->p++;
+    if (*c->p == '0') c->p++;
+    else if (*c->p >= '1' && *c->p <= '9') while (*c->p >= '0' && *c->p <= '9') c->p++;
+    else return false;
+    if (*c->p == '.') {
+        c->p++;
+        if (!(*c->p >= '0' && *c->p <= '9')) return false;
+        while (*c->p >= '0' && *c->p <= '9') c->p++;
+    }
+    if (*c->p == 'e' || *c->p == 'E') {
+        c->p++;
+        if (*c->p == '+' || *c->p == '-') c->p++;
+        if (!(*c->p >= '0' && *c->p <= '9')) return false;
+        while (*c->p >= '0' && *c->p <= '9') c->p++;
+    }
+    return c->p > s;
+}
+
+static bool json_value(json_cursor *c) {
+    json_ws(c);
+    if (++c->depth > 64) return false;
+    bool ok = false;
+    if (*c->p == '{') {
+        c->p++;
+        json_ws(c);
+        if (*c->p == '}') { c->p++; ok = true; }
+        else for (;;) {
+            json_ws(c);
+            if (!json_string_(c)) break;
+            json_ws(c);
+            if (*c->p != ':') break;
+            c->p++;
+            if (!json_value(c)) break;
+            json_ws(c);
+            if (*c->p == ',') { c->p++; continue; }
+            if (*c->p == '}') { c->p++; ok = true; }
+            break;
+        }
+    } else if (*c->p == '[') {
+        c->p++;
+        json_ws(c);
+        if (*c->p == ']') { c->p++; ok = true; }
+        else for (;;) {
+            if (!json_value(c)) break;
+            json_ws(c);
+            if (*c->p == ',') { c->p++; continue; }
+            if (*c->p == ']') { c->p++; ok = true; }
+            break;
+        }
+    } else if (*c->p == '"') {
+        ok = json_string_(c);
+    } else if (!strncmp(c->p, "true", 4)) { c->p += 4; ok = true; }
+    else if (!strncmp(c->p, "false", 5)) { c->p += 5; ok = true; }
+    else if (!strncmp(c->p, "null", 4)) { c->p += 4; ok = true; }
+    else ok = json_number_(c);
+    c->depth--;
+    return ok;
+}
+
+/* True if `text` is exactly one JSON value (plus surrounding whitespace). */
+static inline bool json_valid(const char *text) {
+    json_cursor c = {text, 0};
+    if (!json_value(&c)) return false;
+    json_ws(&c);
+    return *c.p == '\0';
+}
+
+#endif
