@@ -1,0 +1,32 @@
+/*
+ * kvpage-bench: shared declarations. Each subcommand is a function
+ * `int bench_<name>(int argc, char **argv)` returning the exit status; it
+ * prints a readable table and, as its last line, one JSON object.
+ */
+#ifndef KVPAGE_BENCH_H
+#define KVPAGE_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Monotonic time in seconds. */
+double bench_now(void);
+/* Median of n values (sorts a copy; n <= 64). */
+double bench_median(const double *v, int n);
+
+/* Roofs measured in the same process as a benchmark, so figures can be read
+ * as fractions of what this machine does right now. */
+typedef struct {
+    int threads;
+    double read_gbps;      /* streaming read over a buffer far larger than the caches */
+    double fma_per_s;      /* fp32 fused multiply-adds per second (not flops) */
+    const char *isa;       /* vector ISA the probes used */
+} bench_roofs;
+
+/* Measure both roofs with `threads` threads over a `bytes` buffer
+ * (0 = 512 MiB). `reps` repetitions, median reported. Returns 0 or -1. */
+int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out);
+
+int bench_roofline(int argc, char **argv);
+
+#endif

@@ -1,0 +1,267 @@
+/*
+ * Roof probes: streaming read bandwidth and fp32 FMA rate, measured with the
+ * same thread count as the benchmark that reports against them.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "bench.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define BENCH_X86 1
+#endif
+
+double bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_median(const double *v, int n) {
+    double tmp[64];
+    if (n <= 0) return 0;
+    if (n > 64) n = 64;
+    memcpy(tmp, v, (size_t)n * sizeof *v);
+    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
+    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+}
+
+/* ---- kernels ----------------------------------------------------------- */
+
+typedef float (*read_fn)(const float *p, size_t n);
+typedef float (*fma_fn)(long iters, float seed);
+
+static float read_portable(const float *p, size_t n) {
+    float a[8] = {0};
+    for (size_t i = 0; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) a[k] += p[i + k];
+    return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7];
+}
+
+static float fma_portable(long iters, float seed) {
+    float acc[12];
+    for (int k = 0; k < 12; k++) acc[k] = seed + (float)k;
+    for (long i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) acc[k] = acc[k] * 0.999999f + 1e-7f;
+    float s = 0;
+    for (int k = 0; k < 12; k++) s += acc[k];
+    return s;
+}
+
+#ifdef BENCH_X86
+__attribute__((target("avx2,fma"))) static float read_avx2(const float *p, size_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 32 <= n; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
+}
+
+/* Twelve independent accumulators, named so they stay in registers. */
+#define FMA12(op, m, c)                                                       \
+    a0 = op(a0, m, c); a1 = op(a1, m, c); a2 = op(a2, m, c);                  \
+    a3 = op(a3, m, c); a4 = op(a4, m, c); a5 = op(a5, m, c);                  \
+    a6 = op(a6, m, c); a7 = op(a7, m, c); a8 = op(a8, m, c);                  \
+    a9 = op(a9, m, c); a10 = op(a10, m, c); a11 = op(a11, m, c)
+
+__attribute__((target("avx2,fma"))) static float fma_avx2(long iters, float seed) {
+    const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    __m256 a0 = _mm256_set1_ps(seed), a1 = _mm256_add_ps(a0, c), a2 = _mm256_add_ps(a1, c),
+           a3 = _mm256_add_ps(a2, c), a4 = _mm256_add_ps(a3, c), a5 = _mm256_add_ps(a4, c),
+           a6 = _mm256_add_ps(a5, c), a7 = _mm256_add_ps(a6, c), a8 = _mm256_add_ps(a7, c),
+           a9 = _mm256_add_ps(a8, c), a10 = _mm256_add_ps(a9, c), a11 = _mm256_add_ps(a10, c);
+    for (long i = 0; i < iters; i++) {
+        FMA12(_mm256_fmadd_ps, m, c);
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+    float out[8];
+    _mm256_storeu_ps(out, s);
+    return out[0] + out[7];
+}
+
+__attribute__((target("avx512f"))) static float read_avx512(const float *p, size_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 64 <= n; i += 64) {
+        a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+        a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+__attribute__((target("avx512f"))) static float fma_avx512(long iters, float seed) {
+    const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    __m512 a0 = _mm512_set1_ps(seed), a1 = _mm512_add_ps(a0, c), a2 = _mm512_add_ps(a1, c),
+           a3 = _mm512_add_ps(a2, c), a4 = _mm512_add_ps(a3, c), a5 = _mm512_add_ps(a4, c),
+           a6 = _mm512_add_ps(a5, c), a7 = _mm512_add_ps(a6, c), a8 = _mm512_add_ps(a7, c),
+           a9 = _mm512_add_ps(a8, c), a10 = _mm512_add_ps(a9, c), a11 = _mm512_add_ps(a10, c);
+    for (long i = 0; i < iters; i++) {
+        FMA12(_mm512_fmadd_ps, m, c);
+    }
+    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    return _mm512_reduce_add_ps(s);
+}
+#endif
+
+static const char *pick(read_fn *r, fma_fn *f, int *lanes) {
+#ifdef BENCH_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) {
+        *r = read_avx512;
+        *f = fma_avx512;
+        *lanes = 16;
+        return "avx512";
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        *r = read_avx2;
+        *f = fma_avx2;
+        *lanes = 8;
+        return "avx2";
+    }
+#endif
+    *r = read_portable;
+    *f = fma_portable;
+    *lanes = 1;
+    return "portable";
+}
+
+/* ---- threads ----------------------------------------------------------- */
+
+typedef struct {
+    pthread_barrier_t *start;
+    read_fn read;
+    fma_fn fma;
+    const float *p;
+    size_t n;
+    long iters;
+    volatile float sink;
+} worker;
+
+static void *read_worker(void *arg) {
+    worker *w = arg;
+    pthread_barrier_wait(w->start);
+    w->sink = w->read(w->p, w->n);
+    return NULL;
+}
+
+static void *fma_worker(void *arg) {
+    worker *w = arg;
+    pthread_barrier_wait(w->start);
+    w->sink = w->fma(w->iters, (float)w->n);
+    return NULL;
+}
+
+/* Run `fn` on `threads` workers and return the wall time of the slowest. */
+static double run_workers(int threads, worker *ws, void *(*fn)(void *)) {
+    pthread_t tid[64];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)threads + 1);
+    for (int t = 0; t < threads; t++) {
+        ws[t].start = &start;
+        pthread_create(&tid[t], NULL, fn, &ws[t]);
+    }
+    pthread_barrier_wait(&start);
+    double t0 = bench_now();
+    for (int t = 0; t < threads; t++) pthread_join(tid[t], NULL);
+    double dt = bench_now() - t0;
+    pthread_barrier_destroy(&start);
+    return dt;
+}
+
+int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out) {
+    if (threads < 1 || threads > 64 || reps < 1) return -1;
+    if (bytes == 0) bytes = (size_t)512 << 20;
+    if (reps > 64) reps = 64;
+    read_fn rf;
+    fma_fn ff;
+    int lanes;
+    out->isa = pick(&rf, &ff, &lanes);
+    out->threads = threads;
+
+    size_t n = bytes / sizeof(float);
+    n -= n % ((size_t)64 * (size_t)threads);
+    float *buf = NULL;
+    if (posix_memalign((void **)&buf, 64, n * sizeof(float)) != 0) return -1;
+    for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * 1e-3f; /* touch every page */
+
+    worker ws[64];
+    double times[64];
+    size_t per = n / (size_t)threads;
+    for (int r = 0; r < reps; r++) {
+        memset(ws, 0, sizeof ws);
+        for (int t = 0; t < threads; t++) {
+            ws[t].read = rf;
+            ws[t].p = buf + (size_t)t * per;
+            ws[t].n = per;
+        }
+        times[r] = run_workers(threads, ws, read_worker);
+    }
+    out->read_gbps = (double)(per * (size_t)threads * sizeof(float)) / bench_median(times, reps) / 1e9;
+    free(buf);
+
+    /* FMA: size the loop to ~0.2 s at 4 G vector FMA/s per thread. */
+    long iters = 4000000000L / 12 / 5 / (lanes >= 8 ? 1 : 8);
+    for (int r = 0; r < reps; r++) {
+        memset(ws, 0, sizeof ws);
+        for (int t = 0; t < threads; t++) {
+            ws[t].fma = ff;
+            ws[t].iters = iters;
+            ws[t].n = (size_t)t;
+        }
+        times[r] = run_workers(threads, ws, fma_worker);
+    }
+    out->fma_per_s = (double)iters * 12.0 * (double)lanes * (double)threads / bench_median(times, reps);
+    return 0;
+}
+
+int bench_roofline(int argc, char **argv) {
+    int threads = 2, reps = 5;
+    size_t mib = 512;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (size_t)atol(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: kvpage-bench roofline [--threads N] [--mib N] [--reps N]\n");
+            return 2;
+        }
+    }
+    if (threads < 1 || threads > 64 || mib < 16 || reps < 1 || reps > 64) {
+        fprintf(stderr, "kvpage-bench roofline: threads 1..64, mib >= 16, reps 1..64\n");
+        return 2;
+    }
+    bench_roofs r;
+    if (bench_measure_roofs(threads, mib << 20, reps, &r) != 0) {
+        fprintf(stderr, "kvpage-bench roofline: could not allocate %zu MiB\n", mib);
+        return 1;
+    }
+    printf("roofline (%d threads, %s, %zu MiB buffer, median of %d)\n", threads, r.isa, mib, reps);
+    printf("  streaming read   %8.1f GB/s\n", r.read_gbps);
+    printf("  fp32 FMA         %8.1f G/s  (%.1f GFLOP/s)\n", r.fma_per_s / 1e9, 2 * r.fma_per_s / 1e9);
+    printf("  FMA per byte     %8.2f\n", r.fma_per_s / (r.read_gbps * 1e9));
+    printf("{\"bench\": \"roofline\", \"threads\": %d, \"isa\": \"%s\", \"read_gbps\": %.3f, "
+           "\"fma_per_s\": %.6g}\n",
+           threads, r.isa, r.read_gbps, r.fma_per_s);
+    return 0;
+}

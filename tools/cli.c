@@ -1,0 +1,179 @@
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool cli_parse_i64(const char *tool, const char *option, const char *text,
+                   int64_t min, int64_t max, bool allow_k, int64_t *out, FILE *errf) {
+    if (text == NULL || *text == '\0') {
+        fprintf(errf, "%s: %s needs a value\n", tool, option);
+        return false;
+    }
+    errno = 0;
+    char *end = NULL;
+    long long v = strtoll(text, &end, 10);
+    bool k = false;
+    if (allow_k && end != text && (*end == 'k' || *end == 'K')) {
+        k = true;
+        end++;
+    }
+    if (end == text || *end != '\0' || errno == ERANGE || (text[0] < '0' || text[0] > '9')) {
+        if (text[0] == '-' && end != text && *end == '\0')
+            fprintf(errf, "%s: %s must be at least %lld, got %s\n", tool, option,
+                    (long long)min, text);
+        else
+            fprintf(errf, "%s: %s: '%s' is not a whole number\n", tool, option, text);
+        return false;
+    }
+    if (k) {
+        if (v > INT64_MAX / 1024) {
+            fprintf(errf, "%s: %s: '%s' is too large\n", tool, option, text);
+            return false;
+        }
+        v *= 1024;
+    }
+    if (v < min || v > max) {
+        fprintf(errf, "%s: %s must be in %lld..%lld, got %s\n", tool, option,
+                (long long)min, (long long)max, text);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool cli_parse_double(const char *tool, const char *option, const char *text,
+                      double min, double max, double *out, FILE *errf) {
+    if (text == NULL || *text == '\0') {
+        fprintf(errf, "%s: %s needs a value\n", tool, option);
+        return false;
+    }
+    errno = 0;
+    char *end = NULL;
+    double v = strtod(text, &end);
+    if (end == text || *end != '\0' || errno == ERANGE || !isfinite(v)) {
+        fprintf(errf, "%s: %s: '%s' is not a number\n", tool, option, text);
+        return false;
+    }
+    if (v < min || v > max) {
+        fprintf(errf, "%s: %s must be in [%g, %g], got %s\n", tool, option, min, max, text);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+const char *cli_bytes(char *buf, size_t size, uint64_t bytes) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 6) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, size, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(buf, size, "%.*f %s", v < 10 ? 2 : 1, v, units[u]);
+    return buf;
+}
+
+const char *cli_thousands(char *buf, size_t size, uint64_t v) {
+    char digits[32];
+    int n = snprintf(digits, sizeof digits, "%llu", (unsigned long long)v);
+    size_t o = 0;
+    for (int i = 0; i < n && o + 2 < size; i++) {
+        if (i > 0 && (n - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = digits[i];
+    }
+    buf[o < size ? o : size - 1] = '\0';
+    return buf;
+}
+
+/* ---- JSON -------------------------------------------------------------- */
+
+static void json_key(cli_json *j, const char *key) {
+    if (j->need_comma[j->depth]) fputs(", ", j->f);
+    j->need_comma[j->depth] = true;
+    if (key != NULL) {
+        fputc('"', j->f);
+        for (const char *p = key; *p; p++) fputc(*p, j->f);
+        fputs("\": ", j->f);
+    }
+}
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\t': fputs("\\t", f); break;
+        case '\r': fputs("\\r", f); break;
+        default:
+            if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+            else fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
+
+void cli_json_begin(cli_json *j, FILE *f) {
+    memset(j, 0, sizeof *j);
+    j->f = f;
+    fputc('{', f);
+}
+
+void cli_json_end(cli_json *j) { fputs("}\n", j->f); }
+
+void cli_json_object(cli_json *j, const char *key) {
+    json_key(j, key);
+    fputc('{', j->f);
+    if (j->depth < 31) j->depth++;
+    j->need_comma[j->depth] = false;
+}
+
+void cli_json_close(cli_json *j) {
+    fputc('}', j->f);
+    if (j->depth > 0) j->depth--;
+}
+
+void cli_json_str(cli_json *j, const char *key, const char *value) {
+    json_key(j, key);
+    if (value == NULL) fputs("null", j->f);
+    else json_string(j->f, value);
+}
+
+void cli_json_u64(cli_json *j, const char *key, uint64_t value) {
+    json_key(j, key);
+    fprintf(j->f, "%llu", (unsigned long long)value);
+}
+
+void cli_json_i64(cli_json *j, const char *key, int64_t value) {
+    json_key(j, key);
+    fprintf(j->f, "%lld", (long long)value);
+}
+
+void cli_json_num(cli_json *j, const char *key, double value) {
+    json_key(j, key);
+    if (!isfinite(value)) fputs("null", j->f);
+    else {
+        /* shortest of %.15g / %.17g that reads back exactly */
+        char buf[40];
+        snprintf(buf, sizeof buf, "%.15g", value);
+        if (strtod(buf, NULL) != value) snprintf(buf, sizeof buf, "%.17g", value);
+        fputs(buf, j->f);
+    }
+}
+
+void cli_json_bool(cli_json *j, const char *key, bool value) {
+    json_key(j, key);
+    fputs(value ? "true" : "false", j->f);
+}
+
+void cli_json_null(cli_json *j, const char *key) {
+    json_key(j, key);
+    fputs("null", j->f);
+}

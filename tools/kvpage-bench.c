@@ -1,0 +1,34 @@
+/*
+ * kvpage-bench: benchmark programs (never timed assertions in tests).
+ * Each subcommand prints a readable table and, last, one JSON object.
+ */
+#include "../bench/bench.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *what;
+} benches[] = {
+    {"roofline", bench_roofline, "streaming read bandwidth and fp32 FMA rate of this machine"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kvpage-bench BENCH [options]\n\nbenchmarks:\n");
+    for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
+        fprintf(f, "  %-12s %s\n", benches[i].name, benches[i].what);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
+        if (!strcmp(argv[1], benches[i].name)) return benches[i].run(argc, argv);
+    fprintf(stderr, "kvpage-bench: unknown benchmark '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

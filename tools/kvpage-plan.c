@@ -1,0 +1,3 @@
+#include "plan_cli.h"
+
+int main(int argc, char **argv) { return kvp_tool_plan(argc, argv, stdout, stderr); }
