@@ -522,6 +522,80 @@ KVP_API int kvp_parse_size(const char *text, uint64_t *bytes, char *err,
                            size_t err_size);
 
 /* ------------------------------------------------------------------------ */
+/* Paged-KV views: what the page table hands to kernels                      */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief A batch of sequences' pages, in FlashInfer's CSR convention.
+ *
+ * Sequence `b` owns pages `indices[indptr[b]] .. indices[indptr[b+1]-1]`, in
+ * token order, and its length is
+ * `(indptr[b+1] - indptr[b] - 1) * page_size + last_page_len[b]`
+ * (0 when it has no pages; then `last_page_len[b]` is 0).
+ *
+ * **Staging pages.** Page ids `0 .. num_pages-1` are pool pages. When the key
+ * format is int8 or int4 (kvp_layout_t::needs_staging), a sequence's partly
+ * filled last page lives in an fp16 staging page, whose id in `indices` is
+ * `num_pages + slot` (slot `0 .. num_staging-1`). Kernels read an id
+ * `>= num_pages` as an fp16 staging page and every other id in the pool's
+ * formats. Full pool pages are never partly filled in such layouts.
+ *
+ * **Slot mapping.** The rows appended in a step are addressed by
+ * `slot = page_id * page_size + offset` (int64, vLLM's convention); `page_id`
+ * may be a staging id.
+ *
+ * The arrays belong to the caller (e.g. filled by the table's batch export);
+ * the view only points at them. Plain fixed-width fields, for FFI.
+ */
+typedef struct kvp_kv_view {
+    int32_t batch;                /**< Number of sequences B. */
+    int32_t page_size;            /**< Tokens per page. */
+    int32_t num_pages;            /**< Pool pages; ids >= num_pages are staging pages. */
+    int32_t num_staging;          /**< Staging pages (0 when the layout needs none). */
+    const int32_t *indptr;        /**< [B+1] offsets into indices; indptr[0] = 0. */
+    const int32_t *indices;       /**< [indptr[B]] page ids. */
+    const int32_t *last_page_len; /**< [B] tokens in each sequence's last page, 1..page_size. */
+} kvp_kv_view_t;
+
+/** @brief Page operation kinds (#kvp_page_op_t::kind). */
+enum kvp_page_op_kind {
+    /** Copy page `src` to page `dst` whole (elements and scales): the
+     *  copy-on-write of a shared, partly filled pool page before an append
+     *  writes into it, or a fork's copy of a staging page. */
+    KVP_OP_COPY = 0,
+    /** Pool page `dst` is completed by this step's append (staging layouts
+     *  only): its first `count` tokens are in staging page `src` (fp16; `src`
+     *  is -1 when `count` is 0), the other `page_size - count` are the
+     *  appended rows `row .. row + page_size - count - 1`, whose slots point
+     *  into `dst`. The append quantizes the whole page into `dst`, and does so
+     *  before it writes any row into a staging page (`src` may receive this
+     *  step's later tokens). */
+    KVP_OP_SEAL = 1,
+    /** Dequantize the first `count` tokens of pool page `src` into staging
+     *  page `dst` (staging layouts only): a truncation reopened a sealed page.
+     *  Lossy by nature: the tokens come back as their quantized values. */
+    KVP_OP_UNSEAL = 2
+};
+
+/**
+ * @brief A data operation the page table asks the storage to perform.
+ *
+ * The table touches no tensor memory. When a call changes where tokens live
+ * (fork, copy-on-write, a staging page filling, a truncation into a sealed
+ * page) it returns these operations. #KVP_OP_COPY and #KVP_OP_UNSEAL are
+ * executed on the storage before the next append or kernel reads the pages,
+ * in the order given; #KVP_OP_SEAL operations are executed by the append
+ * they belong to.
+ */
+typedef struct kvp_page_op {
+    int32_t kind;  /**< A #kvp_page_op_kind. */
+    int32_t src;   /**< Source page id (pool or staging), or -1. */
+    int32_t dst;   /**< Destination page id (pool or staging). */
+    int32_t count; /**< Tokens taken from `src`. */
+    int32_t row;   /**< #KVP_OP_SEAL: first appended row landing in `dst`; else -1. */
+} kvp_page_op_t;
+
+/* ------------------------------------------------------------------------ */
 /* Build features                                                            */
 /* ------------------------------------------------------------------------ */
 
