@@ -126,6 +126,23 @@ TESTS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 # extra sources per test
 test_plan_cli_EXTRA := tools/plan_cli.c
 
+# The kernel simulator (tests/cudasim): CUDA sources compiled as C++ against
+# a host runtime, so CI executes kernels without a GPU. Needs the toolkit's
+# headers (cuda_fp16.h, ...), so it is built whenever HAVE_CUDA=1.
+CXX ?= g++
+ifeq ($(origin CXX),default)
+CXX := g++
+endif
+SIM_CXXFLAGS := -std=c++17 -Wall -Wextra -Wno-unused-parameter $(CFLAGS) $(SANFLAGS) \
+                -DKVP_CUDASIM -isystem $(CUDA_HOME)/include -Iinclude -Ilib -MMD -MP
+ifeq ($(WERROR),1)
+SIM_CXXFLAGS += -Werror
+endif
+ifeq ($(HAVE_CUDA),1)
+TESTS += $(BUILD)/tests/test_cudasim
+NVCC_CHECKS := $(OBJ)/nvcc-check/test_cudasim.o
+endif
+
 STATIC_LIB := $(BUILD)/libkvpage.a
 SONAME := libkvpage.so.$(MAJOR)
 SHARED_REAL := $(BUILD)/libkvpage.so.$(VERSION)
@@ -186,6 +203,22 @@ $(OBJ)/tests/%.o: tests/%.c $(CONFIG_STAMP)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(TOOL_CFLAGS) -Wno-missing-prototypes -c $< -o $@
 
+$(OBJ)/sim/%.o: %.cpp $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CXX     $<")
+	$(Q)$(CXX) $(SIM_CXXFLAGS) -c $< -o $@
+
+$(OBJ)/sim/%.o: %.cu $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CXX-SIM $<")
+	$(Q)$(CXX) $(SIM_CXXFLAGS) -x c++ -c $< -o $@
+
+# nvcc compiles the simulator's test kernels too: they must stay real CUDA.
+$(OBJ)/nvcc-check/%.o: tests/cudasim/%.cu $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $< (syntax check)")
+	$(Q)$(NVCC) -std=c++17 -arch=sm_$(lastword $(CUDA_ARCHS)) -Iinclude -Ilib -c $< -o $@
+
 # ---- link ---------------------------------------------------------------------
 $(STATIC_LIB): $(LIB_OBJS)
 	@mkdir -p $(@D)
@@ -217,6 +250,12 @@ $(BUILD)/tests/%: $(OBJ)/tests/%.o $$(call objs_of,$$($$*_EXTRA) $(TOOL_COMMON))
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(LIBS)
+
+$(BUILD)/tests/test_cudasim: $(OBJ)/sim/tests/cudasim/test_cudasim.o $(OBJ)/sim/tests/cudasim/cudasim.o \
+                             $(NVCC_CHECKS)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $(filter-out $(NVCC_CHECKS),$^) -lcmocka -lm -lpthread
 
 # ---- tests ----------------------------------------------------------------------
 deps-test:

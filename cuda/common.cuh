@@ -6,7 +6,7 @@
 #ifndef KVPAGE_CUDA_COMMON_CUH
 #define KVPAGE_CUDA_COMMON_CUH
 
-#include <cuda_runtime.h>
+#include "compat.cuh"
 
 #include "../lib/internal.h"
 

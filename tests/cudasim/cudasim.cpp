@@ -1,0 +1,677 @@
+/*
+ * cudasim — the scheduler (CUDA threads as cooperative fibers) and a small
+ * CUDA runtime backed by host memory. See cudasim.h for what is modelled.
+ */
+#include "cudasim.h"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define CUDASIM_ASAN 1
+#elif defined(__clang__) && defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CUDASIM_ASAN 1
+#endif
+#endif
+
+#ifdef CUDASIM_ASAN
+extern "C" void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom, size_t size);
+extern "C" void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **bottom_old,
+                                                size_t *size_old);
+#endif
+
+namespace cudasim {
+
+uint3 cur_threadIdx;
+uint3 cur_blockIdx;
+dim3 cur_blockDim;
+dim3 cur_gridDim;
+
+namespace {
+
+constexpr size_t kStackSize = 256 * 1024;
+
+enum class State { Ready, AtBarrier, AtWarp, Done };
+enum class Collective { None, Exchange, Ballot, SyncWarp };
+
+struct Fiber {
+    ucontext_t ctx;
+    char *stack = nullptr;
+    uint3 tid{};
+    unsigned warp = 0, lane = 0;
+    State state = State::Ready;
+    unsigned wait_gen = 0; /* warp generation this fiber waits on */
+};
+
+struct Warp {
+    unsigned lanes = 0;     /* lanes that exist in this warp */
+    unsigned done = 0;      /* lanes that have exited */
+    unsigned arrived = 0;   /* lanes waiting at the current collective */
+    unsigned mask = 0;      /* the current collective's mask */
+    Collective kind = Collective::None;
+    unsigned gen = 0;
+    uint64_t slots[2][32] = {};
+    unsigned participants[2] = {};
+};
+
+struct Block {
+    std::vector<Fiber> fibers;
+    std::vector<Warp> warps;
+    const std::function<void()> *body = nullptr;
+    Fiber *current = nullptr;
+    ucontext_t sched;
+    std::string error; /* first divergence found */
+#ifdef CUDASIM_ASAN
+    const void *sched_bottom = nullptr;
+    size_t sched_size = 0;
+#endif
+};
+
+Block *g_block = nullptr;        /* the block being run */
+unsigned char *g_dyn_smem = nullptr;
+std::string g_launch_error;
+cudaError_t g_last_error = cudaSuccess;
+long g_fail_malloc_at = -1;
+cudaError_t g_fail_next_launch = cudaSuccess;
+bool g_no_device = false;
+int g_device = 0;
+std::map<uintptr_t, size_t> g_device_allocs; /* device pointer -> size */
+std::map<uintptr_t, size_t> g_host_allocs;   /* pinned host pointer -> size */
+
+cudaError_t set_error(cudaError_t e) {
+    if (e != cudaSuccess) g_last_error = e;
+    return e;
+}
+
+/* ---- fibers -------------------------------------------------------------------- */
+
+void switch_to_scheduler(Fiber *f, bool exiting) {
+#ifdef CUDASIM_ASAN
+    void *fake = nullptr;
+    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, g_block->sched_bottom,
+                                   g_block->sched_size);
+    swapcontext(&f->ctx, &g_block->sched);
+    __sanitizer_finish_switch_fiber(fake, &g_block->sched_bottom, &g_block->sched_size);
+#else
+    (void)exiting;
+    swapcontext(&f->ctx, &g_block->sched);
+#endif
+}
+
+void fiber_entry() {
+    Block *b = g_block;
+#ifdef CUDASIM_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &b->sched_bottom, &b->sched_size);
+#endif
+    Fiber *f = b->current;
+    (*b->body)();
+    f->state = State::Done;
+    b->warps[f->warp].done |= 1u << f->lane;
+    switch_to_scheduler(f, true);
+}
+
+void resume(Block *b, Fiber *f) {
+    b->current = f;
+    cur_threadIdx = f->tid;
+#ifdef CUDASIM_ASAN
+    void *fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, f->stack, kStackSize);
+    swapcontext(&b->sched, &f->ctx);
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+    swapcontext(&b->sched, &f->ctx);
+#endif
+}
+
+Fiber *self() { return g_block->current; }
+
+void fail(const std::string &what) {
+    if (g_block->error.empty()) g_block->error = what;
+}
+
+/* Block the calling fiber at a warp collective; returns the generation whose
+ * slots hold the exchanged values. */
+unsigned arrive_warp(Collective kind, unsigned mask, uint64_t value) {
+    Fiber *f = self();
+    Warp &w = g_block->warps[f->warp];
+    if (!(mask & (1u << f->lane))) {
+        fail("warp collective called by lane " + std::to_string(f->lane) +
+             " which is not in its own mask");
+    }
+    if (w.arrived != 0 && (w.mask != mask || w.kind != kind)) {
+        fail("warp " + std::to_string(f->warp) +
+             ": lanes called different warp collectives (or different masks) at the same time");
+    }
+    w.mask = mask;
+    w.kind = kind;
+    w.arrived |= 1u << f->lane;
+    w.slots[w.gen & 1][f->lane] = value;
+    f->wait_gen = w.gen;
+    f->state = State::AtWarp;
+    switch_to_scheduler(f, false);
+    return f->wait_gen;
+}
+
+/* Release warp collectives whose participants have all arrived. */
+bool release_warps(Block *b) {
+    bool any = false;
+    for (size_t wi = 0; wi < b->warps.size(); wi++) {
+        Warp &w = b->warps[wi];
+        if (w.arrived == 0) continue;
+        unsigned need = w.mask & w.lanes & ~w.done;
+        if ((w.arrived & need) != need) continue;
+        w.participants[w.gen & 1] = w.arrived;
+        for (unsigned l = 0; l < 32; l++) {
+            if (!(w.arrived & (1u << l))) continue;
+            Fiber &f = b->fibers[wi * 32 + l];
+            f.state = State::Ready;
+        }
+        w.arrived = 0;
+        w.kind = Collective::None;
+        w.gen++;
+        any = true;
+    }
+    return any;
+}
+
+/* __syncthreads completes when every thread of the block is there. A thread
+ * that has exited while others wait is a divergence: the programming guide
+ * makes it undefined, and although recent GPUs often let it pass, a kernel
+ * here must not depend on it. */
+bool release_block_barrier(Block *b) {
+    size_t waiting = 0, live = 0;
+    for (const Fiber &f : b->fibers) {
+        if (f.state == State::Done) continue;
+        live++;
+        if (f.state == State::AtBarrier) waiting++;
+    }
+    if (live == 0 || waiting != live) return false;
+    if (live != b->fibers.size()) {
+        char buf[200];
+        snprintf(buf, sizeof buf,
+                 "barrier divergence in block (%u,%u,%u): %zu threads wait at __syncthreads "
+                 "but %zu have exited",
+                 cur_blockIdx.x, cur_blockIdx.y, cur_blockIdx.z, waiting, b->fibers.size() - live);
+        fail(buf);
+        return false;
+    }
+    for (Fiber &f : b->fibers)
+        if (f.state == State::AtBarrier) f.state = State::Ready;
+    return true;
+}
+
+std::string describe_deadlock(const Block *b) {
+    size_t at_barrier = 0, at_warp = 0, done = 0;
+    for (const Fiber &f : b->fibers) {
+        at_barrier += f.state == State::AtBarrier;
+        at_warp += f.state == State::AtWarp;
+        done += f.state == State::Done;
+    }
+    char buf[256];
+    snprintf(buf, sizeof buf,
+             "barrier divergence in block (%u,%u,%u): %zu threads at __syncthreads, %zu at a warp "
+             "collective, %zu exited",
+             cur_blockIdx.x, cur_blockIdx.y, cur_blockIdx.z, at_barrier, at_warp, done);
+    return buf;
+}
+
+__attribute__((noinline)) void init_context(Fiber &f) {
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStackSize;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_entry, 0);
+}
+
+/* Give every thread of the block a fresh context at the kernel's entry.
+ * Kept out of launch_blocks: getcontext returns twice, which would make the
+ * caller's loop variables "clobberable". */
+__attribute__((noinline)) void start_block(Block &b, dim3 block, size_t threads) {
+    for (size_t i = 0; i < threads; i++) {
+        Fiber &f = b.fibers[i];
+        f.tid = make_uint3((unsigned)(i % block.x), (unsigned)(i / block.x % block.y),
+                           (unsigned)(i / ((size_t)block.x * block.y)));
+        f.warp = (unsigned)(i / 32);
+        f.lane = (unsigned)(i % 32);
+        f.state = State::Ready;
+        init_context(f);
+    }
+    for (size_t w = 0; w < b.warps.size(); w++) {
+        Warp fresh;
+        size_t n = threads - w * 32 < 32 ? threads - w * 32 : 32;
+        fresh.lanes = n == 32 ? 0xffffffffu : ((1u << n) - 1u);
+        b.warps[w] = fresh;
+    }
+}
+
+/* Run one block to completion; returns false (with b->error) on divergence. */
+bool run_block(Block *b) {
+    for (;;) {
+        bool ran = false;
+        for (Fiber &f : b->fibers) {
+            if (f.state != State::Ready) continue;
+            resume(b, &f);
+            ran = true;
+            if (!b->error.empty()) return false;
+        }
+        bool all_done = true;
+        for (const Fiber &f : b->fibers)
+            if (f.state != State::Done) all_done = false;
+        if (all_done) return true;
+        bool released = release_warps(b);
+        released |= release_block_barrier(b);
+        if (!b->error.empty()) return false;
+        if (!ran && !released) {
+            b->error = describe_deadlock(b);
+            return false;
+        }
+    }
+}
+
+} // namespace
+
+/* ---- collectives called from kernels -------------------------------------------- */
+
+void syncthreads() {
+    Fiber *f = self();
+    f->state = State::AtBarrier;
+    switch_to_scheduler(f, false);
+}
+
+void syncwarp(unsigned mask) { arrive_warp(Collective::SyncWarp, mask, 0); }
+
+uint64_t warp_exchange(unsigned mask, uint64_t mine, int src_lane) {
+    unsigned gen = arrive_warp(Collective::Exchange, mask, mine);
+    Fiber *f = self();
+    Warp &w = g_block->warps[f->warp];
+    /* Reading a lane outside the collective returns our own value (CUDA:
+     * undefined); within the block's last warp, missing lanes likewise. */
+    if (src_lane < 0 || src_lane > 31 || !(w.participants[gen & 1] & (1u << src_lane)))
+        return mine;
+    return w.slots[gen & 1][src_lane];
+}
+
+unsigned warp_ballot(unsigned mask, int pred, unsigned *participants) {
+    unsigned gen = arrive_warp(Collective::Ballot, mask, pred != 0);
+    Fiber *f = self();
+    Warp &w = g_block->warps[f->warp];
+    unsigned who = w.participants[gen & 1], ballot = 0;
+    for (unsigned l = 0; l < 32; l++)
+        if ((who & (1u << l)) && w.slots[gen & 1][l]) ballot |= 1u << l;
+    if (participants) *participants = who;
+    return ballot;
+}
+
+unsigned active_mask() {
+    Fiber *f = self();
+    const Warp &w = g_block->warps[f->warp];
+    return w.lanes & ~w.done;
+}
+
+unsigned lane_id() { return self()->lane; }
+
+void *dynamic_smem() { return g_dyn_smem; }
+
+const char *last_launch_error() { return g_launch_error.c_str(); }
+
+cudaError_t launch_blocks(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body) {
+    g_launch_error.clear();
+    if (g_fail_next_launch != cudaSuccess) {
+        cudaError_t e = g_fail_next_launch;
+        g_fail_next_launch = cudaSuccess;
+        g_launch_error = "cudasim: injected launch failure";
+        return e;
+    }
+    uint64_t threads = (uint64_t)block.x * block.y * block.z;
+    if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+        grid.y > 65535 || grid.z > 65535 || block.z > 64) {
+        g_launch_error = "cudasim: invalid launch configuration";
+        return cudaErrorInvalidConfiguration;
+    }
+    if (smem > 228 * 1024) {
+        g_launch_error = "cudasim: dynamic shared memory larger than 228 KiB";
+        return cudaErrorInvalidValue;
+    }
+    std::vector<unsigned char> dyn(smem + 16);
+    g_dyn_smem = dyn.data();
+
+    Block b;
+    b.body = &body;
+    b.fibers.resize(threads);
+    b.warps.resize((threads + 31) / 32);
+    for (size_t i = 0; i < threads; i++) {
+        b.fibers[i].stack = static_cast<char *>(std::malloc(kStackSize));
+        if (!b.fibers[i].stack) {
+            for (size_t j = 0; j < i; j++) std::free(b.fibers[j].stack);
+            g_launch_error = "cudasim: out of host memory for thread stacks";
+            return cudaErrorMemoryAllocation;
+        }
+    }
+    cur_blockDim = block;
+    cur_gridDim = grid;
+    Block *saved = g_block;
+    g_block = &b;
+    bool ok = true;
+    for (unsigned bz = 0; bz < grid.z && ok; bz++)
+        for (unsigned by = 0; by < grid.y && ok; by++)
+            for (unsigned bx = 0; bx < grid.x && ok; bx++) {
+                cur_blockIdx = make_uint3(bx, by, bz);
+                /* Shared memory starts undefined on a GPU: poison it so a kernel
+                 * that reads before writing is caught by the comparisons. */
+                std::memset(dyn.data(), 0xA5, dyn.size());
+                start_block(b, block, threads);
+                ok = run_block(&b);
+            }
+    g_block = saved;
+    g_dyn_smem = nullptr;
+    for (Fiber &f : b.fibers) std::free(f.stack);
+    if (!ok) {
+        g_launch_error = "cudasim: " + b.error;
+        return cudaErrorLaunchFailure;
+    }
+    return cudaSuccess;
+}
+
+void fail_malloc_at(long n) { g_fail_malloc_at = n; }
+void fail_next_launch(cudaError_t e) { g_fail_next_launch = e; }
+long live_allocations() { return (long)g_device_allocs.size(); }
+void set_no_device(bool none) { g_no_device = none; }
+
+namespace {
+bool injected_malloc_failure() {
+    if (g_fail_malloc_at < 0) return false;
+    if (g_fail_malloc_at == 0) {
+        g_fail_malloc_at = -1;
+        return true;
+    }
+    g_fail_malloc_at--;
+    return false;
+}
+
+/* Is [p, p+n) inside one live allocation (device or pinned host)? Plain host
+ * memory is accepted as is: the simulator cannot tell it from pageable memory. */
+bool range_ok(const void *p, size_t n) {
+    uintptr_t a = (uintptr_t)p;
+    for (const auto *m : {&g_device_allocs, &g_host_allocs}) {
+        auto it = m->upper_bound(a);
+        if (it == m->begin()) continue;
+        --it;
+        if (a >= it->first && a < it->first + it->second) return a + n <= it->first + it->second;
+    }
+    return true;
+}
+} // namespace
+
+} // namespace cudasim
+
+using namespace cudasim;
+
+/* ---- the runtime API ------------------------------------------------------------------ */
+
+extern "C" {
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = g_last_error;
+    g_last_error = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return g_last_error; }
+
+const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    default: return "cudaErrorUnknown";
+    }
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorLaunchFailure:
+        return g_launch_error.empty() ? "unspecified launch failure" : g_launch_error.c_str();
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    default: return "unknown error";
+    }
+}
+
+cudaError_t cudaGetDeviceCount(int *count) {
+    if (!count) return set_error(cudaErrorInvalidValue);
+    if (g_no_device) {
+        *count = 0;
+        return set_error(cudaErrorNoDevice);
+    }
+    *count = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device) {
+    if (!device) return set_error(cudaErrorInvalidValue);
+    *device = g_device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+    if (g_no_device) return set_error(cudaErrorNoDevice);
+    if (device != 0) return set_error(cudaErrorInvalidDevice);
+    g_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
+    if (!prop) return set_error(cudaErrorInvalidValue);
+    if (g_no_device) return set_error(cudaErrorNoDevice);
+    if (device != 0) return set_error(cudaErrorInvalidDevice);
+    std::memset(prop, 0, sizeof *prop);
+    std::snprintf(prop->name, sizeof prop->name, "cudasim (CPU simulator)");
+    prop->major = 9;
+    prop->minor = 0;
+    prop->multiProcessorCount = 132;
+    prop->totalGlobalMem = (size_t)80 << 30;
+    prop->sharedMemPerBlock = 48 * 1024;
+    prop->sharedMemPerBlockOptin = 227 * 1024;
+    prop->warpSize = 32;
+    prop->maxThreadsPerBlock = 1024;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
+    if (!value || device != 0) return set_error(cudaErrorInvalidValue);
+    switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = 132; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    default: *value = 0; break;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total) {
+    if (!free_b || !total) return set_error(cudaErrorInvalidValue);
+    size_t used = 0;
+    for (const auto &a : g_device_allocs) used += a.second;
+    *total = (size_t)80 << 30;
+    *free_b = *total > used ? *total - used : 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *v) {
+    if (!v) return set_error(cudaErrorInvalidValue);
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int *v) {
+    if (!v) return set_error(cudaErrorInvalidValue);
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+cudaError_t cudaMalloc(void **p, size_t size) {
+    if (!p) return set_error(cudaErrorInvalidValue);
+    if (injected_malloc_failure()) return set_error(cudaErrorMemoryAllocation);
+    if (size == 0) {
+        *p = nullptr;
+        return cudaSuccess;
+    }
+    void *m = nullptr;
+    if (posix_memalign(&m, 256, size) != 0) return set_error(cudaErrorMemoryAllocation);
+    std::memset(m, 0xCD, size); /* device memory starts undefined */
+    g_device_allocs[(uintptr_t)m] = size;
+    *p = m;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    auto it = g_device_allocs.find((uintptr_t)p);
+    if (it == g_device_allocs.end()) return set_error(cudaErrorInvalidDevicePointer);
+    g_device_allocs.erase(it);
+    std::free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t size) {
+    if (!p) return set_error(cudaErrorInvalidValue);
+    if (injected_malloc_failure()) return set_error(cudaErrorMemoryAllocation);
+    void *m = nullptr;
+    if (posix_memalign(&m, 4096, size ? size : 1) != 0) return set_error(cudaErrorMemoryAllocation);
+    g_host_allocs[(uintptr_t)m] = size;
+    *p = m;
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags) {
+    (void)flags;
+    return cudaMallocHost(p, size);
+}
+
+cudaError_t cudaFreeHost(void *p) {
+    if (!p) return cudaSuccess;
+    auto it = g_host_allocs.find((uintptr_t)p);
+    if (it == g_host_allocs.end()) return set_error(cudaErrorInvalidValue);
+    g_host_allocs.erase(it);
+    std::free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
+    (void)kind;
+    if (n == 0) return cudaSuccess;
+    if (!dst || !src || !range_ok(dst, n) || !range_ok(src, n)) return set_error(cudaErrorInvalidValue);
+    std::memmove(dst, src, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+    (void)stream;
+    return cudaMemcpy(dst, src, n, kind);
+}
+
+cudaError_t cudaMemset(void *p, int value, size_t n) {
+    if (n == 0) return cudaSuccess;
+    if (!p || !range_ok(p, n)) return set_error(cudaErrorInvalidValue);
+    std::memset(p, value, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t stream) {
+    (void)stream;
+    return cudaMemset(p, value, n);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    if (!s) return set_error(cudaErrorInvalidValue);
+    *s = reinterpret_cast<cudaStream_t>(new char);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
+    (void)flags;
+    return cudaStreamCreate(s);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    delete reinterpret_cast<char *>(s);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    (void)s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    if (!e) return set_error(cudaErrorInvalidValue);
+    *e = reinterpret_cast<cudaEvent_t>(new char);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
+    (void)flags;
+    return cudaEventCreate(e);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete reinterpret_cast<char *>(e);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    (void)e;
+    (void)s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    (void)e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    (void)a;
+    (void)b;
+    if (!ms) return set_error(cudaErrorInvalidValue);
+    *ms = 0.0f; /* the simulator does not model time */
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+    (void)s;
+    (void)e;
+    (void)flags;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value) {
+    (void)func;
+    (void)attr;
+    (void)value;
+    return cudaSuccess;
+}
+
+} /* extern "C" */
