@@ -341,7 +341,12 @@ KVP_API int kvp_arena_bytes(const kvp_layout_t *layout, uint64_t num_pages,
  * @brief Inputs of the capacity planner. Fill with kvp_plan_params_init().
  *
  * The KV budget is either `kv_budget_bytes` (when non-zero) or
- * `floor(memory_bytes * utilization) - weight_bytes - reserve_bytes`.
+ * `floor((memory_bytes - weight_bytes - reserve_bytes) * utilization)`:
+ * the KV cache takes `utilization` of the memory the weights and the reserve
+ * leave, as TensorRT-LLM's `kv_cache_free_gpu_mem_fraction` does. (vLLM's
+ * `gpu_memory_utilization` is a fraction of the whole memory instead: to
+ * reproduce its budget, set `utilization` to 1 and put the memory vLLM leaves
+ * unused into `reserve_bytes`.)
  */
 typedef struct kvp_plan_params {
     uint32_t struct_size;     /**< sizeof(kvp_plan_params_t); set by init. */
@@ -357,7 +362,8 @@ typedef struct kvp_plan_params {
     uint64_t memory_bytes;    /**< Device memory (used when kv_budget_bytes is 0). */
     uint64_t weight_bytes;    /**< Model weights resident in that memory. */
     uint64_t reserve_bytes;   /**< Activations, workspace, runtime; default 0. */
-    double utilization;       /**< Fraction of memory_bytes the engine may use; default 0.90. */
+    double utilization;       /**< Fraction of the memory left after weights and reserve that
+                                   the KV cache takes; default 0.90. */
 } kvp_plan_params_t;
 
 /**
@@ -410,7 +416,7 @@ typedef struct kvp_plan {
  * @param[in]  err_size Its size.
  * @return #KVP_OK, or #KVP_EINVAL for a bad or inconsistent input: zero sizes,
  *         q_heads not a multiple of kv_heads, utilization outside (0, 1],
- *         weights plus reserve larger than usable memory, a budget smaller
+ *         weights plus reserve not smaller than the memory, a budget smaller
  *         than one page (plus one staging page when needed), or products that
  *         overflow 64 bits. O(1).
  */

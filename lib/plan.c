@@ -261,17 +261,18 @@ static int plan_budget(const kvp_plan_params_t *p, uint64_t *budget, char *err,
     if (!(p->utilization > 0.0 && p->utilization <= 1.0))
         return kvp__errf(err, err_size, KVP_EINVAL, "utilization must be in (0, 1], got %g",
                          p->utilization);
-    long double usable_ld = (long double)p->memory_bytes * (long double)p->utilization;
-    uint64_t usable = usable_ld >= (long double)UINT64_MAX ? UINT64_MAX : (uint64_t)usable_ld;
     uint64_t taken;
-    if (!kvp__add_u64(p->weight_bytes, p->reserve_bytes, &taken) || taken >= usable)
+    if (!kvp__add_u64(p->weight_bytes, p->reserve_bytes, &taken) || taken >= p->memory_bytes)
         return kvp__errf(err, err_size, KVP_EINVAL,
-                         "weights (%llu bytes) plus reserve (%llu bytes) leave nothing of "
-                         "the usable memory (%llu bytes = %llu x %.2f)",
+                         "weights (%llu bytes) plus reserve (%llu bytes) do not fit in the "
+                         "device memory (%llu bytes)",
                          (unsigned long long)p->weight_bytes,
-                         (unsigned long long)p->reserve_bytes, (unsigned long long)usable,
-                         (unsigned long long)p->memory_bytes, p->utilization);
-    *budget = usable - taken;
+                         (unsigned long long)p->reserve_bytes,
+                         (unsigned long long)p->memory_bytes);
+    /* The KV cache takes `utilization` of what the weights and reserve leave
+     * (TensorRT-LLM's kv_cache_free_gpu_mem_fraction); long double keeps the
+     * product exact for any 64-bit size. */
+    *budget = (uint64_t)((long double)(p->memory_bytes - taken) * (long double)p->utilization);
     return KVP_OK;
 }
 

@@ -216,8 +216,8 @@ static void test_plan_llama8b_h100(void **state) {
     p.context = 8192;
     kvp_plan_t r;
     assert_int_equal(plan_of(&p, &r, err), KVP_OK);
-    uint64_t usable = (uint64_t)((long double)(81559 * MIB) * 0.90L);
-    uint64_t budget = usable - 2 * 8030261248ull;
+    /* 90% of what the bf16 weights leave */
+    uint64_t budget = (uint64_t)((long double)(81559 * MIB - 2 * 8030261248ull) * 0.90L);
     uint64_t page = 2ull * 32 * 8 * 128 * 2 * 16;
     assert_int_equal(r.kv_budget_bytes, budget);
     assert_int_equal(r.bytes_per_token, 131072);
@@ -321,9 +321,11 @@ static void test_plan_bad_input(void **state) {
     cases[n].p = ok; cases[n].p.utilization = 0; cases[n++].needle = "utilization";
     cases[n].p = ok; cases[n].p.utilization = 1.5; cases[n++].needle = "utilization";
     cases[n].p = ok; cases[n].p.utilization = NAN; cases[n++].needle = "utilization";
-    cases[n].p = ok; cases[n].p.weight_bytes = 100 * GIB; cases[n++].needle = "weights";
-    cases[n].p = ok; cases[n].p.weight_bytes = 70 * GIB; cases[n].p.reserve_bytes = 3 * GIB;
-    cases[n++].needle = "weights";
+    cases[n].p = ok; cases[n].p.weight_bytes = 100 * GIB; cases[n++].needle = "do not fit";
+    cases[n].p = ok; cases[n].p.weight_bytes = 78 * GIB; cases[n].p.reserve_bytes = 2 * GIB;
+    cases[n++].needle = "do not fit";
+    /* weights that fit but leave less than a page */
+    cases[n].p = ok; cases[n].p.weight_bytes = 80 * GIB - 1000; cases[n++].needle = "smaller than one page";
     cases[n].p = ok; cases[n].p.weight_bytes = UINT64_MAX; cases[n].p.reserve_bytes = 5;
     cases[n++].needle = "weights";
     cases[n].p = ok; cases[n].p.memory_bytes = 0; cases[n].p.kv_budget_bytes = 1000;

@@ -39,7 +39,8 @@ static void usage(FILE *f) {
         "                       parameter count and --weight-dtype, else 0)\n"
         "  --weight-dtype T     fp32 fp16 bf16 fp8 int8 int4 (default bf16)\n"
         "  --reserve SIZE       activations, workspace, runtime (default 0)\n"
-        "  --utilization F      fraction of memory the engine may use (default 0.90)\n"
+        "  --utilization F      fraction of what weights and reserve leave that the KV\n"
+        "                       cache takes (default 0.90)\n"
         "  --kv-budget SIZE     the KV budget directly, instead of all of the above\n"
         "format:\n"
         "  --format F           K and V format: fp32 fp16 bf16 fp8_e4m3 int8 int4\n"
@@ -470,13 +471,13 @@ static void print_table(const request *r, const row *rows, int n, FILE *out) {
         if (r->p.kv_budget_bytes)
             fprintf(out, "memory   KV budget %s (given)\n", cli_bytes(a, sizeof a, r->p.kv_budget_bytes));
         else {
-            fprintf(out, "memory   %s %s x %.2f utilization - weights %s", r->memory_source,
-                    cli_bytes(a, sizeof a, r->p.memory_bytes), r->p.utilization,
+            fprintf(out, "memory   %s %s - weights %s", r->memory_source,
+                    cli_bytes(a, sizeof a, r->p.memory_bytes),
                     cli_bytes(b, sizeof b, r->p.weight_bytes));
             if (r->weight_dtype) fprintf(out, " (%s params, %s)", cli_thousands(c, sizeof c, r->params), r->weight_dtype);
             else if (r->p.weight_bytes == 0) fprintf(out, " (none given)");
-            fprintf(out, " - reserve %s\n         = KV budget %s\n",
-                    cli_bytes(d, sizeof d, r->p.reserve_bytes),
+            fprintf(out, " - reserve %s\n         x %.2f utilization = KV budget %s\n",
+                    cli_bytes(d, sizeof d, r->p.reserve_bytes), r->p.utilization,
                     cli_bytes(e, sizeof e, s->plan.kv_budget_bytes));
         }
     } else if (!r->have_memory) {
