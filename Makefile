@@ -272,8 +272,17 @@ test: deps-test
 test-run: all $(TESTS)
 ifneq ($(SAN),1)
 	+@CC="$(CC)" HAVE_CUDA=$(HAVE_CUDA) scripts/test-install.sh
+	@$(MAKE) --no-print-directory test-python
 endif
 	@SAN=$(SAN) scripts/run-tests.sh $(TESTS)
+
+# The Python bindings' pytest suite, against this build's shared library.
+VENV ?= build/venv
+.PHONY: test-python
+test-python: $(SHARED_LIBS)
+	@KVP_VENV=$(VENV) scripts/ensure-deps.sh python
+	@KVPAGE_LIBRARY=$(abspath $(SHARED_REAL)) CC="$(CC)" \
+	    $(VENV)/bin/python -m pytest -q -p no:cacheprovider bindings/python/tests
 
 test-unit: deps-test
 	@$(MAKE) --no-print-directory all tests

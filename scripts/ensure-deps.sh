@@ -1,6 +1,7 @@
 #!/bin/sh
 # Install what a make target needs and is missing, saying so.
 #   scripts/ensure-deps.sh test|docs|fuzz|python
+# (python: also creates build/venv, or $KVP_VENV, with numpy and pytest)
 # Uses apt-get (Debian/Ubuntu), through sudo when not root. Prints nothing when
 # everything is present.
 set -eu
@@ -34,13 +35,34 @@ fuzz)
         need libclang-rt-dev
     fi
     ;;
+python)
+    # A virtual environment for the Python tests (build/venv, or $KVP_VENV).
+    venv=${KVP_VENV:-build/venv}
+    command -v python3 >/dev/null 2>&1 || need python3
+    if [ -z "$missing" ] && [ ! -x "$venv/bin/python" ]; then
+        python3 -m venv "$venv" >/dev/null 2>&1 || need python3-venv
+    fi
+    ;;
 *)
     echo "ensure-deps: unknown target '$what'" >&2
     exit 2
     ;;
 esac
 
-[ -z "$missing" ] && exit 0
+ensure_python_packages() {
+    venv=${KVP_VENV:-build/venv}
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv" || exit 1
+    if ! "$venv/bin/python" -c "import numpy, pytest" >/dev/null 2>&1; then
+        echo "libkvpage: installing numpy and pytest into $venv (for the Python tests) with pip"
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy pytest ||
+            { echo "libkvpage: pip could not install numpy and pytest" >&2; exit 1; }
+    fi
+}
+
+if [ -z "$missing" ]; then
+    [ "$what" = python ] && ensure_python_packages
+    exit 0
+fi
 
 echo "libkvpage: '$what' needs:$missing — installing with apt-get"
 if ! command -v apt-get >/dev/null 2>&1; then
@@ -66,3 +88,5 @@ if ! $sudo apt-get install -y --no-install-recommends $missing >/tmp/kvpage-apt.
     }
 fi
 echo "libkvpage: installed$missing"
+[ "$what" = python ] && ensure_python_packages
+exit 0

@@ -1,0 +1,282 @@
+"""Loading libkvpage through ctypes, and the C structs mirrored field by field.
+
+The library is found, in order, through:
+
+1. the ``KVPAGE_LIBRARY`` environment variable (a path to libkvpage.so);
+2. a build tree: ``build/libkvpage.so`` next to this package's source checkout,
+   then under the current directory and its parents;
+3. the system's loader path (``libkvpage.so.<major>``, then ``ctypes.util``).
+
+When none works, :class:`LibraryNotFound` lists every place that was tried.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from pathlib import Path
+
+#: The library version these bindings were written for. The major version must
+#: match exactly (ABI); the library's minor version must be at least this one.
+EXPECTED_VERSION = (0, 1, 0)
+
+_SONAME = f"libkvpage.so.{EXPECTED_VERSION[0]}"
+
+
+class LibraryNotFound(ImportError):
+    """libkvpage could not be loaded; the message lists what was tried."""
+
+
+def _candidates() -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    env = os.environ.get("KVPAGE_LIBRARY")
+    if env:
+        out.append(("KVPAGE_LIBRARY", env))
+    here = Path(__file__).resolve()
+    seen = set()
+    # bindings/python/kvpage/_lib.py -> repository root is three levels up
+    roots = [here.parents[3]] if len(here.parents) > 3 else []
+    cwd = Path.cwd().resolve()
+    roots += [cwd, *cwd.parents]
+    for root in roots:
+        lib = root / "build" / "libkvpage.so"
+        if lib not in seen:
+            seen.add(lib)
+            out.append(("build tree", str(lib)))
+    out.append(("system loader", _SONAME))
+    found = ctypes.util.find_library("kvpage")
+    if found:
+        out.append(("ctypes.util.find_library", found))
+    return out
+
+
+def _load() -> tuple[ctypes.CDLL, str]:
+    tried = []
+    for how, path in _candidates():
+        if how == "build tree" and not os.path.exists(path):
+            tried.append(f"  {how}: {path} (no such file)")
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append(f"  {how}: {path} ({e})")
+        if how == "KVPAGE_LIBRARY":
+            break  # an explicit choice that fails must not silently fall back
+    raise LibraryNotFound(
+        "kvpage: could not load libkvpage. Build it (`make` at the repository root), "
+        "install it (`make install`), or set KVPAGE_LIBRARY=/path/to/libkvpage.so. Tried:\n"
+        + "\n".join(tried)
+    )
+
+
+lib, path = _load()
+
+# ---- structs (must match include/kvpage.h field for field) --------------------
+
+c_i32 = ctypes.c_int32
+c_u32 = ctypes.c_uint32
+c_u64 = ctypes.c_uint64
+c_dbl = ctypes.c_double
+c_char_p = ctypes.c_char_p
+
+
+class Allocator(ctypes.Structure):
+    _fields_ = [("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p), ("opaque", ctypes.c_void_p)]
+
+
+class LayoutC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layers", c_i32),
+        ("kv_heads", c_i32),
+        ("head_dim", c_i32),
+        ("page_size", c_i32),
+        ("k_format", c_i32),
+        ("v_format", c_i32),
+        ("needs_staging", c_i32),
+        ("k_block_bytes", c_u64),
+        ("v_block_bytes", c_u64),
+        ("page_bytes", c_u64),
+        ("staging_page_bytes", c_u64),
+        ("fixed_bytes", c_u64),
+        ("element_bytes_per_token", c_u64),
+        ("bytes_per_token", c_dbl),
+    ]
+
+
+class PlanParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layers", c_i32),
+        ("kv_heads", c_i32),
+        ("head_dim", c_i32),
+        ("q_heads", c_i32),
+        ("k_format", c_i32),
+        ("v_format", c_i32),
+        ("page_size", c_i32),
+        ("context", c_u64),
+        ("kv_budget_bytes", c_u64),
+        ("memory_bytes", c_u64),
+        ("weight_bytes", c_u64),
+        ("reserve_bytes", c_u64),
+        ("utilization", c_dbl),
+    ]
+
+
+class PlanC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("k_format", c_i32),
+        ("v_format", c_i32),
+        ("page_size", c_i32),
+        ("needs_staging", c_i32),
+        ("reserved_", c_i32),
+        ("kv_budget_bytes", c_u64),
+        ("bytes_per_token", c_u64),
+        ("bytes_per_token_stored", c_dbl),
+        ("bytes_per_token_per_layer", c_dbl),
+        ("page_bytes", c_u64),
+        ("staging_page_bytes", c_u64),
+        ("fixed_bytes", c_u64),
+        ("num_pages", c_u64),
+        ("num_staging", c_u64),
+        ("arena_bytes", c_u64),
+        ("max_tokens", c_u64),
+        ("context", c_u64),
+        ("pages_per_seq", c_u64),
+        ("seq_bytes", c_u64),
+        ("max_seqs", c_u64),
+    ]
+
+
+class ModelPresetC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("name", c_char_p),
+        ("source", c_char_p),
+        ("layers", c_i32),
+        ("q_heads", c_i32),
+        ("kv_heads", c_i32),
+        ("head_dim", c_i32),
+        ("max_context", c_i32),
+        ("reserved_", c_i32),
+        ("params", c_u64),
+    ]
+
+
+class GpuPresetC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("name", c_char_p),
+        ("description", c_char_p),
+        ("memory_bytes", c_u64),
+    ]
+
+
+class CudaDeviceInfoC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("device", c_i32),
+        ("cc_major", c_i32),
+        ("cc_minor", c_i32),
+        ("sm_count", c_i32),
+        ("runtime_version", c_i32),
+        ("driver_version", c_i32),
+        ("reserved_", c_i32),
+        ("total_bytes", c_u64),
+        ("free_bytes", c_u64),
+        ("name", ctypes.c_char * 256),
+    ]
+
+
+class KvViewC(ctypes.Structure):
+    _fields_ = [
+        ("batch", c_i32),
+        ("page_size", c_i32),
+        ("num_pages", c_i32),
+        ("num_staging", c_i32),
+        ("indptr", ctypes.POINTER(c_i32)),
+        ("indices", ctypes.POINTER(c_i32)),
+        ("last_page_len", ctypes.POINTER(c_i32)),
+    ]
+
+
+class PageOpC(ctypes.Structure):
+    _fields_ = [("kind", c_i32), ("src", c_i32), ("dst", c_i32), ("count", c_i32), ("row", c_i32)]
+
+
+#: Structs a test compares with the C compiler's sizeof/offsetof.
+MIRRORED = {
+    "kvp_allocator_t": Allocator,
+    "kvp_layout_t": LayoutC,
+    "kvp_plan_params_t": PlanParamsC,
+    "kvp_plan_t": PlanC,
+    "kvp_model_preset_t": ModelPresetC,
+    "kvp_gpu_preset_t": GpuPresetC,
+    "kvp_cuda_device_info_t": CudaDeviceInfoC,
+    "kvp_kv_view_t": KvViewC,
+    "kvp_page_op_t": PageOpC,
+}
+
+# ---- function signatures --------------------------------------------------------
+
+_sz = ctypes.c_size_t
+_vp = ctypes.c_void_p
+ERR_SIZE = 256
+
+
+def _sig(name, restype, *argtypes):
+    fn = getattr(lib, name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+_sig("kvp_version_number", ctypes.c_uint)
+_sig("kvp_version_string", c_char_p)
+_sig("kvp_strerror", c_char_p, ctypes.c_int)
+_sig("kvp_status_name", c_char_p, ctypes.c_int)
+_sig("kvp_format_name", c_char_p, c_i32)
+_sig("kvp_format_parse", ctypes.c_int, c_char_p, ctypes.POINTER(c_i32), c_char_p, _sz)
+_sig("kvp_layout_compute", ctypes.c_int, c_i32, c_i32, c_i32, c_i32, c_i32, c_i32,
+     ctypes.POINTER(LayoutC), c_char_p, _sz)
+_sig("kvp_arena_bytes", ctypes.c_int, ctypes.POINTER(LayoutC), c_u64, c_u64,
+     ctypes.POINTER(c_u64), c_char_p, _sz)
+_sig("kvp_plan_params_init", None, ctypes.POINTER(PlanParamsC))
+_sig("kvp_plan_compute", ctypes.c_int, ctypes.POINTER(PlanParamsC), ctypes.POINTER(PlanC),
+     c_char_p, _sz)
+_sig("kvp_preset_count", c_i32)
+_sig("kvp_preset_get", ctypes.c_int, c_i32, ctypes.POINTER(ModelPresetC))
+_sig("kvp_preset_find", ctypes.c_int, c_char_p, ctypes.POINTER(ModelPresetC), c_char_p, _sz)
+_sig("kvp_gpu_count", c_i32)
+_sig("kvp_gpu_get", ctypes.c_int, c_i32, ctypes.POINTER(GpuPresetC))
+_sig("kvp_gpu_find", ctypes.c_int, c_char_p, ctypes.POINTER(GpuPresetC), c_char_p, _sz)
+_sig("kvp_weight_bytes", ctypes.c_int, c_u64, c_char_p, ctypes.POINTER(c_u64), c_char_p, _sz)
+_sig("kvp_parse_size", ctypes.c_int, c_char_p, ctypes.POINTER(c_u64), c_char_p, _sz)
+_sig("kvp_build_has_cuda", ctypes.c_int)
+_sig("kvp_cuda_device_count", ctypes.c_int, ctypes.POINTER(c_i32), c_char_p, _sz)
+_sig("kvp_cuda_device_query", ctypes.c_int, c_i32, ctypes.POINTER(CudaDeviceInfoC), c_char_p, _sz)
+
+
+def _check_version() -> None:
+    n = lib.kvp_version_number()
+    have = (n // 10000, n // 100 % 100, n % 100)
+    want = EXPECTED_VERSION
+    if have[0] != want[0] or have[1] < want[1]:
+        raise ImportError(
+            f"kvpage: {path} is libkvpage {have[0]}.{have[1]}.{have[2]}, but these bindings "
+            f"need {want[0]}.{want[1]}.x or a later minor version of {want[0]}.x "
+            "(rebuild the library or reinstall the bindings from the same checkout)"
+        )
+
+
+_check_version()
+
+
+def new_struct(cls):
+    """An instance of a struct_size-first struct with struct_size set."""
+    s = cls()
+    s.struct_size = ctypes.sizeof(cls)
+    return s
