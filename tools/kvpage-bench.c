@@ -13,6 +13,7 @@ static const struct {
     const char *what;
 } benches[] = {
     {"roofline", bench_roofline, "streaming read bandwidth and fp32 FMA rate of this machine"},
+    {"sched", bench_sched, "kvp_sched_step cost, 1,000 running + 1,000 waiting under pressure"},
 };
 
 static void usage(FILE *f) {
