@@ -280,3 +280,110 @@ def new_struct(cls):
     s = cls()
     s.struct_size = ctypes.sizeof(cls)
     return s
+
+
+# ---- scheduler ---------------------------------------------------------------------
+
+class SchedParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("page_size", c_i32),
+        ("needs_staging", c_i32),
+        ("max_requests", c_i32),
+        ("max_batch", c_i32),
+        ("token_budget", c_i32),
+        ("max_prefill_chunk", c_i32),
+        ("horizon", c_i32),
+        ("hysteresis", c_i32),
+        ("actions", c_i32),
+        ("drop_below_priority", c_i32),
+        ("total_pages", ctypes.c_int64),
+        ("watermark_pages", ctypes.c_int64),
+        ("max_queue_delay", ctypes.c_int64),
+        ("page_bytes", c_u64),
+        ("staging_page_bytes", c_u64),
+        ("host_bytes_per_s", c_dbl),
+        ("prefill_tokens_per_s", c_dbl),
+        ("allocator", Allocator),
+    ]
+
+
+class SchedRequestC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("priority", c_i32),
+        ("id", ctypes.c_int64),
+        ("prompt_tokens", ctypes.c_int64),
+        ("max_new_tokens", ctypes.c_int64),
+        ("cached_tokens", ctypes.c_int64),
+        ("arrival", ctypes.c_int64),
+        ("deadline", ctypes.c_int64),
+    ]
+
+
+class SchedInputC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("free_pages", ctypes.c_int64),
+        ("free_staging", ctypes.c_int64),
+        ("host_free_bytes", c_u64),
+        ("now", ctypes.c_int64),
+    ]
+
+
+class SchedItemC(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int64), ("tokens", c_i32), ("reason", c_i32),
+                ("start", ctypes.c_int64)]
+
+
+class SchedPlanC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("n_swap_out", c_i32),
+        ("n_preempt", c_i32),
+        ("n_drop", c_i32),
+        ("n_swap_in", c_i32),
+        ("n_prefill", c_i32),
+        ("n_decode", c_i32),
+        ("n_reject", c_i32),
+        ("n_finished", c_i32),
+        ("pressure", c_i32),
+        ("swap_out", ctypes.POINTER(SchedItemC)),
+        ("preempt", ctypes.POINTER(SchedItemC)),
+        ("drop", ctypes.POINTER(SchedItemC)),
+        ("swap_in", ctypes.POINTER(SchedItemC)),
+        ("prefill", ctypes.POINTER(SchedItemC)),
+        ("decode", ctypes.POINTER(ctypes.c_int64)),
+        ("reject", ctypes.POINTER(SchedItemC)),
+        ("finished", ctypes.POINTER(ctypes.c_int64)),
+        ("pages_needed", ctypes.c_int64),
+        ("forecast_pages", ctypes.c_int64),
+    ]
+
+
+class SchedStatsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("reserved_", c_i32)] + [
+        (n, ctypes.c_int64) for n in ("waiting", "running", "swapped", "steps", "admitted",
+                                      "swap_outs", "swap_ins", "preemptions", "drops",
+                                      "rejects", "finished")]
+
+
+MIRRORED.update({
+    "kvp_sched_params_t": SchedParamsC,
+    "kvp_sched_request_t": SchedRequestC,
+    "kvp_sched_input_t": SchedInputC,
+    "kvp_sched_item_t": SchedItemC,
+    "kvp_sched_plan_t": SchedPlanC,
+    "kvp_sched_stats_t": SchedStatsC,
+})
+
+_P = ctypes.POINTER
+_sig("kvp_sched_params_init", None, _P(SchedParamsC))
+_sig("kvp_sched_create", ctypes.c_int, _P(SchedParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_sched_destroy", None, _vp)
+_sig("kvp_sched_last_error", c_char_p, _vp)
+_sig("kvp_sched_submit", ctypes.c_int, _vp, _P(SchedRequestC))
+_sig("kvp_sched_finish", ctypes.c_int, _vp, ctypes.c_int64)
+_sig("kvp_sched_step", ctypes.c_int, _vp, _P(SchedInputC), _P(SchedPlanC))
+_sig("kvp_sched_stats", ctypes.c_int, _vp, _P(SchedStatsC))

@@ -129,3 +129,24 @@ def test_cuda_entry_points_answer_cleanly():
     assert d.total_bytes > 0 and d.name
     with pytest.raises(kvpage.NoDevice):
         kvpage.cuda_device(n)
+
+
+def test_handle_destroys_exactly_once():
+    import gc
+
+    from kvpage._handle import Handle
+
+    calls = []
+    h = Handle(ctypes.c_void_p(1), calls.append)
+    h.close()
+    h.close()
+    del h
+    gc.collect()
+    assert len(calls) == 1
+    with Handle(ctypes.c_void_p(2), calls.append) as h2:
+        assert not h2.closed
+    assert h2.closed and len(calls) == 2
+    h3 = Handle(ctypes.c_void_p(3), calls.append)
+    del h3
+    gc.collect()
+    assert len(calls) == 3
