@@ -703,33 +703,41 @@ KVP_API int kvp_pool_alloc_staging(kvp_pool_t *pool, int32_t n, int32_t *pages);
 /**
  * @brief Add one reference to each of `n` used pages (pool or staging).
  *
- * A page listed twice gets two references. Pages a table's sequence holds may
- * be retained, but a sequence whose partly filled page is then shared needs a
- * copy-on-write page its earlier kvp_table_reserve() did not count.
+ * The engine's references are counted apart from the ones a table's
+ * sequences hold, and only they can be dropped with kvp_pool_release(), so
+ * a stray release cannot take a page from under a sequence. A page listed
+ * twice gets two references. A page the engine holds is never stored in the
+ * prefix cache, and a page already stored cannot be retained: an outside
+ * reference would keep its cached ancestors from ever being evicted.
+ * Retaining the partly filled last page of a sequence makes that
+ * sequence's next append copy it, a page its earlier kvp_table_reserve()
+ * did not count.
  *
  * @param[in,out] pool  The pool.
  * @param[in]     n     Number of ids, >= 0.
  * @param[in]     pages Page ids.
  * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0, an id out of range, a page that
- *         is not in use, a count that would overflow); nothing changed on
- *         error. O(n).
+ *         is not in use or is in the prefix cache, a count that would
+ *         overflow); nothing changed on error. O(n).
  */
 KVP_API int kvp_pool_retain(kvp_pool_t *pool, int32_t n, const int32_t *pages);
 
 /**
- * @brief Drop one reference from each of `n` pages (pool or staging).
+ * @brief Drop one engine reference from each of `n` pages (pool or staging).
  *
- * A pool page whose count reaches 0 goes to the prefix cache if it was
- * stored there (see kvp_table_append()), otherwise to the free list; a
- * staging page goes to the staging free list.
+ * Only references taken with kvp_pool_alloc(), kvp_pool_alloc_staging() or
+ * kvp_pool_retain() can be dropped here; a table's sequences drop theirs
+ * through the table. A pool page whose count reaches 0 goes to the free
+ * list (pages the engine held were never stored in the prefix cache), a
+ * staging page to the staging free list.
  *
  * @param[in,out] pool  The pool.
  * @param[in]     n     Number of ids, >= 0.
- * @param[in]     pages Page ids; a page may be listed as often as it has
- *                      references.
+ * @param[in]     pages Page ids; a page may be listed as often as the engine
+ *                      holds references to it.
  * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0, an id out of range, more
- *         releases of a page than references, e.g. a double release);
- *         nothing changed on error. O(n), plus O(log cached) per cached page.
+ *         releases of a page than engine references, e.g. a double release);
+ *         nothing changed on error. O(n).
  */
 KVP_API int kvp_pool_release(kvp_pool_t *pool, int32_t n, const int32_t *pages);
 

@@ -439,6 +439,10 @@ int kvp_table_append(kvp_table_t *t, int32_t seq, int64_t n, const int32_t *toke
     if (rc == KVP_OK)
         rc = check_ops_room(t, fn, append_ops_needed(t, s, n), ops, ops_capacity, num_ops);
     if (rc != KVP_OK) return rc;
+    if (n == 0) { /* nothing to write: no copy-on-write either */
+        *num_ops = 0;
+        return KVP_OK;
+    }
     int64_t need = pages_needed(t, s, s->len + n);
     int64_t covered = need < s->promised ? need : s->promised;
     if (need - covered > kvp__pool_available(t->pool))
