@@ -542,7 +542,7 @@ int kvp_table_fork(kvp_table_t *t, int32_t parent, int32_t *child, kvp_page_op_t
     cp.priority = s->priority;
     cp.salt = s->salt;
     kvp_table_seq_create(t, &cp, &id); /* cannot fail: slot and staging page checked */
-    memcpy(c->pages, s->pages, (size_t)s->npages * sizeof *c->pages);
+    if (s->npages > 0) memcpy(c->pages, s->pages, (size_t)s->npages * sizeof *c->pages);
     for (int32_t i = 0; i < s->npages; i++) t->pool->pages[s->pages[i]].ref++;
     c->npages = s->npages;
     c->len = s->len;
@@ -712,7 +712,7 @@ int kvp_table_seq_info(kvp_table_t *t, int32_t seq, kvp_seq_info_t *info) {
 }
 
 static void write_pages(const kvp_table_t *t, const seq_t *s, int32_t *out) {
-    memcpy(out, s->pages, (size_t)s->npages * sizeof *out);
+    if (s->npages > 0) memcpy(out, s->pages, (size_t)s->npages * sizeof *out);
     if (export_pages(t, s) > s->npages) out[s->npages] = s->staging;
 }
 
