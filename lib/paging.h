@@ -124,8 +124,12 @@ void kvp__heap_push(kvp_pool_t *p, int32_t page);
 void kvp__heap_remove(kvp_pool_t *p, int32_t page);
 /* Evict the first page in eviction order to the free list (pool.c). */
 void kvp__evict_one(kvp_pool_t *p);
-/* Emit an event if a callback is set. */
-void kvp__pool_event(kvp_pool_t *p, int32_t kind, int32_t page);
+/* Emit an event if a callback is set (the check is inline: most engines
+ * set none, and releases are on the hot path). */
+void kvp__pool_emit(kvp_pool_t *p, int32_t kind, int32_t page);
+static inline void kvp__pool_event(kvp_pool_t *p, int32_t kind, int32_t page) {
+    if (p->event_fn != NULL) kvp__pool_emit(p, kind, page);
+}
 
 /* ---- checks for tests and the fuzzer ----------------------------------- */
 

@@ -224,8 +224,7 @@ int kvp_pool_set_event_callback(kvp_pool_t *pool, kvp_pool_event_fn fn, void *op
     return KVP_OK;
 }
 
-void kvp__pool_event(kvp_pool_t *p, int32_t kind, int32_t page) {
-    if (p->event_fn == NULL) return;
+void kvp__pool_emit(kvp_pool_t *p, int32_t kind, int32_t page) {
     const kvp__page *pg = &p->pages[page];
     kvp_pool_event_t ev;
     memset(&ev, 0, sizeof ev);
@@ -306,12 +305,12 @@ void kvp__staging_drop(kvp_pool_t *p, int32_t page) {
 
 /* ---- public allocation ---------------------------------------------------- */
 
-int kvp_pool_alloc(kvp_pool_t *pool, int32_t n, int32_t *pages) {
+static int alloc_general(kvp_pool_t *pool, int32_t n, int32_t *pages) {
     if (pool == NULL) return KVP_EINVAL;
-    if (KVP__UNLIKELY(pages == NULL || n < 1))
+    if (pages == NULL || n < 1)
         return kvp__pool_fail(pool, KVP_EINVAL, "kvp_pool_alloc: %s",
                               pages == NULL ? "pages is NULL" : "n must be >= 1");
-    if (KVP__UNLIKELY(n > kvp__pool_available(pool)))
+    if (n > kvp__pool_available(pool))
         return kvp__pool_fail(pool, KVP_ENOSPC,
                               "kvp_pool_alloc: %d pages wanted, %lld available (%d free, "
                               "%d cached, %lld reserved)",
@@ -324,6 +323,26 @@ int kvp_pool_alloc(kvp_pool_t *pool, int32_t n, int32_t *pages) {
         pages[i] = page;
     }
     return KVP_OK;
+}
+
+int kvp_pool_alloc(kvp_pool_t *pool, int32_t n, int32_t *pages) {
+    /* Fast path, same effect as the general one: one page from a free list
+     * with more free pages than reserved ones (no eviction needed). */
+    if (KVP__LIKELY(pool != NULL && pages != NULL && n == 1 &&
+                    pool->free_count > pool->reserved)) {
+        int32_t page = pool->free_head;
+        kvp__page *pg = &pool->pages[page];
+        pool->free_head = pg->next;
+        pool->free_count--;
+        pg->next = -1;
+        pg->ref = 1;
+        pg->ext = 1;
+        pg->state = KVP__PAGE_USED;
+        pg->priority = 0;
+        *pages = page;
+        return KVP_OK;
+    }
+    return alloc_general(pool, n, pages);
 }
 
 int kvp_pool_alloc_staging(kvp_pool_t *pool, int32_t n, int32_t *pages) {
@@ -396,7 +415,7 @@ int kvp_pool_retain(kvp_pool_t *pool, int32_t n, const int32_t *pages) {
     return KVP_OK;
 }
 
-int kvp_pool_release(kvp_pool_t *pool, int32_t n, const int32_t *pages) {
+static int release_general(kvp_pool_t *pool, int32_t n, const int32_t *pages) {
     if (pool == NULL) return KVP_EINVAL;
     int rc = check_ids(pool, "kvp_pool_release", n, pages);
     if (rc != KVP_OK) return rc;
@@ -419,6 +438,27 @@ int kvp_pool_release(kvp_pool_t *pool, int32_t n, const int32_t *pages) {
         else kvp__pool_drop(pool, page);
     }
     return KVP_OK;
+}
+
+int kvp_pool_release(kvp_pool_t *pool, int32_t n, const int32_t *pages) {
+    /* Fast path, same effect as the general one: the engine's only
+     * reference to one pool page, with no event callback to call. */
+    if (KVP__LIKELY(pool != NULL && pages != NULL && n == 1 && pool->event_fn == NULL)) {
+        int32_t page = pages[0];
+        if ((uint32_t)page < (uint32_t)pool->num_pages) {
+            kvp__page *pg = &pool->pages[page];
+            if (pg->ref == 1 && pg->ext == 1) { /* ext > 0 means never stored */
+                pg->ref = 0;
+                pg->ext = 0;
+                pg->state = KVP__PAGE_FREE;
+                pg->next = pool->free_head;
+                pool->free_head = page;
+                pool->free_count++;
+                return KVP_OK;
+            }
+        }
+    }
+    return release_general(pool, n, pages);
 }
 
 int kvp_pool_refcount(kvp_pool_t *pool, int32_t page, int32_t *refcount) {

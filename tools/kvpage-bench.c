@@ -13,6 +13,8 @@ static const struct {
     const char *what;
 } benches[] = {
     {"roofline", bench_roofline, "streaming read bandwidth and fp32 FMA rate of this machine"},
+    {"pool", bench_pool, "page pool and table vs. a naive baseline: alloc, decode, export, prefix"},
+    {"utilization", bench_utilization, "KV memory utilization: static reservation vs. pages of 8/16/32"},
 };
 
 static void usage(FILE *f) {
