@@ -556,11 +556,12 @@ struct kvp_kv_view;
  *
  * **Cost.** Allocating and releasing a page is O(1) (an intrusive free list
  * in arrays sized at creation); nothing is allocated after creation.
- * Evicting a cached page is O(log cached). Host memory: about 64 bytes per
- * page, plus `4 x page_size` bytes per page (pool and staging) for the token
- * ids the prefix cache compares, plus 4 bytes per hash bucket (one bucket per
- * page, rounded up to a power of two). For Llama-3.1-8B in fp16 at page 16
- * that is 192 bytes of metadata per 2 MiB page.
+ * Evicting a cached page is O(log cached). Host memory: 56 bytes per pool
+ * page and 12 per staging page; with the prefix cache, 4 more per pool page
+ * (eviction heap), `4 x page_size` per page (pool and staging) for the token
+ * ids it compares, and 4 per hash bucket (one per page, rounded up to a power
+ * of two). For Llama-3.1-8B in fp16 at page 16 that is about 130 bytes of
+ * metadata per 2 MiB page.
  *
  * **Determinism.** The same calls in the same order give the same page ids
  * and the same operations, so tensor-parallel replicas stay in lockstep.
