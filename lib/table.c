@@ -311,7 +311,7 @@ int kvp_table_reserve(kvp_table_t *t, int32_t seq, int64_t n) {
         return fail(t, KVP_ENOSPC,
                     "kvp_table_reserve: %lld tokens need %lld more pages, %lld available",
                     (long long)n, (long long)more, (long long)kvp__pool_available(t->pool));
-    rc = ensure_capacity(t, s, s->npages + need);
+    rc = ensure_capacity(t, s, pages_for(t, target)); /* a copy replaces, adds no entry */
     if (rc != KVP_OK) return rc;
     s->reserve_to = target;
     set_promise(t, s, need);
@@ -450,7 +450,7 @@ int kvp_table_append(kvp_table_t *t, int32_t seq, int64_t n, const int32_t *toke
                     "%s: %lld tokens need %lld pages (%lld reserved), %lld available", fn,
                     (long long)n, (long long)need, (long long)covered,
                     (long long)kvp__pool_available(t->pool));
-    rc = ensure_capacity(t, s, s->npages + need);
+    rc = ensure_capacity(t, s, pages_for(t, s->len + n));
     if (rc != KVP_OK) return rc;
 
     /* Nothing below can fail. */

@@ -379,6 +379,27 @@ static void test_reserve_counts_copy_on_write(void **state) {
     done(&f);
 }
 
+/* After a fork shares the last page of a reserved sequence, its reserved
+ * append copies that page, still without allocating: the copy replaces the
+ * last page-list entry. The list is exactly full here (4 of 4 entries). */
+static void test_reserved_append_after_fork_allocates_nothing(void **state) {
+    (void)state;
+    test_alloc_state st = {0, -1, 0, 0};
+    kvp_allocator_t al = test_allocator(&st);
+    fixture f = make(4, 16, 0, &al);
+    int32_t a = new_seq(&f), b, nops;
+    append(&f, a, 14, toks); /* 4 pages, the list grown to exactly 4 */
+    assert_int_equal(kvp_table_reserve(f.t, a, 2), KVP_OK);
+    assert_int_equal(kvp_table_fork(f.t, a, &b, NULL, 0, &nops), KVP_OK);
+    long calls = st.calls;
+    appended *r = append(&f, a, 2, toks + 14);
+    assert_int_equal(st.calls, calls);
+    assert_int_equal(r->nops, 1);
+    assert_int_equal(r->ops[0].kind, KVP_OP_COPY);
+    done(&f);
+    assert_int_equal(st.live, 0);
+}
+
 /* ---- prefix cache ------------------------------------------------------------------ */
 
 typedef struct {
@@ -939,6 +960,7 @@ int main(void) {
         cmocka_unit_test(test_truncate),
         cmocka_unit_test(test_reserve_guarantees_append),
         cmocka_unit_test(test_reserve_counts_copy_on_write),
+        cmocka_unit_test(test_reserved_append_after_fork_allocates_nothing),
         cmocka_unit_test(test_prefix_attach),
         cmocka_unit_test(test_prefix_salt_and_unknown_tokens),
         cmocka_unit_test(test_prefix_collisions_are_exact),
