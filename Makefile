@@ -344,3 +344,28 @@ clean:
 	rm -rf build
 
 -include $(shell find $(OBJ) -name '*.d' 2>/dev/null)
+
+# ---- fuzzing: the page table under libFuzzer (clang) -------------------------
+# `make fuzz FUZZ_SECONDS=60` installs clang's libFuzzer runtime if missing,
+# builds tests/fuzz/fuzz_table.c with the library sources, and runs it from
+# the committed seeds (tests/fuzz/corpus) for a bounded time. New inputs go
+# to build/fuzz/corpus, crash files to build/fuzz/.
+.PHONY: fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+FUZZ_DIR := $(BUILD_ROOT)/fuzz
+FUZZ_LIB_SRCS := $(wildcard lib/*.c) $(wildcard lib/cpu/*.c)
+FUZZ_FLAGS := -std=c11 -g -O1 -Wall -Wextra -fsanitize=fuzzer,address,undefined \
+              -fno-sanitize-recover=undefined -Iinclude -Ilib
+
+$(FUZZ_DIR)/fuzz_table: tests/fuzz/fuzz_table.c $(FUZZ_LIB_SRCS) $(wildcard lib/*.h) include/kvpage.h
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  FUZZCC  $@")
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ -lm -lpthread
+
+fuzz:
+	@scripts/ensure-deps.sh fuzz
+	@$(MAKE) --no-print-directory $(FUZZ_DIR)/fuzz_table
+	@mkdir -p $(FUZZ_DIR)/corpus
+	$(FUZZ_DIR)/fuzz_table -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_DIR)/ $(FUZZ_DIR)/corpus tests/fuzz/corpus

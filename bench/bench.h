@@ -29,5 +29,9 @@ int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out);
 
 int bench_roofline(int argc, char **argv);
 int bench_sched(int argc, char **argv);
+/* Page pool and table against a naive baseline (bench/pool.c). */
+int bench_pool(int argc, char **argv);
+/* Memory utilization: static reservation vs. paging (bench/utilization.c). */
+int bench_utilization(int argc, char **argv);
 
 #endif

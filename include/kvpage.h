@@ -528,6 +528,752 @@ KVP_API int kvp_parse_size(const char *text, uint64_t *bytes, char *err,
                            size_t err_size);
 
 /* ------------------------------------------------------------------------ */
+/* Page pool: page ids, reference counts, prefix cache                       */
+/* ------------------------------------------------------------------------ */
+
+/* Defined in the "Paged-KV views" section below; declared here so the page
+ * table's functions can take them. */
+struct kvp_page_op;
+struct kvp_kv_view;
+
+/**
+ * @brief A pool of KV pages: page ids, reference counts, the prefix cache.
+ *
+ * The pool hands out integer page ids; it touches no tensor memory (the page
+ * arena, sized by the same kvp_layout_compute(), holds the data). Pool pages
+ * have ids `0 .. num_pages-1`; in layouts with staging (int8/int4 keys) the
+ * fp16 staging pages have ids `num_pages .. num_pages+num_staging-1`, as in
+ * #kvp_kv_view_t.
+ *
+ * Every pool page is in exactly one of three states:
+ * - **free**: on the free list;
+ * - **used**: its reference count is at least 1 (sequences of a
+ *   #kvp_table_t, or references the engine took with kvp_pool_alloc() and
+ *   kvp_pool_retain());
+ * - **cached**: reference count 0 but kept by the prefix cache, because it
+ *   holds a full page of tokens a later prompt may reuse. Cached pages are
+ *   evicted (made free) only when an allocation needs them, lowest priority
+ *   first, then least recently used, and only pages no other cached page
+ *   depends on.
+ *
+ * `free + used + cached = num_pages` at all times, and an allocation of `k`
+ * pages succeeds whenever `free + cached - reserved >= k` (see
+ * kvp_table_reserve()).
+ *
+ * **Cost.** Allocating and releasing a page is O(1) (an intrusive free list
+ * in arrays sized at creation); nothing is allocated after creation.
+ * Evicting a cached page is O(log cached). Host memory: 56 bytes per pool
+ * page and 12 per staging page; with the prefix cache, 4 more per pool page
+ * (eviction heap), `4 x page_size` per page (pool and staging) for the token
+ * ids it compares, and 4 per hash bucket (one per page, rounded up to a power
+ * of two). For Llama-3.1-8B in fp16 at page 16 that is about 130 bytes of
+ * metadata per 2 MiB page.
+ *
+ * **Determinism.** The same calls in the same order give the same page ids
+ * and the same operations, so tensor-parallel replicas stay in lockstep.
+ *
+ * **Threads.** A pool and the tables created on it form one object for
+ * thread safety: serialise all calls on them.
+ */
+typedef struct kvp_pool kvp_pool_t;
+
+/** @brief Parameters of kvp_pool_create(). Fill with kvp_pool_params_init(). */
+typedef struct kvp_pool_params {
+    uint32_t struct_size;  /**< sizeof(kvp_pool_params_t); set by init. */
+    int32_t page_size;     /**< Tokens per page, 1 .. #KVP_MAX_PAGE_SIZE; default 16. */
+    int32_t num_pages;     /**< Pool pages, >= 1 (ids 0 .. num_pages-1); required. */
+    int32_t num_staging;   /**< Staging pages (ids from num_pages on); 0 (default) when
+                                the layout has none. num_pages + num_staging <= 2^31-1. */
+    int32_t prefix_cache;  /**< 1 (default): keep full pages in the prefix cache after
+                                their sequences end; 0: pages are freed at once. */
+    int32_t reserved_;     /**< Padding; set to 0. */
+    uint64_t hash_seed;    /**< Seed of the prefix hash (default 0). Results never depend
+                                on it (matches compare the stored token ids); set it from
+                                a secret when prompts come from untrusted users, so they
+                                cannot craft prompts that fill one hash bucket. */
+    const kvp_allocator_t *allocator; /**< Host allocator hooks; NULL = libc. Copied. */
+} kvp_pool_params_t;
+
+/**
+ * @brief Fill `p` with defaults (page size 16, no staging, prefix cache on,
+ *        seed 0, libc allocator) and set its struct_size. num_pages is 0 and
+ *        must be set.
+ * @param[out] p Parameters to initialise; NULL is ignored.
+ */
+KVP_API void kvp_pool_params_init(kvp_pool_params_t *p);
+
+/**
+ * @brief Create a pool of `params->num_pages` pages.
+ *
+ * @param[in]  params   Sizes and options (see #kvp_pool_params_t).
+ * @param[out] pool     The new pool; untouched on error.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL for NULL arguments, a struct_size too small,
+ *         a zero or negative page count, a page size out of range, more than
+ *         2^31-1 page ids, or metadata that would overflow `size_t`;
+ *         #KVP_ENOMEM if an allocation fails. O(num_pages).
+ */
+KVP_API int kvp_pool_create(const kvp_pool_params_t *params, kvp_pool_t **pool,
+                            char *err, size_t err_size);
+
+/**
+ * @brief Create a pool with exactly the pages a plan counted.
+ *
+ * Takes `page_size`, `num_pages` and `num_staging` from `plan` (the result of
+ * kvp_plan_compute()), so the pool admits exactly what the planner printed:
+ * `plan->max_seqs` sequences of `plan->context` tokens fit at once.
+ *
+ * @param[in]  plan     A plan from kvp_plan_compute().
+ * @param[in]  params   Other options (allocator, prefix cache, seed), or NULL
+ *                      for defaults; its page and staging counts are ignored.
+ * @param[out] pool     The new pool; untouched on error.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL for a NULL or uninitialised plan, a plan whose
+ *         layout needs staging pages but that counted none (plan context 0),
+ *         or more pages than int32 page ids can name; #KVP_ENOMEM.
+ *         O(num_pages).
+ */
+KVP_API int kvp_pool_create_from_plan(const kvp_plan_t *plan,
+                                      const kvp_pool_params_t *params,
+                                      kvp_pool_t **pool, char *err,
+                                      size_t err_size);
+
+/**
+ * @brief Plan a memory budget and create the pool it holds, in one call.
+ *
+ * kvp_plan_compute() followed by kvp_pool_create_from_plan().
+ *
+ * @param[in]  plan_params Model shape, formats, memory (see #kvp_plan_params_t);
+ *                         set `context` when the key format needs staging pages.
+ * @param[in]  params      Other pool options, or NULL for defaults.
+ * @param[out] pool        The new pool; untouched on error.
+ * @param[out] plan        Optional: the plan (`plan->struct_size` must be set).
+ * @param[out] err         Optional error-detail buffer.
+ * @param[in]  err_size    Its size.
+ * @return As kvp_plan_compute() and kvp_pool_create_from_plan().
+ */
+KVP_API int kvp_pool_create_for_budget(const kvp_plan_params_t *plan_params,
+                                       const kvp_pool_params_t *params,
+                                       kvp_pool_t **pool, kvp_plan_t *plan,
+                                       char *err, size_t err_size);
+
+/**
+ * @brief Destroy a pool. NULL is a no-op.
+ *
+ * Destroy every table created on the pool first.
+ *
+ * @param[in] pool The pool.
+ */
+KVP_API void kvp_pool_destroy(kvp_pool_t *pool);
+
+/**
+ * @brief Detail of the most recent failed call on this pool.
+ * @param[in] pool The pool.
+ * @return A NUL-terminated sentence (e.g. "page 70 is out of range
+ *         0..63"), "" if no call has failed, or a static message for NULL.
+ *         Valid until the next call on the pool.
+ */
+KVP_API const char *kvp_pool_last_error(const kvp_pool_t *pool);
+
+/**
+ * @brief Allocate `n` pool pages, all or none, each with reference count 1.
+ *
+ * Free pages are taken first; when there are too few, cached pages are
+ * evicted (lowest priority, then least recently used, leaves first).
+ * Pages reserved for sequences (kvp_table_reserve()) are not taken.
+ *
+ * @param[in,out] pool  The pool.
+ * @param[in]     n     Pages wanted, >= 1.
+ * @param[out]    pages `n` page ids; untouched on error.
+ * @return #KVP_OK; #KVP_EINVAL (NULL, n < 1); #KVP_ENOSPC if fewer than `n`
+ *         pages are free or evictable (the pool is unchanged). O(n), plus
+ *         O(log cached) per evicted page.
+ */
+KVP_API int kvp_pool_alloc(kvp_pool_t *pool, int32_t n, int32_t *pages);
+
+/**
+ * @brief Allocate `n` staging pages, all or none, reference count 1.
+ *
+ * Staging pages are what a #kvp_table_t gives each sequence in layouts with
+ * staging; engines that keep their own page table can take them here.
+ *
+ * @param[in,out] pool  The pool.
+ * @param[in]     n     Staging pages wanted, >= 1.
+ * @param[out]    pages `n` staging page ids (>= num_pages); untouched on error.
+ * @return #KVP_OK; #KVP_EINVAL (NULL, n < 1); #KVP_ENOSPC (too few free
+ *         staging pages; nothing changed). O(n).
+ */
+KVP_API int kvp_pool_alloc_staging(kvp_pool_t *pool, int32_t n, int32_t *pages);
+
+/**
+ * @brief Add one reference to each of `n` used pages (pool or staging).
+ *
+ * The engine's references are counted apart from the ones a table's
+ * sequences hold, and only they can be dropped with kvp_pool_release(), so
+ * a stray release cannot take a page from under a sequence. A page listed
+ * twice gets two references. A page the engine holds is never stored in the
+ * prefix cache, and a page already stored cannot be retained: an outside
+ * reference would keep its cached ancestors from ever being evicted.
+ * Retaining the partly filled last page of a sequence makes that
+ * sequence's next append copy it, a page its earlier kvp_table_reserve()
+ * did not count.
+ *
+ * @param[in,out] pool  The pool.
+ * @param[in]     n     Number of ids, >= 0.
+ * @param[in]     pages Page ids.
+ * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0, an id out of range, a page that
+ *         is not in use or is in the prefix cache, a count that would
+ *         overflow); nothing changed on error. O(n).
+ */
+KVP_API int kvp_pool_retain(kvp_pool_t *pool, int32_t n, const int32_t *pages);
+
+/**
+ * @brief Drop one engine reference from each of `n` pages (pool or staging).
+ *
+ * Only references taken with kvp_pool_alloc(), kvp_pool_alloc_staging() or
+ * kvp_pool_retain() can be dropped here; a table's sequences drop theirs
+ * through the table. A pool page whose count reaches 0 goes to the free
+ * list (pages the engine held were never stored in the prefix cache), a
+ * staging page to the staging free list.
+ *
+ * @param[in,out] pool  The pool.
+ * @param[in]     n     Number of ids, >= 0.
+ * @param[in]     pages Page ids; a page may be listed as often as the engine
+ *                      holds references to it.
+ * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0, an id out of range, more
+ *         releases of a page than engine references, e.g. a double release);
+ *         nothing changed on error. O(n).
+ */
+KVP_API int kvp_pool_release(kvp_pool_t *pool, int32_t n, const int32_t *pages);
+
+/**
+ * @brief Reference count of a page (pool or staging).
+ * @param[in,out] pool     The pool (its last error is set on failure).
+ * @param[in]     page     A page id.
+ * @param[out]    refcount 0 for free and cached pages.
+ * @return #KVP_OK or #KVP_EINVAL (NULL, id out of range). O(1).
+ */
+KVP_API int kvp_pool_refcount(kvp_pool_t *pool, int32_t page, int32_t *refcount);
+
+/**
+ * @brief Evict up to `max_pages` cached pages now, in eviction order.
+ *
+ * Allocation evicts on demand; call this to drop the prefix cache (e.g.
+ * after changing model weights) or to free memory ahead of time.
+ *
+ * @param[in,out] pool      The pool.
+ * @param[in]     max_pages Most pages to evict, >= 0 (INT32_MAX: all).
+ * @param[out]    evicted   Optional: pages evicted.
+ * @return #KVP_OK or #KVP_EINVAL (NULL pool, max_pages < 0).
+ *         O(evicted x log cached).
+ */
+KVP_API int kvp_pool_evict(kvp_pool_t *pool, int32_t max_pages, int32_t *evicted);
+
+/**
+ * @brief Counters of a pool and the tables on it (kvp_pool_stats()).
+ *
+ * `free_pages + used_pages + cached_pages = total_pages`.
+ */
+typedef struct kvp_pool_stats {
+    uint32_t struct_size;      /**< Set by the caller to sizeof(kvp_pool_stats_t). */
+    int32_t page_size;         /**< Tokens per page. */
+    int64_t total_pages;       /**< Pool pages (num_pages). */
+    int64_t used_pages;        /**< Pool pages with a reference count >= 1. */
+    int64_t cached_pages;      /**< Pool pages kept only by the prefix cache (evictable). */
+    int64_t free_pages;        /**< Pool pages on the free list. */
+    int64_t reserved_pages;    /**< Free or cached pages promised by kvp_table_reserve(). */
+    int64_t available_pages;   /**< free + cached - reserved: what kvp_pool_alloc() can get. */
+    int64_t total_staging;     /**< Staging pages (num_staging). */
+    int64_t used_staging;      /**< Staging pages in use. */
+    int64_t live_seqs;         /**< Live sequences of all tables on this pool. */
+    int64_t live_tokens;       /**< Sum of their lengths. */
+    double utilization;        /**< live_tokens / ((used_pages + used_staging) x page_size);
+                                    0 when nothing is used. Above 1 when sequences share
+                                    pages (fork, prefix cache): memory saved by sharing. */
+    uint64_t prefix_lookups;   /**< kvp_table_attach_prefix() calls. */
+    uint64_t prefix_hit_tokens;  /**< Prompt tokens found in the cache (attached). */
+    uint64_t prefix_miss_tokens; /**< Prompt tokens looked up but not attached. */
+    uint64_t pages_stored;     /**< Pages ever stored in the prefix cache. */
+    uint64_t pages_evicted;    /**< Pages ever removed from the prefix cache. */
+} kvp_pool_stats_t;
+
+/**
+ * @brief Read the pool's counters.
+ * @param[in,out] pool  The pool.
+ * @param[out]    stats Result; `stats->struct_size` must be set.
+ * @return #KVP_OK or #KVP_EINVAL (NULL, struct_size too small). O(1).
+ */
+KVP_API int kvp_pool_stats(kvp_pool_t *pool, kvp_pool_stats_t *stats);
+
+/** @brief Event kinds (#kvp_pool_event_t::kind). */
+enum kvp_pool_event_kind {
+    /** A full page was stored in the prefix cache (`hash`, `parent` set). */
+    KVP_EVENT_PAGE_STORED = 0,
+    /** A page left the prefix cache: evicted for memory or by
+     *  kvp_pool_evict(), or reopened by a truncation. */
+    KVP_EVENT_PAGE_EVICTED = 1,
+    /** A pool page went back to the free list. */
+    KVP_EVENT_PAGE_FREED = 2
+};
+
+/** @brief One pool event, passed to a #kvp_pool_event_fn. */
+typedef struct kvp_pool_event {
+    uint32_t struct_size; /**< sizeof(kvp_pool_event_t) of the library; read fields up to it. */
+    int32_t kind;         /**< A #kvp_pool_event_kind. */
+    int32_t page;         /**< The pool page. */
+    int32_t parent;       /**< STORED/EVICTED: the cached page it extends, or -1 for a
+                               prompt's first page; FREED: -1. */
+    int32_t priority;     /**< The page's eviction priority. */
+    int32_t reserved_;    /**< Padding; 0. */
+    uint64_t hash;        /**< STORED/EVICTED: the page's chained 64-bit hash; FREED: 0. */
+} kvp_pool_event_t;
+
+/**
+ * @brief Event callback: called synchronously from inside pool and table
+ *        calls. It must not call back into the pool or its tables.
+ * @param[in] opaque The pointer given to kvp_pool_set_event_callback().
+ * @param[in] event  The event; valid during the call only.
+ */
+typedef void (*kvp_pool_event_fn)(void *opaque, const kvp_pool_event_t *event);
+
+/**
+ * @brief Set (or clear, with NULL) the pool's event callback.
+ * @param[in,out] pool   The pool.
+ * @param[in]     fn     Callback, or NULL for none.
+ * @param[in]     opaque Passed to `fn`.
+ * @return #KVP_OK or #KVP_EINVAL (NULL pool). O(1).
+ */
+KVP_API int kvp_pool_set_event_callback(kvp_pool_t *pool, kvp_pool_event_fn fn,
+                                        void *opaque);
+
+/* ------------------------------------------------------------------------ */
+/* Page table: sequences, copy-on-write, prefix reuse, batch export          */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief A page table: sequences of tokens mapped onto a pool's pages.
+ *
+ * Sequences are named by non-negative int32 ids that the table hands out.
+ * An id is a handle (slot and generation): a released id is rejected with
+ * #KVP_ENOENT, and is not handed out again until its slot has been reused
+ * 2^(31 - ceil(log2(max_seqs))) times.
+ *
+ * **Pages of a sequence** of length L with page size P:
+ * - layouts without staging: `ceil(L/P)` pool pages; the last holds
+ *   `L - (pages-1) x P` tokens;
+ * - layouts with staging (the pool has staging pages): `floor(L/P)` full,
+ *   quantized ("sealed") pool pages, plus, while `L % P != 0`, its staging
+ *   page holding the last `L % P` tokens in fp16. Each sequence takes one
+ *   staging page when it is created (or forked) and keeps it until it is
+ *   released, so appends and truncations never need a staging page and the
+ *   planner's count (`floor(context/P)` pool pages + 1 staging page per
+ *   sequence) is exact. The pool's staging pages therefore bound the number
+ *   of live sequences.
+ *
+ * **Sharing.** Forked sequences share pages (reference counted); a partly
+ * filled shared page is copied on write (#KVP_OP_COPY) by the first append
+ * that would write into it. Full pages are never written again.
+ *
+ * **Prefix cache.** When an append fills a page and every token id of the
+ * sequence so far is known, the page is stored in the pool's prefix cache,
+ * under a chained hash of its parent page, its token ids and the sequence's
+ * salt. kvp_table_attach_prefix() gives a new sequence the longest run of
+ * cached pages matching its prompt. Matches compare the stored token ids,
+ * parent page and salt, never only the hash: a hash collision costs one
+ * comparison and never returns wrong pages.
+ *
+ * **Threads.** See #kvp_pool_t: a table and its pool are one object.
+ */
+typedef struct kvp_table kvp_table_t;
+
+/** @brief Parameters of kvp_table_create(). Fill with kvp_table_params_init(). */
+typedef struct kvp_table_params {
+    uint32_t struct_size;  /**< sizeof(kvp_table_params_t); set by init. */
+    int32_t max_seqs;      /**< Sequence slots, 1 .. 2^24; 0 (default) = the pool's staging
+                                page count for layouts with staging, else 4096. */
+    const kvp_allocator_t *allocator; /**< Host allocator hooks; NULL = libc. Copied. */
+} kvp_table_params_t;
+
+/**
+ * @brief Fill `p` with defaults (max_seqs 0 = automatic, libc allocator) and
+ *        set its struct_size.
+ * @param[out] p Parameters to initialise; NULL is ignored.
+ */
+KVP_API void kvp_table_params_init(kvp_table_params_t *p);
+
+/**
+ * @brief Create a page table on `pool`.
+ *
+ * The pool must outlive the table. Several tables may share one pool.
+ *
+ * @param[in,out] pool     The pool the table takes pages from.
+ * @param[in]     params   Options, or NULL for defaults.
+ * @param[out]    table    The new table; untouched on error.
+ * @param[out]    err      Optional error-detail buffer.
+ * @param[in]     err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL (NULL pool or table, struct_size too small,
+ *         max_seqs out of range); #KVP_ENOMEM. O(max_seqs).
+ */
+KVP_API int kvp_table_create(kvp_pool_t *pool, const kvp_table_params_t *params,
+                             kvp_table_t **table, char *err, size_t err_size);
+
+/**
+ * @brief Destroy a table, releasing every live sequence's pages to the pool
+ *        (full pages stay in the prefix cache). NULL is a no-op.
+ * @param[in] table The table.
+ */
+KVP_API void kvp_table_destroy(kvp_table_t *table);
+
+/**
+ * @brief Detail of the most recent failed call on this table.
+ * @param[in] table The table.
+ * @return A NUL-terminated sentence, "" if no call has failed, or a static
+ *         message for NULL. Valid until the next call on the table.
+ */
+KVP_API const char *kvp_table_last_error(const kvp_table_t *table);
+
+/**
+ * @brief The pool a table takes its pages from.
+ * @param[in] table The table.
+ * @return The pool, or NULL for a NULL table.
+ */
+KVP_API kvp_pool_t *kvp_table_pool(const kvp_table_t *table);
+
+/** @brief Options of a new sequence. Fill with kvp_seq_params_init(). */
+typedef struct kvp_seq_params {
+    uint32_t struct_size; /**< sizeof(kvp_seq_params_t); set by init. */
+    int32_t priority;     /**< Eviction priority of the pages it fills (higher is kept
+                               longer); default 0. See kvp_table_set_priority(). */
+    uint64_t salt;        /**< Prefix-cache namespace (default 0, shared). Sequences with
+                               different salts never share cached pages, so tenants
+                               cannot probe each other's prompts: derive it from a
+                               secret and the tenant id. */
+} kvp_seq_params_t;
+
+/**
+ * @brief Fill `p` with defaults (priority 0, salt 0) and set its struct_size.
+ * @param[out] p Parameters to initialise; NULL is ignored.
+ */
+KVP_API void kvp_seq_params_init(kvp_seq_params_t *p);
+
+/**
+ * @brief Create an empty sequence.
+ *
+ * In layouts with staging it takes a staging page, which it keeps until it
+ * is released.
+ *
+ * @param[in,out] table  The table.
+ * @param[in]     params Options, or NULL for defaults.
+ * @param[out]    seq    The new sequence id (>= 0); untouched on error.
+ * @return #KVP_OK; #KVP_EINVAL (NULL, struct_size too small); #KVP_ENOSPC if
+ *         all max_seqs slots are live or, with staging, no staging page is
+ *         free. O(1); never allocates.
+ */
+KVP_API int kvp_table_seq_create(kvp_table_t *table, const kvp_seq_params_t *params,
+                                 int32_t *seq);
+
+/**
+ * @brief Release a sequence: drop its references (full pages stored in the
+ *        prefix cache stay cached), its staging page and its reservation.
+ *        The id becomes invalid.
+ * @param[in,out] table The table.
+ * @param[in]     seq   A live sequence.
+ * @return #KVP_OK, #KVP_EINVAL (NULL table) or #KVP_ENOENT (unknown or
+ *         already released id; nothing changed). O(pages of the sequence).
+ */
+KVP_API int kvp_table_seq_release(kvp_table_t *table, int32_t seq);
+
+/**
+ * @brief Guarantee room for `n` more tokens: the next appends of up to `n`
+ *        tokens in total cannot fail.
+ *
+ * Sets (does not add to) the sequence's reservation: room for `length + n`
+ * tokens, counting the pages those tokens will fill and, for a partly filled
+ * page shared with a fork, its copy-on-write page. Reserved pages are not
+ * chosen yet; they are set aside from the free and cached pages, so other
+ * allocations cannot take them. `n = 0` drops the reservation. Appends
+ * consume it; kvp_table_truncate() and kvp_table_attach_prefix() drop it.
+ *
+ * @param[in,out] table The table.
+ * @param[in]     seq   A live sequence.
+ * @param[in]     n     Tokens, >= 0; `length + n <= 2^31-1`.
+ * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0, too long); #KVP_ENOENT;
+ *         #KVP_ENOSPC if the pages are not available (free + cached minus
+ *         other reservations); #KVP_ENOMEM (growing the page list). Nothing
+ *         changed on error. O(1) amortised.
+ */
+KVP_API int kvp_table_reserve(kvp_table_t *table, int32_t seq, int64_t n);
+
+/**
+ * @brief Append `n` tokens to a sequence: choose their slots and say what
+ *        the storage must do first.
+ *
+ * Row `i` (0-based) of this append is written at `slots[i] = page x
+ * page_size + offset` (#kvp_kv_view_t). Operations, in order:
+ * - without staging: at most one #KVP_OP_COPY, when the sequence's partly
+ *   filled last page is shared (after a fork) or stored in the prefix cache
+ *   (after a truncation): `count` tokens of page `src` are copied to the new
+ *   page `dst` before the rows are written;
+ * - with staging: one #KVP_OP_SEAL per pool page this append fills (see
+ *   #kvp_page_op_kind for `src`, `count` and `row`); rows that land in a page
+ *   being sealed have slots in that pool page, the others in the
+ *   sequence's staging page.
+ *
+ * An append of `n` tokens produces at most `n / page_size + 1` operations.
+ * Full pages are stored in the prefix cache when `tokens` is given for every
+ * token of the sequence so far.
+ *
+ * @param[in,out] table        The table.
+ * @param[in]     seq          A live sequence.
+ * @param[in]     n            Tokens, >= 0 (0 is a no-op).
+ * @param[in]     tokens       `n` token ids, or NULL (the sequence's later pages
+ *                             are then not stored in the prefix cache).
+ * @param[out]    slots        `n` slots, or NULL if not wanted.
+ * @param[out]    ops          `ops_capacity` operations, may be NULL if 0.
+ * @param[in]     ops_capacity Size of `ops`.
+ * @param[out]    num_ops      Operations written (required).
+ * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0, length over 2^31-1,
+ *         `ops_capacity` too small: the detail says how many are needed);
+ *         #KVP_ENOENT; #KVP_ENOSPC (pages beyond the reservation not
+ *         available); #KVP_ENOMEM (growing the page list). Nothing changed on
+ *         error. Within a reservation it cannot fail for lack of pages or
+ *         memory, and allocates nothing. O(n + pages filled).
+ */
+KVP_API int kvp_table_append(kvp_table_t *table, int32_t seq, int64_t n,
+                             const int32_t *tokens, int64_t *slots,
+                             struct kvp_page_op *ops, int32_t ops_capacity,
+                             int32_t *num_ops);
+
+/**
+ * @brief Shorten a sequence to `length` tokens (e.g. rejected speculative
+ *        tokens), dropping pages past the new end and any reservation.
+ *
+ * With staging, cutting into a sealed page reopens it: one #KVP_OP_UNSEAL
+ * brings its first `length % page_size` tokens back into the staging page,
+ * and the pool page is released. Execute it before any later append writes:
+ * that append may hand the released page to another sequence. Without
+ * staging no operation is needed; a page that becomes partly filled and is
+ * still shared or cached is copied on the next append, one held only by this
+ * sequence is taken out of the prefix cache.
+ *
+ * @param[in,out] table        The table.
+ * @param[in]     seq          A live sequence.
+ * @param[in]     length       New length, 0 .. current length.
+ * @param[out]    ops          Room for 1 operation (may be NULL if
+ *                             `ops_capacity` is 0 and none is needed).
+ * @param[in]     ops_capacity Size of `ops`.
+ * @param[out]    num_ops      Operations written, 0 or 1 (required).
+ * @return #KVP_OK; #KVP_EINVAL (NULL, length < 0 or past the end, no room
+ *         for the operation); #KVP_ENOENT. Nothing changed on error. Never
+ *         fails for lack of pages or memory. O(pages dropped).
+ */
+KVP_API int kvp_table_truncate(kvp_table_t *table, int32_t seq, int64_t length,
+                               struct kvp_page_op *ops, int32_t ops_capacity,
+                               int32_t *num_ops);
+
+/**
+ * @brief Fork a sequence: the child shares every page of the parent.
+ *
+ * Full pages are shared (reference counted). Without staging the partly
+ * filled last page is shared too and copied on write by whichever sequence
+ * appends to it first. With staging the child gets its own staging page, a
+ * #KVP_OP_COPY of the parent's (`count` = tokens in it; no operation when
+ * the length is a multiple of the page size). The child has the parent's
+ * length, priority and salt, and no reservation. If the parent has a
+ * reservation and its last page becomes shared, one more page is reserved
+ * for its copy-on-write.
+ *
+ * @param[in,out] table        The table.
+ * @param[in]     parent       A live sequence.
+ * @param[out]    child        The new sequence id; untouched on error.
+ * @param[out]    ops          Room for 1 operation (may be NULL if
+ *                             `ops_capacity` is 0 and none is needed).
+ * @param[in]     ops_capacity Size of `ops`.
+ * @param[out]    num_ops      Operations written, 0 or 1 (required).
+ * @return #KVP_OK; #KVP_EINVAL (NULL, no room for the operation);
+ *         #KVP_ENOENT (unknown or released parent); #KVP_ENOSPC (no sequence
+ *         slot, no staging page, or no page for the parent's reserved
+ *         copy-on-write); #KVP_ENOMEM. Nothing changed on error.
+ *         O(pages of the parent).
+ */
+KVP_API int kvp_table_fork(kvp_table_t *table, int32_t parent, int32_t *child,
+                           struct kvp_page_op *ops, int32_t ops_capacity,
+                           int32_t *num_ops);
+
+/**
+ * @brief Give an empty sequence the longest cached prefix of its prompt.
+ *
+ * Walks the prompt a full page at a time through the prefix cache (under the
+ * sequence's salt) and attaches the matching pages (reference counted); the
+ * sequence's length becomes `*matched`, a multiple of the page size, and
+ * only tokens `matched ..` need prefill. To keep the last prompt token for
+ * prefill (its logits are needed), pass `n - 1` tokens. Cached pages that
+ * other sequences' reservations count on are not taken (the match stops
+ * before them). Counts one lookup, `matched` hit tokens and `n - matched`
+ * missed tokens in the stats. With the prefix cache off it matches nothing.
+ *
+ * @param[in,out] table   The table.
+ * @param[in]     seq     A live sequence of length 0.
+ * @param[in]     tokens  The prompt's token ids (may be NULL if n is 0).
+ * @param[in]     n       Prompt length, >= 0.
+ * @param[out]    matched Tokens attached (0 .. n, a multiple of the page size).
+ * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0 or over 2^31-1); #KVP_ENOENT;
+ *         #KVP_ESTATE (the sequence is not empty); #KVP_ENOMEM. Nothing
+ *         changed on error. O(n) plus O(1) expected per page looked up.
+ */
+KVP_API int kvp_table_attach_prefix(kvp_table_t *table, int32_t seq,
+                                    const int32_t *tokens, int64_t n,
+                                    int64_t *matched);
+
+/**
+ * @brief How many leading tokens of a prompt the prefix cache holds, without
+ *        attaching anything or counting stats.
+ *
+ * @param[in,out] table   The table (its last error is set on failure).
+ * @param[in]     salt    The prefix-cache namespace (see #kvp_seq_params_t).
+ * @param[in]     tokens  Token ids (may be NULL if n is 0).
+ * @param[in]     n       Prompt length, >= 0.
+ * @param[out]    matched Cached tokens, a multiple of the page size.
+ * @return #KVP_OK or #KVP_EINVAL. O(n).
+ */
+KVP_API int kvp_table_lookup_prefix(kvp_table_t *table, uint64_t salt,
+                                    const int32_t *tokens, int64_t n,
+                                    int64_t *matched);
+
+/**
+ * @brief Set a sequence's priority: the eviction priority of the pages it
+ *        fills from now on.
+ *
+ * A page's priority decides, once it is only cached, when it is evicted:
+ * lower priorities first, least recently used first among equals. A page
+ * takes the priority of the sequence that fills it; attaching a cached page
+ * raises it to the attaching sequence's priority, never lowers it. Pages the
+ * sequence already holds are raised to `priority` too (to lower them, use
+ * kvp_table_set_range_priority()).
+ *
+ * @param[in,out] table    The table.
+ * @param[in]     seq      A live sequence.
+ * @param[in]     priority Any int32; higher is kept longer.
+ * @return #KVP_OK, #KVP_EINVAL or #KVP_ENOENT. O(pages of the sequence).
+ */
+KVP_API int kvp_table_set_priority(kvp_table_t *table, int32_t seq, int32_t priority);
+
+/**
+ * @brief Set the priority of the sequence's full pages that lie entirely
+ *        within tokens `[begin, end)`, raising or lowering it; e.g. pin a
+ *        system prompt with a high value.
+ *
+ * Pages shared with other sequences get the new value too. Staging pages and
+ * partly filled pages are never cached, so they are skipped.
+ *
+ * @param[in,out] table    The table.
+ * @param[in]     seq      A live sequence.
+ * @param[in]     begin    First token, >= 0.
+ * @param[in]     end      One past the last token, begin .. length.
+ * @param[in]     priority Any int32.
+ * @return #KVP_OK, #KVP_EINVAL (bad range) or #KVP_ENOENT. O(pages in range).
+ */
+KVP_API int kvp_table_set_range_priority(kvp_table_t *table, int32_t seq,
+                                         int64_t begin, int64_t end,
+                                         int32_t priority);
+
+/** @brief What kvp_table_seq_info() reports about a sequence. */
+typedef struct kvp_seq_info {
+    uint32_t struct_size;   /**< Set by the caller to sizeof(kvp_seq_info_t). */
+    int32_t num_pages;      /**< Entries it has in an exported `indices` (incl. a staging page). */
+    int64_t length;         /**< Tokens. */
+    int32_t last_page_len;  /**< Tokens in its last page, 1 .. page_size; 0 when empty. */
+    int32_t staging_page;   /**< Its staging page id, or -1 without staging. */
+    int64_t reserved_tokens;/**< Room guaranteed by kvp_table_reserve() beyond the length. */
+    int32_t reserved_pages; /**< Pages set aside for that room. */
+    int32_t priority;       /**< Its priority. */
+    uint64_t salt;          /**< Its prefix-cache salt. */
+} kvp_seq_info_t;
+
+/**
+ * @brief Describe a sequence.
+ * @param[in,out] table The table.
+ * @param[in]     seq   A live sequence.
+ * @param[out]    info  Result; `info->struct_size` must be set.
+ * @return #KVP_OK, #KVP_EINVAL or #KVP_ENOENT. O(1).
+ */
+KVP_API int kvp_table_seq_info(kvp_table_t *table, int32_t seq, kvp_seq_info_t *info);
+
+/**
+ * @brief Copy a sequence's page ids, in token order, as the batch export
+ *        lists them (a partly filled staging page last).
+ * @param[in,out] table    The table.
+ * @param[in]     seq      A live sequence.
+ * @param[out]    pages    `capacity` entries.
+ * @param[in]     capacity At least kvp_seq_info_t::num_pages.
+ * @return #KVP_OK, #KVP_EINVAL (NULL, capacity too small) or #KVP_ENOENT.
+ *         O(pages).
+ */
+KVP_API int kvp_table_seq_pages(kvp_table_t *table, int32_t seq, int32_t *pages,
+                                int32_t capacity);
+
+/**
+ * @brief Caller-owned buffers filled by kvp_table_export().
+ *
+ * Size them with kvp_table_export_size(). Plain pointers and fixed-width
+ * integers, for FFI.
+ */
+typedef struct kvp_batch_buffers {
+    uint32_t struct_size;     /**< Set by the caller to sizeof(kvp_batch_buffers_t). */
+    int32_t reserved_;        /**< Padding; set to 0. */
+    int32_t *indptr;          /**< [batch+1] CSR offsets (required). */
+    int32_t *indices;         /**< [indices_capacity] page ids (required). */
+    int32_t *last_page_len;   /**< [batch] tokens in each last page (required). */
+    int64_t *slot_mapping;    /**< [slots_capacity] slots of this step's rows, or NULL. */
+    int32_t *qo_indptr;       /**< [batch+1] offsets of each sequence's rows in
+                                   slot_mapping, or NULL. */
+    int64_t indices_capacity; /**< Entries `indices` can hold. */
+    int64_t slots_capacity;   /**< Entries `slot_mapping` can hold. */
+} kvp_batch_buffers_t;
+
+/**
+ * @brief Sizes of a batch export: total page entries and total new rows.
+ *
+ * @param[in,out] table       The table.
+ * @param[in]     seqs        `batch` live sequence ids (repeats allowed).
+ * @param[in]     batch       >= 0.
+ * @param[in]     num_new     `batch` counts of each sequence's last rows to map
+ *                            (this step's tokens), or NULL for none.
+ * @param[out]    num_indices Entries `indices` needs.
+ * @param[out]    num_slots   Entries `slot_mapping` needs (sum of num_new).
+ * @return #KVP_OK, #KVP_EINVAL (NULL, num_new[b] outside 0..length) or
+ *         #KVP_ENOENT (the detail names the batch index). O(batch).
+ */
+KVP_API int kvp_table_export_size(kvp_table_t *table, const int32_t *seqs,
+                                  int32_t batch, const int32_t *num_new,
+                                  int64_t *num_indices, int64_t *num_slots);
+
+/**
+ * @brief Export a batch for the kernels: CSR page table and slot mapping.
+ *
+ * Fills `indptr[batch+1]`, `indices`, `last_page_len[batch]` in FlashInfer's
+ * convention (#kvp_kv_view_t), and, when `slot_mapping` is given, the slots
+ * of the last `num_new[b]` tokens of each sequence `b` in batch order (what
+ * this step's appends returned, after any later copy-on-write), with
+ * `qo_indptr` their offsets.
+ *
+ * @param[in,out] table   The table.
+ * @param[in]     seqs    `batch` live sequence ids.
+ * @param[in]     batch   >= 0.
+ * @param[in]     num_new `batch` counts, or NULL (no rows).
+ * @param[in]     buffers Where to write (see #kvp_batch_buffers_t).
+ * @param[out]    view    Optional: a view pointing at the buffers.
+ * @return #KVP_OK; #KVP_EINVAL (NULL, buffers too small, more than 2^31-1
+ *         entries); #KVP_ENOENT. Buffers are untouched on error.
+ *         O(batch + pages + rows); never allocates.
+ */
+KVP_API int kvp_table_export(kvp_table_t *table, const int32_t *seqs, int32_t batch,
+                             const int32_t *num_new, const kvp_batch_buffers_t *buffers,
+                             struct kvp_kv_view *view);
+
+/* ------------------------------------------------------------------------ */
 /* Paged-KV views: what the page table hands to kernels                      */
 /* ------------------------------------------------------------------------ */
 

@@ -14,6 +14,8 @@ static const struct {
 } benches[] = {
     {"roofline", bench_roofline, "streaming read bandwidth and fp32 FMA rate of this machine"},
     {"sched", bench_sched, "kvp_sched_step cost, 1,000 running + 1,000 waiting under pressure"},
+    {"pool", bench_pool, "page pool and table vs. a naive baseline: alloc, decode, export, prefix"},
+    {"utilization", bench_utilization, "KV memory utilization: static reservation vs. pages of 8/16/32"},
 };
 
 static void usage(FILE *f) {

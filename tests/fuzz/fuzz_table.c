@@ -1,0 +1,355 @@
+/*
+ * libFuzzer harness: drives the pool and table API from bytes.
+ *
+ *   make fuzz FUZZ_SECONDS=60      (clang -fsanitize=fuzzer,address,undefined)
+ *
+ * The first four bytes choose a pool (page size, pages, staging pages,
+ * prefix cache, narrowed hashes that collide); every following byte is an
+ * operation with its arguments. Besides crashes and sanitizer reports, the
+ * harness traps on wrong results: it keeps each sequence's tokens and a
+ * simulated KV store (rows written at the returned slots, page operations
+ * executed as the header specifies) and reads every sequence back through
+ * the exported CSR after each operation; it checks the library's internal
+ * invariants; and it fails allocations on demand, requiring KVP_ENOMEM with
+ * nothing changed. tests/test_fuzz_replay.c runs this file's corpus and
+ * random inputs under the normal `make test`.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "paging.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define FZ_SEQS 8
+#define FZ_LEN 256
+#define FZ_MAX_PAGES 64
+#define FZ_MAX_P 16
+
+#define FZ_ASSERT(c)                  \
+    do {                              \
+        if (!(c)) __builtin_trap();   \
+    } while (0)
+
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} fz_bytes;
+
+static uint32_t take(fz_bytes *b) {
+    if (b->n == 0) return 0;
+    b->n--;
+    return *b->p++;
+}
+
+typedef struct {
+    long countdown; /* fail the allocation when it reaches 0; -1 = never */
+} fz_alloc;
+
+static void *fz_malloc(void *opaque, size_t size, size_t alignment) {
+    fz_alloc *a = opaque;
+    if (a->countdown == 0) {
+        a->countdown = -1;
+        return NULL;
+    }
+    if (a->countdown > 0) a->countdown--;
+    void *p = NULL;
+    if (alignment < sizeof(void *)) alignment = sizeof(void *);
+    return posix_memalign(&p, alignment, size) == 0 ? p : NULL;
+}
+
+static void fz_free(void *opaque, void *ptr) {
+    (void)opaque;
+    free(ptr);
+}
+
+typedef struct {
+    bool live;
+    int32_t id;
+    int64_t len;
+    uint64_t salt;
+    int32_t toks[FZ_LEN];
+} fz_seq;
+
+typedef struct {
+    int32_t P, N, S;
+    kvp_pool_t *pool;
+    kvp_table_t *t;
+    fz_alloc alloc;
+    fz_seq seqs[FZ_SEQS];
+    int32_t stale[4];
+    int32_t engine[8];
+    int nengine;
+    int32_t store[(FZ_MAX_PAGES + FZ_SEQS + 1) * FZ_MAX_P];
+} fz_world;
+
+static void run_ops(fz_world *w, const kvp_page_op_t *ops, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        const kvp_page_op_t *op = &ops[i];
+        int32_t count = op->kind == KVP_OP_COPY ? w->P : op->count;
+        FZ_ASSERT(op->dst >= 0 && op->dst < w->N + w->S && count >= 0 && count <= w->P);
+        if (op->kind == KVP_OP_SEAL && op->count == 0) {
+            FZ_ASSERT(op->src == -1);
+            continue;
+        }
+        FZ_ASSERT(op->src >= 0 && op->src < w->N + w->S);
+        memmove(&w->store[op->dst * w->P], &w->store[op->src * w->P],
+                (size_t)count * sizeof(int32_t));
+    }
+}
+
+/* Export every live sequence and read its tokens back from the store. */
+static void verify(fz_world *w) {
+    char err[KVP_ERR_SIZE];
+    FZ_ASSERT(kvp__table_check(w->t, err, sizeof err) == KVP_OK);
+    int32_t ids[FZ_SEQS], who[FZ_SEQS], nb = 0;
+    for (int i = 0; i < FZ_SEQS; i++)
+        if (w->seqs[i].live) {
+            who[nb] = i;
+            ids[nb++] = w->seqs[i].id;
+        }
+    int64_t ni, ns;
+    FZ_ASSERT(kvp_table_export_size(w->t, ids, nb, NULL, &ni, &ns) == KVP_OK && ns == 0);
+    int32_t indptr[FZ_SEQS + 1], last[FZ_SEQS];
+    int32_t indices[FZ_SEQS * (FZ_LEN + 1)];
+    kvp_batch_buffers_t b = {.struct_size = sizeof b};
+    b.indptr = indptr;
+    b.indices = indices;
+    b.last_page_len = last;
+    b.indices_capacity = ni;
+    FZ_ASSERT(kvp_table_export(w->t, ids, nb, NULL, &b, NULL) == KVP_OK);
+    for (int k = 0; k < nb; k++) {
+        const fz_seq *s = &w->seqs[who[k]];
+        int64_t pages = w->S > 0 ? s->len / w->P + (s->len % w->P != 0) : (s->len + w->P - 1) / w->P;
+        FZ_ASSERT(indptr[k + 1] - indptr[k] == pages);
+        FZ_ASSERT(last[k] == (s->len == 0 ? 0 : (s->len % w->P ? s->len % w->P : w->P)));
+        for (int64_t pos = 0; pos < s->len; pos++) {
+            int32_t page = indices[indptr[k] + pos / w->P];
+            FZ_ASSERT(w->store[page * w->P + pos % w->P] == s->toks[pos]);
+        }
+    }
+}
+
+static fz_seq *pick(fz_world *w, uint32_t r) {
+    for (int i = 0; i < FZ_SEQS; i++) {
+        fz_seq *s = &w->seqs[(r + (uint32_t)i) % FZ_SEQS];
+        if (s->live) return s;
+    }
+    return NULL;
+}
+
+static fz_seq *free_slot(fz_world *w) {
+    for (int i = 0; i < FZ_SEQS; i++)
+        if (!w->seqs[i].live) return &w->seqs[i];
+    return NULL;
+}
+
+static void do_create(fz_world *w, fz_bytes *in) {
+    fz_seq *s = free_slot(w);
+    uint32_t a = take(in);
+    if (s == NULL) return;
+    kvp_seq_params_t p;
+    kvp_seq_params_init(&p);
+    p.priority = (int32_t)(a & 7) - 2;
+    p.salt = a >> 7;
+    int32_t id;
+    int rc = kvp_table_seq_create(w->t, &p, &id);
+    FZ_ASSERT(rc == KVP_OK || rc == KVP_ENOSPC);
+    if (rc != KVP_OK) return;
+    s->live = true;
+    s->id = id;
+    s->len = 0;
+    s->salt = p.salt;
+}
+
+static void do_append(fz_world *w, fz_bytes *in) {
+    fz_seq *s = pick(w, take(in));
+    uint32_t a = take(in);
+    if (s == NULL) return;
+    int64_t n = (int64_t)(a & 63) % (3 * w->P + 1);
+    if (s->len + n > FZ_LEN) n = FZ_LEN - s->len;
+    int32_t toks[FZ_LEN];
+    for (int64_t i = 0; i < n; i++) toks[i] = (int32_t)(take(in) & 7);
+    int64_t slots[FZ_LEN];
+    kvp_page_op_t ops[FZ_LEN + 1];
+    int32_t nops = -1;
+    int rc = kvp_table_append(w->t, s->id, n, (a & 64) ? NULL : toks, slots, ops,
+                              (int32_t)(n / w->P + 1), &nops);
+    FZ_ASSERT(rc == KVP_OK || rc == KVP_ENOSPC || rc == KVP_ENOMEM);
+    if (rc != KVP_OK) return;
+    run_ops(w, ops, nops);
+    for (int64_t i = 0; i < n; i++) {
+        FZ_ASSERT(slots[i] >= 0 && slots[i] < (int64_t)(w->N + w->S) * w->P);
+        w->store[slots[i]] = toks[i];
+        s->toks[s->len + i] = toks[i];
+    }
+    s->len += n;
+}
+
+static void do_truncate(fz_world *w, fz_bytes *in) {
+    fz_seq *s = pick(w, take(in));
+    uint32_t a = take(in);
+    if (s == NULL) return;
+    int64_t len = (int64_t)a % (s->len + 2); /* may be past the end */
+    kvp_page_op_t op;
+    int32_t nops;
+    int rc = kvp_table_truncate(w->t, s->id, len, &op, 1, &nops);
+    if (len > s->len) {
+        FZ_ASSERT(rc == KVP_EINVAL);
+        return;
+    }
+    FZ_ASSERT(rc == KVP_OK);
+    run_ops(w, &op, nops);
+    s->len = len;
+}
+
+static void do_fork(fz_world *w, fz_bytes *in) {
+    fz_seq *s = pick(w, take(in)), *c = free_slot(w);
+    if (s == NULL || c == NULL) return;
+    kvp_page_op_t op;
+    int32_t nops, id;
+    int rc = kvp_table_fork(w->t, s->id, &id, &op, 1, &nops);
+    FZ_ASSERT(rc == KVP_OK || rc == KVP_ENOSPC || rc == KVP_ENOMEM);
+    if (rc != KVP_OK) return;
+    run_ops(w, &op, nops);
+    *c = *s;
+    c->id = id;
+}
+
+static void do_release(fz_world *w, fz_bytes *in) {
+    uint32_t a = take(in);
+    fz_seq *s = pick(w, a);
+    if (s == NULL) return;
+    FZ_ASSERT(kvp_table_seq_release(w->t, s->id) == KVP_OK);
+    w->stale[a % 4] = s->id;
+    s->live = false;
+}
+
+static void do_attach(fz_world *w, fz_bytes *in) {
+    fz_seq *s = free_slot(w);
+    uint32_t a = take(in);
+    if (s == NULL) return;
+    do_create(w, in);
+    if (!s->live) return;
+    int64_t n = a % FZ_LEN;
+    int32_t toks[FZ_LEN];
+    for (int64_t i = 0; i < n; i++) toks[i] = (int32_t)((i * (a & 3)) & 7);
+    int64_t looked, m;
+    FZ_ASSERT(kvp_table_lookup_prefix(w->t, s->salt, toks, n, &looked) == KVP_OK);
+    int rc = kvp_table_attach_prefix(w->t, s->id, toks, n, &m);
+    FZ_ASSERT(rc == KVP_OK || rc == KVP_ENOMEM);
+    if (rc != KVP_OK) return;
+    FZ_ASSERT(m <= looked && m % w->P == 0);
+    memcpy(s->toks, toks, (size_t)m * sizeof *toks);
+    s->len = m;
+}
+
+static void do_engine(fz_world *w, fz_bytes *in) {
+    uint32_t a = take(in);
+    if (w->nengine > 0 && (a & 1)) {
+        int i = (int)(a >> 1) % w->nengine;
+        FZ_ASSERT(kvp_pool_release(w->pool, 1, &w->engine[i]) == KVP_OK);
+        int32_t page = w->engine[i];
+        w->engine[i] = w->engine[--w->nengine];
+        bool held = false; /* a second release of the same reference must fail */
+        for (int k = 0; k < w->nengine; k++) held |= w->engine[k] == page;
+        if (!held) FZ_ASSERT(kvp_pool_release(w->pool, 1, &page) == KVP_EINVAL);
+    } else if (w->nengine < 8) {
+        int32_t page;
+        int rc = kvp_pool_alloc(w->pool, 1, &page);
+        FZ_ASSERT(rc == KVP_OK || rc == KVP_ENOSPC);
+        if (rc == KVP_OK) w->engine[w->nengine++] = page;
+    }
+}
+
+static void do_misc(fz_world *w, fz_bytes *in) {
+    uint32_t a = take(in), b = take(in);
+    fz_seq *s = pick(w, b);
+    switch (a % 6) {
+    case 0: { /* stale and bogus ids are rejected */
+        int32_t id = (a & 8) ? w->stale[b % 4] : (int32_t)(b * 2654435761u);
+        bool live = false;
+        for (int i = 0; i < FZ_SEQS; i++) live |= w->seqs[i].live && w->seqs[i].id == id;
+        if (!live) FZ_ASSERT(kvp_table_seq_release(w->t, id) == KVP_ENOENT);
+        break;
+    }
+    case 1: {
+        int32_t evicted;
+        FZ_ASSERT(kvp_pool_evict(w->pool, (int32_t)(b % 4), &evicted) == KVP_OK);
+        break;
+    }
+    case 2:
+        if (s) FZ_ASSERT(kvp_table_set_priority(w->t, s->id, (int32_t)(b & 7) - 3) == KVP_OK);
+        break;
+    case 3:
+        if (s) {
+            int64_t x = b % (s->len + 1);
+            FZ_ASSERT(kvp_table_set_range_priority(w->t, s->id, x / 2, x, (int32_t)b) == KVP_OK);
+        }
+        break;
+    case 4:
+        if (s) {
+            int rc = kvp_table_reserve(w->t, s->id, b % (2 * w->P + 1));
+            FZ_ASSERT(rc == KVP_OK || rc == KVP_ENOSPC || rc == KVP_ENOMEM);
+        }
+        break;
+    default:
+        w->alloc.countdown = b % 3; /* fail one of the next allocations */
+        break;
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static const int32_t page_sizes[6] = {1, 2, 3, 4, 8, 16};
+    fz_bytes in = {data, size};
+    static fz_world w;
+    memset(&w, 0, sizeof w);
+    w.P = page_sizes[take(&in) % 6];
+    w.N = 1 + (int32_t)(take(&in) % FZ_MAX_PAGES);
+    w.S = (int32_t)(take(&in) % (FZ_SEQS + 1));
+    uint32_t flags = take(&in);
+    w.alloc.countdown = -1;
+    kvp_allocator_t hooks = {fz_malloc, fz_free, &w.alloc};
+    kvp_pool_params_t pp;
+    kvp_pool_params_init(&pp);
+    pp.page_size = w.P;
+    pp.num_pages = w.N;
+    pp.num_staging = w.S;
+    pp.prefix_cache = (int32_t)(flags & 1);
+    pp.allocator = &hooks;
+    kvp_table_params_t tp;
+    kvp_table_params_init(&tp);
+    tp.max_seqs = FZ_SEQS;
+    tp.allocator = &hooks;
+    char err[KVP_ERR_SIZE];
+    FZ_ASSERT(kvp_pool_create(&pp, &w.pool, err, sizeof err) == KVP_OK);
+    if (flags & 2) kvp__pool_set_hash_mask(w.pool, flags >> 6); /* 0..3: collisions */
+    FZ_ASSERT(kvp_table_create(w.pool, &tp, &w.t, err, sizeof err) == KVP_OK);
+    for (int i = 0; i < 4; i++) w.stale[i] = -1;
+
+    while (in.n > 0) {
+        switch (take(&in) % 9) {
+        case 0: do_create(&w, &in); break;
+        case 1:
+        case 2: do_append(&w, &in); break;
+        case 3: do_truncate(&w, &in); break;
+        case 4: do_fork(&w, &in); break;
+        case 5: do_release(&w, &in); break;
+        case 6: do_attach(&w, &in); break;
+        case 7: do_engine(&w, &in); break;
+        default: do_misc(&w, &in); break;
+        }
+        verify(&w);
+    }
+    w.alloc.countdown = -1;
+    kvp_table_destroy(w.t);
+    kvp_pool_stats_t st = {.struct_size = sizeof st};
+    FZ_ASSERT(kvp_pool_stats(w.pool, &st) == KVP_OK);
+    FZ_ASSERT(st.used_pages == w.nengine); /* only the engine's pages remain */
+    FZ_ASSERT(kvp_pool_release(w.pool, w.nengine, w.engine) == KVP_OK);
+    FZ_ASSERT(kvp_pool_stats(w.pool, &st) == KVP_OK && st.used_pages == 0 &&
+              st.reserved_pages == 0 && st.live_tokens == 0);
+    kvp_pool_destroy(w.pool);
+    return 0;
+}
