@@ -115,16 +115,18 @@ endif
 LIB_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o) $(CU_SRCS:%.cu=$(OBJ)/%.o)
 
 TOOL_COMMON := tools/cli.c
-TOOL_NAMES := kvpage-plan kvpage-bench
+TOOL_NAMES := kvpage-plan kvpage-bench kvpage-sim
 TOOLS := $(TOOL_NAMES:%=$(BIN)/%)
 # extra sources per tool
 kvpage-plan_SRCS := tools/kvpage-plan.c tools/plan_cli.c
 kvpage-bench_SRCS := tools/kvpage-bench.c $(wildcard bench/*.c)
+kvpage-sim_SRCS := tools/kvpage-sim.c tools/sim.c tools/sim_cli.c
 
 TEST_SRCS := $(wildcard tests/test_*.c)
 TESTS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 # extra sources per test
 test_plan_cli_EXTRA := tools/plan_cli.c
+test_sim_EXTRA := tools/sim.c tools/sim_cli.c
 
 # The kernel simulator (tests/cudasim): CUDA sources compiled as C++ against
 # a host runtime, so CI executes kernels without a GPU. Needs the toolkit's
