@@ -366,7 +366,7 @@ int sim_trace_save(const sim_trace *t, const char *path, char *err, size_t err_s
     if (f == NULL) return errf(err, err_size, "cannot write %s: %s", path, strerror(errno));
     fprintf(f, "arrival_s,prompt_tokens,output_tokens,priority,max_new_tokens\n");
     for (int64_t i = 0; i < t->n; i++)
-        fprintf(f, "%.6f,%lld,%lld,%d,%lld\n", t->r[i].arrival, (long long)t->r[i].prompt,
+        fprintf(f, "%.17g,%lld,%lld,%d,%lld\n", t->r[i].arrival, (long long)t->r[i].prompt,
                 (long long)t->r[i].output, (int)t->r[i].priority, (long long)t->r[i].max_new);
     if (fclose(f) != 0) return errf(err, err_size, "cannot write %s", path);
     return 0;
@@ -713,13 +713,13 @@ static int setup_tier(eng_t *e, mapping *m) {
 static int run_static(eng_t *e) {
     const sim_config *c = e->c;
     const sim_trace *t = e->tr;
+    /* slots as long as the longest request (at most the whole pool: longer
+     * requests cannot be served, an OOM event each) */
     int64_t slot_len = c->static_max_len ? c->static_max_len : longest(t);
     slot_len = (slot_len + c->page_size - 1) / c->page_size * c->page_size;
+    if (slot_len > e->res->pages * c->page_size) slot_len = e->res->pages * c->page_size;
     int64_t slots = e->res->pages * c->page_size / slot_len;
     if (slots > c->max_batch) slots = c->max_batch;
-    if (slots < 1)
-        return errf(e->err, e->err_size, "static: one slot of %lld tokens does not fit the "
-                    "KV budget", (long long)slot_len);
     e->res->batch_limit = slots;
     e->res->slot_len = slot_len;
     int64_t *run = malloc((size_t)slots * sizeof *run);
