@@ -280,10 +280,15 @@ endif
 
 # The Python bindings' pytest suite, against this build's shared library.
 VENV ?= build/venv
+# With SAN=1 the suite runs against build/san's library, with the compiler's
+# AddressSanitizer runtime preloaded into Python (leak checks off: Python's own).
+ifeq ($(SAN),1)
+PY_SAN_ENV = ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$$($(CC) -print-file-name=libasan.so)
+endif
 .PHONY: test-python
 test-python: $(SHARED_LIBS)
 	@KVP_VENV=$(VENV) scripts/ensure-deps.sh python
-	@KVPAGE_LIBRARY=$(abspath $(SHARED_REAL)) CC="$(CC)" \
+	@$(PY_SAN_ENV) KVPAGE_LIBRARY=$(abspath $(SHARED_REAL)) CC="$(CC)" \
 	    $(VENV)/bin/python -m pytest -q -p no:cacheprovider bindings/python/tests
 
 test-unit: deps-test

@@ -11,10 +11,12 @@ Loads the C library through ctypes (no compiler needed): see
 """
 
 from . import _lib
-from .errors import (BadState, CudaError, Error, InternalError, InvalidArgument, NoDevice,
-                     NoSpace, NotFound, NotSupported, OutOfMemory)
+from .errors import (BadState, CudaError, Error, HostFull, InternalError, InvalidArgument,
+                     NoDevice, NoSpace, NotFound, NotSupported, OutOfMemory)
 from ._handle import Closed
 from .sched import Action, Reason, Scheduler
+from .paging import Appended, OpKind, PageOp, Pool, Table
+from .tier import PageIO, Tier
 from .plan import (CudaDevice, Format, GpuPreset, Layout, ModelPreset, Plan, build_has_cuda,
                    cuda_device, cuda_device_count, format_of, gpu, gpus, layout, parse_size,
                    plan, preset, presets, weight_bytes)
@@ -32,6 +34,7 @@ def library_version() -> str:
 
 __all__ = [
     "Action", "Closed", "Reason", "Scheduler",
+    "Appended", "HostFull", "OpKind", "PageIO", "PageOp", "Pool", "Table", "Tier",
     "BadState", "CudaDevice", "CudaError", "Error", "Format", "GpuPreset", "InternalError",
     "InvalidArgument", "Layout", "ModelPreset", "NoDevice", "NoSpace", "NotFound",
     "NotSupported", "OutOfMemory", "Plan", "build_has_cuda", "cuda_device",

@@ -387,3 +387,148 @@ _sig("kvp_sched_submit", ctypes.c_int, _vp, _P(SchedRequestC))
 _sig("kvp_sched_finish", ctypes.c_int, _vp, ctypes.c_int64)
 _sig("kvp_sched_step", ctypes.c_int, _vp, _P(SchedInputC), _P(SchedPlanC))
 _sig("kvp_sched_stats", ctypes.c_int, _vp, _P(SchedStatsC))
+
+
+# ---- pool and page table (the host tier sits on a table) ----------------------------
+
+class PoolParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("page_size", c_i32),
+        ("num_pages", c_i32),
+        ("num_staging", c_i32),
+        ("prefix_cache", c_i32),
+        ("reserved_", c_i32),
+        ("hash_seed", c_u64),
+        ("allocator", ctypes.POINTER(Allocator)),
+    ]
+
+
+class PoolStatsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("page_size", c_i32)] + [
+        (n, ctypes.c_int64) for n in ("total_pages", "used_pages", "cached_pages", "free_pages",
+                                      "reserved_pages", "available_pages", "total_staging",
+                                      "used_staging", "live_seqs", "live_tokens")] + [
+        ("utilization", c_dbl)] + [
+        (n, c_u64) for n in ("prefix_lookups", "prefix_hit_tokens", "prefix_miss_tokens",
+                             "pages_stored", "pages_evicted")]
+
+
+class TableParamsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("max_seqs", c_i32),
+                ("allocator", ctypes.POINTER(Allocator))]
+
+
+class SeqParamsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("priority", c_i32), ("salt", c_u64)]
+
+
+class SeqInfoC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("num_pages", c_i32),
+        ("length", ctypes.c_int64),
+        ("last_page_len", c_i32),
+        ("staging_page", c_i32),
+        ("reserved_tokens", ctypes.c_int64),
+        ("reserved_pages", c_i32),
+        ("priority", c_i32),
+        ("salt", c_u64),
+        ("swapped", c_i32),
+        ("reserved_", c_i32),
+    ]
+
+
+# ---- host tier -------------------------------------------------------------------------
+
+#: int copy_to_host(void *opaque, int32_t page, uint64_t offset, void *dst, uint64_t bytes)
+COPY_TO_HOST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, c_i32, c_u64, ctypes.c_void_p,
+                                c_u64)
+#: int copy_from_host(void *opaque, int32_t page, uint64_t offset, const void *src, uint64_t bytes)
+COPY_FROM_HOST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, c_i32, c_u64, ctypes.c_void_p,
+                                  c_u64)
+
+
+class PageIoC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("reserved_", c_i32), ("copy_to_host", COPY_TO_HOST),
+                ("copy_from_host", COPY_FROM_HOST), ("opaque", ctypes.c_void_p)]
+
+
+class TierParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("host_bytes", c_u64),
+        ("layout", ctypes.POINTER(LayoutC)),
+        ("page_io", ctypes.POINTER(PageIoC)),
+        ("allocator", ctypes.POINTER(Allocator)),
+        ("host_allocator", ctypes.POINTER(Allocator)),
+    ]
+
+
+class TierSeqInfoC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32)] + [
+        (n, c_i32) for n in ("swapped", "private_pages", "shared_pages", "host_slots", "ops",
+                             "staging", "reserved_")] + [
+        ("host_bytes", c_u64), ("copy_bytes", c_u64)]
+
+
+class TierStatsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("staging_chunks", c_i32),
+        ("slot_bytes", c_u64),
+        ("staging_bytes", c_u64),
+        ("host_bytes", c_u64),
+        ("total_slots", ctypes.c_int64),
+        ("free_slots", ctypes.c_int64),
+        ("free_bytes", c_u64),
+        ("swapped_seqs", ctypes.c_int64),
+        ("swapped_tokens", ctypes.c_int64),
+    ] + [(n, c_u64) for n in ("swap_outs", "swap_ins", "drops", "pages_out", "pages_in",
+                              "pages_kept", "pages_reattached", "bytes_out", "bytes_in")]
+
+
+MIRRORED.update({
+    "kvp_pool_params_t": PoolParamsC,
+    "kvp_pool_stats_t": PoolStatsC,
+    "kvp_table_params_t": TableParamsC,
+    "kvp_seq_params_t": SeqParamsC,
+    "kvp_seq_info_t": SeqInfoC,
+    "kvp_page_io_t": PageIoC,
+    "kvp_tier_params_t": TierParamsC,
+    "kvp_tier_seq_info_t": TierSeqInfoC,
+    "kvp_tier_stats_t": TierStatsC,
+})
+
+_i64 = ctypes.c_int64
+_sig("kvp_pool_params_init", None, _P(PoolParamsC))
+_sig("kvp_pool_create", ctypes.c_int, _P(PoolParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_pool_destroy", None, _vp)
+_sig("kvp_pool_last_error", c_char_p, _vp)
+_sig("kvp_pool_stats", ctypes.c_int, _vp, _P(PoolStatsC))
+_sig("kvp_pool_refcount", ctypes.c_int, _vp, c_i32, _P(c_i32))
+_sig("kvp_pool_evict", ctypes.c_int, _vp, c_i32, _P(c_i32))
+_sig("kvp_table_params_init", None, _P(TableParamsC))
+_sig("kvp_table_create", ctypes.c_int, _vp, _P(TableParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_table_destroy", None, _vp)
+_sig("kvp_table_last_error", c_char_p, _vp)
+_sig("kvp_seq_params_init", None, _P(SeqParamsC))
+_sig("kvp_table_seq_create", ctypes.c_int, _vp, _P(SeqParamsC), _P(c_i32))
+_sig("kvp_table_seq_release", ctypes.c_int, _vp, c_i32)
+_sig("kvp_table_reserve", ctypes.c_int, _vp, c_i32, _i64)
+_sig("kvp_table_append", ctypes.c_int, _vp, c_i32, _i64, _P(c_i32), _P(_i64), _P(PageOpC),
+     c_i32, _P(c_i32))
+_sig("kvp_table_fork", ctypes.c_int, _vp, c_i32, _P(c_i32), _P(PageOpC), c_i32, _P(c_i32))
+_sig("kvp_table_seq_info", ctypes.c_int, _vp, c_i32, _P(SeqInfoC))
+_sig("kvp_table_seq_pages", ctypes.c_int, _vp, c_i32, _P(c_i32), c_i32)
+_sig("kvp_tier_params_init", None, _P(TierParamsC))
+_sig("kvp_tier_create", ctypes.c_int, _vp, _P(TierParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_tier_destroy", None, _vp)
+_sig("kvp_tier_last_error", c_char_p, _vp)
+_sig("kvp_tier_swap_out", ctypes.c_int, _vp, c_i32, _P(PageOpC), c_i32, _P(c_i32))
+_sig("kvp_tier_swap_in", ctypes.c_int, _vp, c_i32, _P(PageOpC), c_i32, _P(c_i32))
+_sig("kvp_tier_drop", ctypes.c_int, _vp, c_i32)
+_sig("kvp_tier_seq_info", ctypes.c_int, _vp, c_i32, _P(TierSeqInfoC))
+_sig("kvp_tier_stats", ctypes.c_int, _vp, _P(TierStatsC))
+_sig("kvp_tier_host_memory", ctypes.c_int, _vp, _P(_vp), _P(c_u64))
