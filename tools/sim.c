@@ -32,6 +32,10 @@ const char *const sim_strategy_names[SIM_NSTRATEGIES] = {"static", "paged", "pag
                                                          "paged-int4", "full"};
 const char *const sim_preset_names[] = {"long-context", "burst", "mixed", NULL};
 
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static int errf(char *err, size_t size, const char *fmt, ...);
 static int errf(char *err, size_t size, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
