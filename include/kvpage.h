@@ -928,7 +928,8 @@ KVP_API int kvp_table_create(kvp_pool_t *pool, const kvp_table_params_t *params,
 
 /**
  * @brief Destroy a table, releasing every live sequence's pages to the pool
- *        (full pages stay in the prefix cache). NULL is a no-op.
+ *        (full pages stay in the prefix cache). NULL is a no-op. Destroy its
+ *        host tier (kvp_tier_destroy()) first.
  * @param[in] table The table.
  */
 KVP_API void kvp_table_destroy(kvp_table_t *table);
@@ -988,7 +989,8 @@ KVP_API int kvp_table_seq_create(kvp_table_t *table, const kvp_seq_params_t *par
  * @param[in,out] table The table.
  * @param[in]     seq   A live sequence.
  * @return #KVP_OK, #KVP_EINVAL (NULL table) or #KVP_ENOENT (unknown or
- *         already released id; nothing changed). O(pages of the sequence).
+ *         already released id; nothing changed); #KVP_ESTATE (swapped out to
+ *         a host tier: drop it with kvp_tier_drop()). O(pages of the sequence).
  */
 KVP_API int kvp_table_seq_release(kvp_table_t *table, int32_t seq);
 
@@ -1007,9 +1009,10 @@ KVP_API int kvp_table_seq_release(kvp_table_t *table, int32_t seq);
  * @param[in]     seq   A live sequence.
  * @param[in]     n     Tokens, >= 0; `length + n <= 2^31-1`.
  * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0, too long); #KVP_ENOENT;
- *         #KVP_ENOSPC if the pages are not available (free + cached minus
- *         other reservations); #KVP_ENOMEM (growing the page list). Nothing
- *         changed on error. O(1) amortised.
+ *         #KVP_ESTATE (swapped out to a host tier); #KVP_ENOSPC if the pages
+ *         are not available (free + cached minus other reservations);
+ *         #KVP_ENOMEM (growing the page list). Nothing changed on error.
+ *         O(1) amortised.
  */
 KVP_API int kvp_table_reserve(kvp_table_t *table, int32_t seq, int64_t n);
 
@@ -1043,9 +1046,9 @@ KVP_API int kvp_table_reserve(kvp_table_t *table, int32_t seq, int64_t n);
  * @param[out]    num_ops      Operations written (required).
  * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0, length over 2^31-1,
  *         `ops_capacity` too small: the detail says how many are needed);
- *         #KVP_ENOENT; #KVP_ENOSPC (pages beyond the reservation not
- *         available); #KVP_ENOMEM (growing the page list). Nothing changed on
- *         error. Within a reservation it cannot fail for lack of pages or
+ *         #KVP_ENOENT; #KVP_ESTATE (swapped out to a host tier); #KVP_ENOSPC
+ *         (pages beyond the reservation not available); #KVP_ENOMEM (growing
+ *         the page list). Nothing changed on error. Within a reservation it cannot fail for lack of pages or
  *         memory, and allocates nothing. O(n + pages filled).
  */
 KVP_API int kvp_table_append(kvp_table_t *table, int32_t seq, int64_t n,
@@ -1073,8 +1076,9 @@ KVP_API int kvp_table_append(kvp_table_t *table, int32_t seq, int64_t n,
  * @param[in]     ops_capacity Size of `ops`.
  * @param[out]    num_ops      Operations written, 0 or 1 (required).
  * @return #KVP_OK; #KVP_EINVAL (NULL, length < 0 or past the end, no room
- *         for the operation); #KVP_ENOENT. Nothing changed on error. Never
- *         fails for lack of pages or memory. O(pages dropped).
+ *         for the operation); #KVP_ENOENT; #KVP_ESTATE (swapped out to a host
+ *         tier). Nothing changed on error. Never fails for lack of pages or
+ *         memory. O(pages dropped).
  */
 KVP_API int kvp_table_truncate(kvp_table_t *table, int32_t seq, int64_t length,
                                struct kvp_page_op *ops, int32_t ops_capacity,
@@ -1100,7 +1104,8 @@ KVP_API int kvp_table_truncate(kvp_table_t *table, int32_t seq, int64_t length,
  * @param[in]     ops_capacity Size of `ops`.
  * @param[out]    num_ops      Operations written, 0 or 1 (required).
  * @return #KVP_OK; #KVP_EINVAL (NULL, no room for the operation);
- *         #KVP_ENOENT (unknown or released parent); #KVP_ENOSPC (no sequence
+ *         #KVP_ENOENT (unknown or released parent); #KVP_ESTATE (the parent is
+ *         swapped out to a host tier); #KVP_ENOSPC (no sequence
  *         slot, no staging page, or no page for the parent's reserved
  *         copy-on-write); #KVP_ENOMEM. Nothing changed on error.
  *         O(pages of the parent).
@@ -1127,7 +1132,7 @@ KVP_API int kvp_table_fork(kvp_table_t *table, int32_t parent, int32_t *child,
  * @param[in]     n       Prompt length, >= 0.
  * @param[out]    matched Tokens attached (0 .. n, a multiple of the page size).
  * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0 or over 2^31-1); #KVP_ENOENT;
- *         #KVP_ESTATE (the sequence is not empty); #KVP_ENOMEM. Nothing
+ *         #KVP_ESTATE (the sequence is not empty, or swapped out); #KVP_ENOMEM. Nothing
  *         changed on error. O(n) plus O(1) expected per page looked up.
  */
 KVP_API int kvp_table_attach_prefix(kvp_table_t *table, int32_t seq,
@@ -1180,7 +1185,8 @@ KVP_API int kvp_table_set_priority(kvp_table_t *table, int32_t seq, int32_t prio
  * @param[in]     begin    First token, >= 0.
  * @param[in]     end      One past the last token, begin .. length.
  * @param[in]     priority Any int32.
- * @return #KVP_OK, #KVP_EINVAL (bad range) or #KVP_ENOENT. O(pages in range).
+ * @return #KVP_OK, #KVP_EINVAL (bad range), #KVP_ENOENT or #KVP_ESTATE
+ *         (swapped out to a host tier). O(pages in range).
  */
 KVP_API int kvp_table_set_range_priority(kvp_table_t *table, int32_t seq,
                                          int64_t begin, int64_t end,
@@ -1219,8 +1225,8 @@ KVP_API int kvp_table_seq_info(kvp_table_t *table, int32_t seq, kvp_seq_info_t *
  * @param[in]     seq      A live sequence.
  * @param[out]    pages    `capacity` entries.
  * @param[in]     capacity At least kvp_seq_info_t::num_pages.
- * @return #KVP_OK, #KVP_EINVAL (NULL, capacity too small) or #KVP_ENOENT.
- *         O(pages).
+ * @return #KVP_OK, #KVP_EINVAL (NULL, capacity too small), #KVP_ENOENT or
+ *         #KVP_ESTATE (swapped out to a host tier). O(pages).
  */
 KVP_API int kvp_table_seq_pages(kvp_table_t *table, int32_t seq, int32_t *pages,
                                 int32_t capacity);
@@ -1254,8 +1260,9 @@ typedef struct kvp_batch_buffers {
  *                            (this step's tokens), or NULL for none.
  * @param[out]    num_indices Entries `indices` needs.
  * @param[out]    num_slots   Entries `slot_mapping` needs (sum of num_new).
- * @return #KVP_OK, #KVP_EINVAL (NULL, num_new[b] outside 0..length) or
- *         #KVP_ENOENT (the detail names the batch index). O(batch).
+ * @return #KVP_OK, #KVP_EINVAL (NULL, num_new[b] outside 0..length),
+ *         #KVP_ENOENT (the detail names the batch index) or #KVP_ESTATE (a
+ *         sequence is swapped out to a host tier). O(batch).
  */
 KVP_API int kvp_table_export_size(kvp_table_t *table, const int32_t *seqs,
                                   int32_t batch, const int32_t *num_new,
@@ -1277,7 +1284,8 @@ KVP_API int kvp_table_export_size(kvp_table_t *table, const int32_t *seqs,
  * @param[in]     buffers Where to write (see #kvp_batch_buffers_t).
  * @param[out]    view    Optional: a view pointing at the buffers.
  * @return #KVP_OK; #KVP_EINVAL (NULL, buffers too small, more than 2^31-1
- *         entries); #KVP_ENOENT. Buffers are untouched on error.
+ *         entries); #KVP_ENOENT; #KVP_ESTATE (a sequence is swapped out).
+ *         Buffers are untouched on error.
  *         O(batch + pages + rows); never allocates.
  */
 KVP_API int kvp_table_export(kvp_table_t *table, const int32_t *seqs, int32_t batch,
