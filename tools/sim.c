@@ -432,7 +432,8 @@ typedef struct {
     double *util_u, *util_w;
     int64_t nutil, cap_util, cap_series;
     int64_t *prod;     /* requests that produce a token this step [max_batch] */
-    int64_t *fin;      /* requests to finish in the scheduler after a plan [max_batch] */
+    int64_t *fin;      /* requests to finish in the scheduler after a plan [requests]:
+                          each fails at most once */
     int64_t nfin;
     char *err;
     size_t err_size;
@@ -670,7 +671,7 @@ static int setup(eng_t *e, int strategy) {
     e->ops = malloc((size_t)e->ops_cap * sizeof *e->ops);
     e->rq = calloc((size_t)e->tr->n, sizeof *e->rq);
     e->prod = malloc((size_t)c->max_batch * sizeof *e->prod);
-    e->fin = malloc((size_t)c->max_batch * sizeof *e->fin);
+    e->fin = malloc((size_t)e->tr->n * sizeof *e->fin);
     if (!e->ops || !e->rq || !e->prod || !e->fin) return errf(e->err, e->err_size, "out of memory");
     for (int64_t i = 0; i < e->tr->n; i++) e->rq[i].seq = -1;
     return 0;
