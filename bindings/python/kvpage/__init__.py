@@ -14,6 +14,7 @@ from . import _lib
 from .errors import (BadState, CudaError, Error, InternalError, InvalidArgument, NoDevice,
                      NoSpace, NotFound, NotSupported, OutOfMemory)
 from ._handle import Closed
+from .paging import EventKind, Export, OpKind, PageOp, Pool, PoolEvent, Table
 from .sched import Action, Reason, Scheduler
 from .plan import (CudaDevice, Format, GpuPreset, Layout, ModelPreset, Plan, build_has_cuda,
                    cuda_device, cuda_device_count, format_of, gpu, gpus, layout, parse_size,
@@ -32,6 +33,7 @@ def library_version() -> str:
 
 __all__ = [
     "Action", "Closed", "Reason", "Scheduler",
+    "EventKind", "Export", "OpKind", "PageOp", "Pool", "PoolEvent", "Table",
     "BadState", "CudaDevice", "CudaError", "Error", "Format", "GpuPreset", "InternalError",
     "InvalidArgument", "Layout", "ModelPreset", "NoDevice", "NoSpace", "NotFound",
     "NotSupported", "OutOfMemory", "Plan", "build_has_cuda", "cuda_device",

@@ -387,3 +387,143 @@ _sig("kvp_sched_submit", ctypes.c_int, _vp, _P(SchedRequestC))
 _sig("kvp_sched_finish", ctypes.c_int, _vp, ctypes.c_int64)
 _sig("kvp_sched_step", ctypes.c_int, _vp, _P(SchedInputC), _P(SchedPlanC))
 _sig("kvp_sched_stats", ctypes.c_int, _vp, _P(SchedStatsC))
+
+
+# ---- pool and table ---------------------------------------------------------------
+
+class PoolParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("page_size", c_i32),
+        ("num_pages", c_i32),
+        ("num_staging", c_i32),
+        ("prefix_cache", c_i32),
+        ("reserved_", c_i32),
+        ("hash_seed", c_u64),
+        ("allocator", ctypes.POINTER(Allocator)),
+    ]
+
+
+class PoolStatsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("page_size", c_i32),
+        ("total_pages", ctypes.c_int64),
+        ("used_pages", ctypes.c_int64),
+        ("cached_pages", ctypes.c_int64),
+        ("free_pages", ctypes.c_int64),
+        ("reserved_pages", ctypes.c_int64),
+        ("available_pages", ctypes.c_int64),
+        ("total_staging", ctypes.c_int64),
+        ("used_staging", ctypes.c_int64),
+        ("live_seqs", ctypes.c_int64),
+        ("live_tokens", ctypes.c_int64),
+        ("utilization", c_dbl),
+        ("prefix_lookups", c_u64),
+        ("prefix_hit_tokens", c_u64),
+        ("prefix_miss_tokens", c_u64),
+        ("pages_stored", c_u64),
+        ("pages_evicted", c_u64),
+    ]
+
+
+class PoolEventC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("kind", c_i32),
+        ("page", c_i32),
+        ("parent", c_i32),
+        ("priority", c_i32),
+        ("reserved_", c_i32),
+        ("hash", c_u64),
+    ]
+
+
+PoolEventFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(PoolEventC))
+
+
+class TableParamsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("max_seqs", c_i32),
+                ("allocator", ctypes.POINTER(Allocator))]
+
+
+class SeqParamsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("priority", c_i32), ("salt", c_u64)]
+
+
+class SeqInfoC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("num_pages", c_i32),
+        ("length", ctypes.c_int64),
+        ("last_page_len", c_i32),
+        ("staging_page", c_i32),
+        ("reserved_tokens", ctypes.c_int64),
+        ("reserved_pages", c_i32),
+        ("priority", c_i32),
+        ("salt", c_u64),
+    ]
+
+
+class BatchBuffersC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("indptr", _vp),
+        ("indices", _vp),
+        ("last_page_len", _vp),
+        ("slot_mapping", _vp),
+        ("qo_indptr", _vp),
+        ("indices_capacity", ctypes.c_int64),
+        ("slots_capacity", ctypes.c_int64),
+    ]
+
+
+MIRRORED.update({
+    "kvp_pool_params_t": PoolParamsC,
+    "kvp_pool_stats_t": PoolStatsC,
+    "kvp_pool_event_t": PoolEventC,
+    "kvp_table_params_t": TableParamsC,
+    "kvp_seq_params_t": SeqParamsC,
+    "kvp_seq_info_t": SeqInfoC,
+    "kvp_batch_buffers_t": BatchBuffersC,
+})
+
+_i32p = ctypes.POINTER(c_i32)
+_i64p = ctypes.POINTER(ctypes.c_int64)
+_sig("kvp_pool_params_init", None, _P(PoolParamsC))
+_sig("kvp_pool_create", ctypes.c_int, _P(PoolParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_pool_create_from_plan", ctypes.c_int, _P(PlanC), _P(PoolParamsC), _P(_vp), c_char_p,
+     _sz)
+_sig("kvp_pool_destroy", None, _vp)
+_sig("kvp_pool_last_error", c_char_p, _vp)
+_sig("kvp_pool_alloc", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_alloc_staging", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_retain", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_release", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_refcount", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_evict", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_stats", ctypes.c_int, _vp, _P(PoolStatsC))
+_sig("kvp_pool_set_event_callback", ctypes.c_int, _vp, PoolEventFn, _vp)
+_sig("kvp_table_params_init", None, _P(TableParamsC))
+_sig("kvp_table_create", ctypes.c_int, _vp, _P(TableParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_table_destroy", None, _vp)
+_sig("kvp_table_last_error", c_char_p, _vp)
+_sig("kvp_seq_params_init", None, _P(SeqParamsC))
+_sig("kvp_table_seq_create", ctypes.c_int, _vp, _P(SeqParamsC), _i32p)
+_sig("kvp_table_seq_release", ctypes.c_int, _vp, c_i32)
+_sig("kvp_table_reserve", ctypes.c_int, _vp, c_i32, ctypes.c_int64)
+_sig("kvp_table_append", ctypes.c_int, _vp, c_i32, ctypes.c_int64, _i32p, _i64p, _P(PageOpC),
+     c_i32, _i32p)
+_sig("kvp_table_truncate", ctypes.c_int, _vp, c_i32, ctypes.c_int64, _P(PageOpC), c_i32, _i32p)
+_sig("kvp_table_fork", ctypes.c_int, _vp, c_i32, _i32p, _P(PageOpC), c_i32, _i32p)
+_sig("kvp_table_attach_prefix", ctypes.c_int, _vp, c_i32, _i32p, ctypes.c_int64, _i64p)
+_sig("kvp_table_lookup_prefix", ctypes.c_int, _vp, c_u64, _i32p, ctypes.c_int64, _i64p)
+_sig("kvp_table_set_priority", ctypes.c_int, _vp, c_i32, c_i32)
+_sig("kvp_table_set_range_priority", ctypes.c_int, _vp, c_i32, ctypes.c_int64, ctypes.c_int64,
+     c_i32)
+_sig("kvp_table_seq_info", ctypes.c_int, _vp, c_i32, _P(SeqInfoC))
+_sig("kvp_table_seq_pages", ctypes.c_int, _vp, c_i32, _i32p, c_i32)
+_sig("kvp_table_export_size", ctypes.c_int, _vp, _i32p, c_i32, _i32p, _i64p, _i64p)
+_sig("kvp_table_export", ctypes.c_int, _vp, _i32p, c_i32, _i32p, _P(BatchBuffersC),
+     _P(KvViewC))
