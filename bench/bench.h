@@ -28,5 +28,6 @@ typedef struct {
 int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out);
 
 int bench_roofline(int argc, char **argv);
+int bench_attention(int argc, char **argv);
 
 #endif

@@ -13,6 +13,7 @@ static const struct {
     const char *what;
 } benches[] = {
     {"roofline", bench_roofline, "streaming read bandwidth and fp32 FMA rate of this machine"},
+    {"attention", bench_attention, "paged decode attention per format vs the read roof and a contiguous cache"},
 };
 
 static void usage(FILE *f) {

@@ -32,6 +32,7 @@ typedef struct {
     const float *contig_q;
     float *contig_out;
     int32_t batch, kv_heads, group, q_heads, D, P, layer;
+    uint64_t kbytes, vbytes; /* bytes of a pool K / V block */
     float sm_scale;
     stage_set pool_stages, staging_stages;
     kvp__softmax_fn softmax;
@@ -155,7 +156,8 @@ static item_id decode_item(const attn_job *j, int32_t item) {
 static void load_q_row(const attn_job *j, int32_t b, int32_t i, int32_t qh, float *dst) {
     size_t D = (size_t)j->D;
     if (j->contig != NULL) {
-        memcpy(dst, j->contig_q + (size_t)qh * D, D * sizeof(float));
+        memcpy(dst, j->contig_q + ((size_t)b * (size_t)j->q_heads + (size_t)qh) * D,
+               D * sizeof(float));
     } else {
         const kvp_attention_params_t *p = j->params;
         size_t row = ((size_t)(p->qo_indptr[b] + i) * (size_t)j->q_heads + (size_t)qh) * D;
@@ -203,8 +205,10 @@ static void resolve_page(const attn_job *j, int32_t b, int32_t h, int32_t page,
                          const uint8_t **kb, const uint8_t **vb, const stage_set **st) {
     if (j->contig != NULL) {
         const kvp__contig *c = j->contig;
-        *kb = c->k + ((uint64_t)h * (uint64_t)c->pages + (uint64_t)page) * c->k_block;
-        *vb = c->v + ((uint64_t)h * (uint64_t)c->pages + (uint64_t)page) * c->v_block;
+        uint64_t at = ((uint64_t)b * (uint64_t)c->kv_heads + (uint64_t)h) * (uint64_t)c->pages +
+                      (uint64_t)page;
+        *kb = c->k + at * c->k_block;
+        *vb = c->v + at * c->v_block;
         *st = &j->pool_stages;
         return;
     }
@@ -212,6 +216,20 @@ static void resolve_page(const attn_job *j, int32_t b, int32_t h, int32_t page,
     *kb = kvp__block_k(j->store, j->layer, id, h);
     *vb = kvp__block_v(j->store, j->layer, id, h);
     *st = id < j->store->num_pages ? &j->pool_stages : &j->staging_stages;
+}
+
+#include <stdlib.h>
+int kvp__pf_mode = 1;
+int kvp__pf_dist = 1;
+int kvp__pf_mode_get(void);
+int kvp__pf_mode_get(void) { return kvp__pf_mode; }
+static void prefetch_block(const uint8_t *p, uint64_t bytes) {
+    int pf_mode = kvp__pf_mode;
+    if (pf_mode == 0) return;
+    if (pf_mode == 1 && bytes > 512) bytes = 512;
+    if (pf_mode == 3 && bytes > 2048) bytes = 2048;
+    if (pf_mode == 4 && bytes > 1024) bytes = 1024;
+    for (uint64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
 }
 
 static void run_page(const attn_job *j, kvp__tile *tiles, int ntiles, const uint8_t *kb,
@@ -239,7 +257,8 @@ static void store_out_row(const attn_job *j, int32_t b, int32_t i, int32_t qh, c
     float inv = l > 0.0f ? 1.0f / l : 0.0f;
     for (size_t d = 0; d < D; d++) tmp[d] = o[d] * inv;
     if (j->contig != NULL) {
-        memcpy(j->contig_out + (size_t)qh * D, tmp, D * sizeof(float));
+        memcpy(j->contig_out + ((size_t)b * (size_t)j->q_heads + (size_t)qh) * D, tmp,
+               D * sizeof(float));
         return;
     }
     const kvp_attention_params_t *p = j->params;
@@ -305,13 +324,27 @@ static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
     int32_t pages = seq_pages(j, id.b), kv_len = seq_kv_len(j, id.b);
     int32_t p0 = id.split * j->split_pages[id.b];
     int32_t p1 = p0 + j->split_pages[id.b] < pages ? p0 + j->split_pages[id.b] : pages;
-    for (int32_t pg = p0; pg < p1; pg++) {
+    int32_t first = p0, end = p1;
+    while (first < end && (first + 1) * j->P - 1 < lo) first++; /* before the window */
+    while (end > first && (end - 1) * j->P > hi) end--;         /* after the last row */
+    const uint8_t *kb = NULL, *vb = NULL, *nkb = NULL, *nvb = NULL;
+    const stage_set *st = NULL, *nst = NULL;
+    if (first < end) resolve_page(j, id.b, id.h, first, &kb, &vb, &st);
+    for (int32_t pg = first; pg < end; pg++) {
         int32_t tok0 = pg * j->P, ntok = kv_len - tok0 < j->P ? kv_len - tok0 : j->P;
-        if (tok0 > hi || tok0 + ntok - 1 < lo) continue;
-        const uint8_t *kb, *vb;
-        const stage_set *st;
-        resolve_page(j, id.b, id.h, pg, &kb, &vb, &st);
+        if (pg + 1 < end) resolve_page(j, id.b, id.h, pg + 1, &nkb, &nvb, &nst);
+        int32_t ahead = pg + kvp__pf_dist;
+        if (ahead < end) { /* pages are scattered: fetch ahead while computing */
+            const uint8_t *akb, *avb;
+            const stage_set *ast;
+            resolve_page(j, id.b, id.h, ahead, &akb, &avb, &ast);
+            prefetch_block(akb, j->kbytes);
+            prefetch_block(avb, j->vbytes);
+        }
         run_page(j, ts->tiles, ntiles, kb, vb, st, tok0, ntok);
+        kb = nkb;
+        vb = nvb;
+        st = nst;
     }
     finish_item(j, id, ts->tiles, row0, nrows, ts->tmp);
 }
@@ -411,6 +444,8 @@ int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
     j.P = s->layout.page_size;
     j.layer = a->p->layer;
     j.sm_scale = a->p->sm_scale;
+    j.kbytes = kvp__block_used_bytes(&s->kfmt);
+    j.vbytes = kvp__block_used_bytes(&s->vfmt);
     pick_stages(&j, &s->kfmt, &s->vfmt, &s->skfmt, &s->svfmt);
     return run_job(&j);
 }
@@ -423,13 +458,15 @@ int kvp__cpu_attention_contig(kvp_ctx_t *c, const kvp__contig *kv, int32_t q_hea
     j.contig = kv;
     j.contig_q = q;
     j.contig_out = out;
-    j.batch = 1;
+    j.batch = kv->batch;
     j.kv_heads = kv->kv_heads;
     j.group = q_heads / kv->kv_heads;
     j.q_heads = q_heads;
     j.D = kv->kf.head_dim;
     j.P = kv->kf.page_size;
     j.sm_scale = sm_scale;
+    j.kbytes = kvp__block_used_bytes(&kv->kf);
+    j.vbytes = kvp__block_used_bytes(&kv->vf);
     pick_stages(&j, &kv->kf, &kv->vf, NULL, NULL);
     return run_job(&j);
 }

@@ -36,6 +36,7 @@ typedef struct {
     float qstep[KVP__TILE_ROWS];  /* integer q: q' ~= qstep * (128*qh + ql) */
     float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
     float m[KVP__TILE_ROWS], l[KVP__TILE_ROWS];
+    float pmax[KVP__TILE_ROWS];   /* largest p of the current chunk (exp(chunk max - m)) */
     int32_t lo[KVP__TILE_ROWS], hi[KVP__TILE_ROWS]; /* positions each row may attend */
     float *o;                     /* [rows][D] output accumulators */
     int32_t rows, D, P;
@@ -94,11 +95,12 @@ int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a);
 /* Contiguous-layout attention for the benchmark's baseline: the same kernels
  * with page blocks laid end to end per (sequence, kv head). */
 typedef struct {
-    const uint8_t *k, *v;     /* [kv_heads][pages] blocks */
+    const uint8_t *k, *v;     /* [batch][kv_heads][pages] blocks */
     uint64_t k_block, v_block;
     kvp__blockfmt kf, vf;
-    int32_t kv_heads, pages, kv_len;
+    int32_t batch, kv_heads, pages, kv_len;
 } kvp__contig;
+/* q and out: [batch][q_heads][head_dim] fp32, one decode row per sequence. */
 int kvp__cpu_attention_contig(kvp_ctx_t *c, const kvp__contig *kv, int32_t q_heads,
                               const float *q, float *out, float sm_scale);
 

@@ -1,6 +1,542 @@
 /*
- * AVX-512 kernel stages.
+ * AVX-512 kernel stages (F, BW, VL, VNNI, F16C). Compiled with target
+ * attributes, used only when the CPU has them (lib/cpu/isa.c).
+ *
+ * Floating keys/values: dequantize 16 elements per instruction (fp16/bf16/
+ * fp8 -> fp32) and FMA; the query heads of the tile share every load.
+ * Integer keys/values use VNNI (vpdpbusd: 64 u8 x s8 products per
+ * instruction): keys are unsigned codes, the query is folded with the page's
+ * channel scales and quantized to 15 bits (two s8 halves); for values the
+ * probabilities, folded with the value scales, are quantized to u8 per chunk
+ * and row. See docs/formats.md for the error these add.
  */
 #include "cpu.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT_INLINE __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c"))) inline
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")))
+#define R KVP__TILE_ROWS
+#define RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+/* Register blocking needs these small loops unrolled, or the accumulators
+ * live on the stack. */
+#define UNROLL _Pragma("GCC unroll 8")
+/* acc += a(u8) . b(s8) in place. GCC 12 copies the accumulator around every
+ * vpdpbusd intrinsic (tripling the instruction count of these loops); the
+ * one-instruction asm keeps it in its register. */
+/* Expand X(r) for the 4 rows of a tile: named accumulators stay in registers
+ * where arrays of vectors (with the asm below) would live on the stack. */
+#define R4(X) X(0) X(1) X(2) X(3)
+#if defined(__clang__)
+#define DPBUSD(acc, a, b) ((acc) = _mm512_dpbusd_epi32((acc), (a), (b)))
+#else
+#define DPBUSD(acc, a, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
+#endif
+
+/* ---- small helpers -------------------------------------------------------------------- */
+
+TGT_INLINE static __mmask16 mask16(int n) {
+    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
+
+/* exp(x) for x <= 0 (and -inf -> 0): 2^n * poly(r), |rel err| < 2e-7. */
+TGT static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* 16 plain elements (fp32/fp16/bf16/fp8 bits) at p, first n valid, as fp32.
+ * fp8 comes out as value / (256 * scale): the caller folds 256*scale into q. */
+TGT_INLINE static __m512 load_plain(int32_t fmt, const uint8_t *p, int n) {
+    __mmask16 m = mask16(n);
+    switch (fmt) {
+    case KVP_FORMAT_FP32: return _mm512_maskz_loadu_ps(m, p);
+    case KVP_FORMAT_FP16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    case KVP_FORMAT_BF16:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+    default: { /* e4m3 -> fp16 bits: sign to bit 15, exponent+mantissa to bits 7..13 */
+        __m256i b = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p));
+        __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7),
+                                    _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+        return _mm512_cvtph_ps(h);
+    }
+    }
+}
+
+/* Multiplier that turns load_plain()'s value into the stored value. */
+static inline float plain_unit(int32_t fmt, float fp8_scale) {
+    return fmt == KVP_FORMAT_FP8_E4M3 ? 256.0f * fp8_scale : 1.0f;
+}
+
+/* ---- K: plain formats, dim-major ([D][P]) ----------------------------------------------------- */
+
+TGT static void kprep_plain(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    (void)kb;
+    float u = plain_unit(f->format, t->fp8_k);
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < t->D; d += 16)
+            _mm512_store_ps(&t->qf[r][d], _mm512_mul_ps(_mm512_load_ps(&t->q[r][d]), _mm512_set1_ps(u)));
+}
+
+TGT_INLINE static void klogits_dm(int fmt, kvp__tile *t, const uint8_t *kb,
+                                  const kvp__blockfmt *f, int t0, int n) {
+    const int es = kvp__plain_size(fmt), P = f->page_size, D = t->D;
+    const uint8_t *base = kb + (size_t)t0 * (size_t)es;
+    const size_t row = (size_t)P * (size_t)es;
+    __m512 a0[R], a1[R]; /* n > 16: tokens 0-15 / 16-31; else even / odd channels */
+    UNROLL for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+    if (n > 16) {
+        for (int d = 0; d < D; d++) {
+            const uint8_t *p = base + (size_t)d * row;
+            __m512 k0 = load_plain(fmt, p, 16), k1 = load_plain(fmt, p + 16 * es, n - 16);
+            UNROLL for (int r = 0; r < R; r++) {
+                __m512 q = _mm512_set1_ps(t->qf[r][d]);
+                a0[r] = _mm512_fmadd_ps(q, k0, a0[r]);
+                a1[r] = _mm512_fmadd_ps(q, k1, a1[r]);
+            }
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            _mm512_store_ps(&t->logits[r][0], a0[r]);
+            _mm512_store_ps(&t->logits[r][16], a1[r]);
+        }
+    } else {
+        for (int d = 0; d < D; d += 2) {
+            const uint8_t *p = base + (size_t)d * row;
+            __m512 k0 = load_plain(fmt, p, n), k1 = load_plain(fmt, p + row, n);
+            UNROLL for (int r = 0; r < R; r++) {
+                a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(t->qf[r][d]), k0, a0[r]);
+                a1[r] = _mm512_fmadd_ps(_mm512_set1_ps(t->qf[r][d + 1]), k1, a1[r]);
+            }
+        }
+        UNROLL for (int r = 0; r < R; r++) _mm512_store_ps(&t->logits[r][0], _mm512_add_ps(a0[r], a1[r]));
+    }
+}
+
+/* ---- K: plain formats, token-major ([P][D], FlashInfer HND) ------------------------------------- */
+
+TGT_INLINE static void klogits_tm(int fmt, kvp__tile *t, const uint8_t *kb,
+                                  const kvp__blockfmt *f, int t0, int n) {
+    (void)f;
+    const int es = kvp__plain_size(fmt), D = t->D;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = kb + (size_t)(t0 + i) * (size_t)D * (size_t)es;
+        __m512 acc[R];
+        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+        for (int d = 0; d < D; d += 16) {
+            __m512 k = load_plain(fmt, p + (size_t)d * (size_t)es, 16);
+            UNROLL for (int r = 0; r < R; r++)
+                acc[r] = _mm512_fmadd_ps(_mm512_load_ps(&t->qf[r][d]), k, acc[r]);
+        }
+        UNROLL for (int r = 0; r < R; r++) t->logits[r][i] = _mm512_reduce_add_ps(acc[r]);
+    }
+}
+
+/* ---- K: int8 / int4, integer dot products ----------------------------------------------------------- */
+
+/* Vector version of kvp__qprep_int: fold the page's channel scales into q
+ * and quantize it (split: 15 bits as two s8 halves; else 8 bits with the
+ * rounding error times the middle code moved into the constant). */
+TGT_INLINE static void kprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, bool split) {
+    const int D = t->D;
+    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
+    const float mid = f->format == KVP_FORMAT_INT8 ? 127.5f : 7.5f;
+    __m512 amax[R], cst[R];
+    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 16) {
+        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d)));
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 q = _mm512_load_ps(&t->q[r][d]), qf = _mm512_mul_ps(q, s);
+            _mm512_store_ps(&t->qf[r][d], qf);
+            cst[r] = _mm512_fmadd_ps(q, m, cst[r]);
+            amax[r] = _mm512_max_ps(amax[r], _mm512_abs_ps(qf));
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) {
+        float am = _mm512_reduce_max_ps(amax[r]);
+        float step = split ? am / 16256.0f : am / (127.0f * 128.0f);
+        __m512 vinv = _mm512_set1_ps(am > 0.0f ? 1.0f / step : 0.0f), resid = _mm512_setzero_ps();
+        for (int d = 0; d < D; d += 16) {
+            __m512 qf = _mm512_load_ps(&t->qf[r][d]), hi, lo;
+            if (split) {
+                __m512 x = _mm512_roundscale_ps(_mm512_mul_ps(qf, vinv), RN);
+                hi = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / 128.0f)), RN);
+                lo = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), hi, x);
+                _mm_store_si128((__m128i *)(void *)&t->ql[r][d], _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(lo)));
+            } else {
+                hi = _mm512_roundscale_ps(
+                    _mm512_mul_ps(_mm512_mul_ps(qf, vinv), _mm512_set1_ps(1.0f / 128.0f)), RN);
+                resid = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f * step), hi, _mm512_add_ps(resid, qf));
+            }
+            _mm_store_si128((__m128i *)(void *)&t->qh[r][d], _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(hi)));
+        }
+        t->qstep[r] = step;
+        t->qconst[r] = _mm512_reduce_add_ps(cst[r]) + (split ? 0.0f : mid * _mm512_reduce_add_ps(resid));
+    }
+}
+
+TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    kprep_int(t, kb, f, true);
+}
+TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    kprep_int(t, kb, f, true);
+}
+
+static inline int32_t quad_of(const int8_t *q, int d) {
+    int32_t v;
+    memcpy(&v, q + d, 4);
+    return v;
+}
+
+/* logits = qconst + qstep * (128*hi + lo), hi/lo int32 dot products. */
+TGT static inline __m512 int_logits(const kvp__tile *t, int r, __m512i hi, __m512i lo) {
+    __m512 x = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(hi, 7), lo));
+    return _mm512_fmadd_ps(x, _mm512_set1_ps(t->qstep[r]), _mm512_set1_ps(t->qconst[r]));
+}
+
+/* int8 keys: [D/4][P][4] u8 codes; 16 tokens x 4 channels per 64 bytes. */
+TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
+    const int P = f->page_size, D = t->D;
+    const __mmask64 m0 = n >= 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * n)) - 1);
+    const __mmask64 m1 = n >= 32 ? ~(__mmask64)0 : n <= 16 ? 0 : (((__mmask64)1 << (4 * (n - 16))) - 1);
+#define K8_DECL(r) __m512i h0_##r = _mm512_setzero_si512(), h1_##r = h0_##r, l0_##r = h0_##r, l1_##r = h0_##r;
+    R4(K8_DECL)
+    const uint8_t *base = kb + (size_t)t0 * 4;
+    for (int d = 0; d < D; d += 4) {
+        const uint8_t *p = base + (size_t)(d / 4) * (size_t)P * 4;
+        __m512i k0 = _mm512_maskz_loadu_epi8(m0, p), k1 = _mm512_maskz_loadu_epi8(m1, p + 64);
+#define K8_STEP(r)                                                                                 \
+    {                                                                                              \
+        __m512i qh = _mm512_set1_epi32(quad_of(t->qh[r], d)), ql = _mm512_set1_epi32(quad_of(t->ql[r], d)); \
+        DPBUSD(h0_##r, k0, qh);                                                                    \
+        DPBUSD(l0_##r, k0, ql);                                                                    \
+        DPBUSD(h1_##r, k1, qh);                                                                    \
+        DPBUSD(l1_##r, k1, ql);                                                                    \
+    }
+        R4(K8_STEP)
+    }
+#define K8_OUT(r)                                                                                  \
+    _mm512_store_ps(&t->logits[r][0], int_logits(t, r, h0_##r, l0_##r));                          \
+    _mm512_store_ps(&t->logits[r][16], int_logits(t, r, h1_##r, l1_##r));
+    R4(K8_OUT)
+}
+
+/* int4 keys: [D/4][P/2][4] bytes, token 2i in the low nibble and 2i+1 in
+ * the high nibble: one 64-byte load holds 32 tokens x 4 channels. */
+TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
+    const int P = f->page_size, D = t->D, pairs = (n + 1) / 2;
+    const __mmask64 m = pairs >= 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * pairs)) - 1);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+#define K4_DECL(r) __m512i eh_##r = _mm512_setzero_si512(), el_##r = eh_##r, oh_##r = eh_##r, ol_##r = eh_##r;
+    R4(K4_DECL)
+    const uint8_t *base = kb + (size_t)(t0 / 2) * 4;
+    for (int d = 0; d < D; d += 4) {
+        __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)(d / 4) * (size_t)(P / 2) * 4);
+        __m512i ke = _mm512_and_si512(b, low), ko = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+#define K4_STEP(r)                                                                                 \
+    {                                                                                              \
+        __m512i qh = _mm512_set1_epi32(quad_of(t->qh[r], d)), ql = _mm512_set1_epi32(quad_of(t->ql[r], d)); \
+        DPBUSD(eh_##r, ke, qh);                                                                    \
+        DPBUSD(el_##r, ke, ql);                                                                    \
+        DPBUSD(oh_##r, ko, qh);                                                                    \
+        DPBUSD(ol_##r, ko, ql);                                                                    \
+    }
+        R4(K4_STEP)
+    }
+    /* lanes are tokens 0,2,..,30 and 1,3,..,31: interleave into token order */
+    const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi_idx = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+#define K4_OUT(r)                                                                                  \
+    {                                                                                              \
+        __m512 e = int_logits(t, r, eh_##r, el_##r), o = int_logits(t, r, oh_##r, ol_##r);        \
+        _mm512_store_ps(&t->logits[r][0], _mm512_permutex2var_ps(e, lo_idx, o));                  \
+        _mm512_store_ps(&t->logits[r][16], _mm512_permutex2var_ps(e, hi_idx, o));                 \
+    }
+    R4(K4_OUT)
+}
+
+/* ---- softmax ---------------------------------------------------------------------------------------- */
+
+TGT static void softmax_avx512(kvp__tile *t, int n, int32_t pos0) {
+    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int r = 0; r < R; r++) {
+        if (t->soft_cap > 0.0f)
+            for (int i = 0; i < n; i++) t->logits[r][i] = t->soft_cap * tanhf(t->logits[r][i] / t->soft_cap);
+        __m512 x[2];
+        __m512 cm = ninf;
+        for (int j = 0; j < 2; j++) {
+            __m512i pos = _mm512_add_epi32(iota, _mm512_set1_epi32(pos0 + 16 * j));
+            __mmask16 ok = mask16(n - 16 * j) &
+                           _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(t->lo[r])) &
+                           _mm512_cmple_epi32_mask(pos, _mm512_set1_epi32(t->hi[r]));
+            x[j] = _mm512_mask_blend_ps(ok, ninf, _mm512_load_ps(&t->logits[r][16 * j]));
+            cm = _mm512_max_ps(cm, x[j]);
+        }
+        float cmax = _mm512_reduce_max_ps(cm), m_new = t->m[r] > cmax ? t->m[r] : cmax;
+        if (m_new == -INFINITY) {
+            memset(t->p[r], 0, sizeof t->p[r]);
+            t->pmax[r] = 0.0f;
+            continue;
+        }
+        /* the running max rarely moves in a long sequence: skip the exps then */
+        float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
+        t->pmax[r] = cmax == m_new ? 1.0f : expf(cmax - m_new);
+        if (alpha != 1.0f) {
+            float *o = t->o + (size_t)r * (size_t)t->D;
+            for (int d = 0; d < t->D; d += 16)
+                _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), _mm512_set1_ps(alpha)));
+        }
+        __m512 sum = _mm512_setzero_ps(), mv = _mm512_set1_ps(m_new);
+        for (int j = 0; j < 2; j++) {
+            __m512 p = exp512(_mm512_sub_ps(x[j], mv));
+            _mm512_store_ps(&t->p[r][16 * j], p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        t->l[r] = t->l[r] * alpha + _mm512_reduce_add_ps(sum);
+        t->m[r] = m_new;
+    }
+}
+
+/* ---- V: plain formats, token-major --------------------------------------------------------------------- */
+
+/* o[:, d0 .. d0+16*NZ) += p . v for NZ full 16-channel vectors (NZ constant
+ * after inlining: 4 rows x NZ accumulators stay in registers). */
+TGT_INLINE static void vacc_pl_chunk(int fmt, int NZ, kvp__tile *t, const uint8_t *vb, int d0,
+                                     int t0, int n, float u) {
+    const int es = kvp__plain_size(fmt), D = t->D;
+    __m512 acc[R][4];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < NZ; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = vb + ((size_t)(t0 + i) * (size_t)D + (size_t)d0) * (size_t)es;
+        __m512 v[4];
+        UNROLL for (int c = 0; c < NZ; c++) v[c] = load_plain(fmt, p + (size_t)(16 * c * es), 16);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 pr = _mm512_set1_ps(t->p[r][i]);
+            UNROLL for (int c = 0; c < NZ; c++) acc[r][c] = _mm512_fmadd_ps(pr, v[c], acc[r][c]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) {
+        float *o = t->o + (size_t)r * (size_t)D + (size_t)d0;
+        UNROLL for (int c = 0; c < NZ; c++)
+            _mm512_store_ps(o + 16 * c, _mm512_fmadd_ps(acc[r][c], _mm512_set1_ps(u), _mm512_load_ps(o + 16 * c)));
+    }
+}
+
+TGT_INLINE static void vacc_pl(int fmt, kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f,
+                               int t0, int n) {
+    (void)f;
+    const int D = t->D;
+    const float u = plain_unit(fmt, t->fp8_v);
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) vacc_pl_chunk(fmt, 4, t, vb, d0, t0, n, u);
+    for (; d0 < D; d0 += 16) vacc_pl_chunk(fmt, 1, t, vb, d0, t0, n, u);
+}
+
+/* ---- V: int8 / int4, integer dot products ------------------------------------------------------------- */
+
+/* Quantize p' = p * vscale (n tokens of one row) to u8 codes packed 4 per
+ * token group, against the bound pmax * smax >= p' (no reduction needed);
+ * returns the step (p' ~= step * code). */
+TGT_INLINE static float quantize_probs(const float *p, const float *vs, int n, float pmax, float smax,
+                                       uint32_t *groups) {
+    float top = pmax * smax;
+    float inv = top > 0.0f ? 255.0f / top : 0.0f;
+    __m512 vinv = _mm512_set1_ps(inv);
+    for (int j = 0; j < 2; j++) {
+        __mmask16 m = mask16(n - 16 * j);
+        __m512 pv = _mm512_mul_ps(_mm512_maskz_load_ps(m, p + 16 * j), _mm512_maskz_load_ps(m, vs + 16 * j));
+        __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(pv, vinv));
+        _mm_storeu_si128((__m128i *)(void *)(groups + 4 * j), _mm512_cvtusepi32_epi8(c));
+    }
+    return top / 255.0f;
+}
+
+/* Scale data of n tokens as fp32 (fp16 values at src, one per token);
+ * returns their maximum. */
+TGT_INLINE static float load_scales(const uint8_t *src, int n, float *dst) {
+    __m512 mx = _mm512_setzero_ps();
+    for (int j = 0; j < 2; j++) {
+        __mmask16 m = mask16(n - 16 * j);
+        __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + 32 * j));
+        _mm512_store_ps(dst + 16 * j, v);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* Tokens of a trailing partial token group (page sizes not a multiple of 4). */
+static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int i0, int n) {
+    for (int i = i0; i < n; i++)
+        for (int r = 0; r < R; r++) {
+            float pr = t->p[r][i];
+            if (pr == 0.0f) continue;
+            float *o = t->o + (size_t)r * (size_t)t->D;
+            for (int d = 0; d < t->D; d++) o[d] += pr * kvp__block_decode_one(f, vb, t0 + i, d, 0.0f);
+        }
+}
+
+/* int8 values: o[:, d0 .. d0+64) (VNNI over token groups). */
+TGT static void vacc_i8_chunk4(kvp__tile *t, const uint8_t *base, int d0, int groups,
+                               uint32_t pq[R][KVP__CHUNK / 4 + 4], const float *step) {
+    const int D = t->D;
+#define V8_DECL(r) __m512i a0_##r = _mm512_setzero_si512(), a1_##r = a0_##r, a2_##r = a0_##r, a3_##r = a0_##r;
+    R4(V8_DECL)
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *p = base + (size_t)g * 4 * (size_t)D + (size_t)d0 * 4;
+        __m512i v0 = _mm512_loadu_si512((const void *)p), v1 = _mm512_loadu_si512((const void *)(p + 64));
+        __m512i v2 = _mm512_loadu_si512((const void *)(p + 128)), v3 = _mm512_loadu_si512((const void *)(p + 192));
+#define V8_STEP(r)                                                                                 \
+    {                                                                                              \
+        __m512i pr = _mm512_set1_epi32((int)pq[r][g]);                                             \
+        DPBUSD(a0_##r, pr, v0);                                                                    \
+        DPBUSD(a1_##r, pr, v1);                                                                    \
+        DPBUSD(a2_##r, pr, v2);                                                                    \
+        DPBUSD(a3_##r, pr, v3);                                                                    \
+    }
+        R4(V8_STEP)
+    }
+#define V8_ONE(r, c, a)                                                                            \
+    _mm512_store_ps(o + 16 * c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(step[r]),     \
+                                                _mm512_load_ps(o + 16 * c)));
+#define V8_OUT(r)                                                                                  \
+    {                                                                                              \
+        float *o = t->o + (size_t)r * (size_t)D + (size_t)d0;                                      \
+        V8_ONE(r, 0, a0_##r) V8_ONE(r, 1, a1_##r) V8_ONE(r, 2, a2_##r) V8_ONE(r, 3, a3_##r)        \
+    }
+    R4(V8_OUT)
+}
+
+/* int8 values: o[:, d0 .. d0+16). */
+TGT static void vacc_i8_chunk1(kvp__tile *t, const uint8_t *base, int d0, int groups,
+                               uint32_t pq[R][KVP__CHUNK / 4 + 4], const float *step) {
+    const int D = t->D;
+#define V8S_DECL(r) __m512i a0_##r = _mm512_setzero_si512();
+    R4(V8S_DECL)
+    for (int g = 0; g < groups; g++) {
+        __m512i v0 = _mm512_loadu_si512((const void *)(base + (size_t)g * 4 * (size_t)D + (size_t)d0 * 4));
+#define V8S_STEP(r) DPBUSD(a0_##r, _mm512_set1_epi32((int)pq[r][g]), v0);
+        R4(V8S_STEP)
+    }
+#define V8S_OUT(r)                                                                                 \
+    {                                                                                              \
+        float *o = t->o + (size_t)r * (size_t)D + (size_t)d0;                                      \
+        V8_ONE(r, 0, a0_##r)                                                                       \
+    }
+    R4(V8S_OUT)
+}
+
+/* int8 values: token groups [D][4] (s8), one fp16 scale per token. */
+TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+    const int D = t->D, n4 = n / 4 * 4;
+    float vs[KVP__CHUNK] KVP__ALIGN64, step[R];
+    uint32_t pq[R][KVP__CHUNK / 4 + 4] KVP__ALIGN64;
+    float smax = load_scales(vb + kvp__block_data_bytes(f) + 2 * (size_t)t0, n4, vs);
+    UNROLL for (int r = 0; r < R; r++) step[r] = quantize_probs(t->p[r], vs, n4, t->pmax[r], smax, pq[r]);
+    const uint8_t *base = vb + (size_t)t0 * (size_t)D;
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) vacc_i8_chunk4(t, base, d0, n4 / 4, pq, step);
+    for (; d0 < D; d0 += 16) vacc_i8_chunk1(t, base, d0, n4 / 4, pq, step);
+    if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+}
+
+/* int4 values: token groups of [D/2][4] bytes; in each 32-channel scale
+ * group, channel i is the low nibble and i + W/2 the high nibble. */
+TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+    const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4;
+    const uint8_t *sc = vb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
+    const uint8_t *base = vb + (size_t)t0 * (size_t)D / 2;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int g = 0; g < G; g++) {
+        int w = D - 32 * g < 32 ? D - 32 * g : 32, half = w / 2;
+        float vs[KVP__CHUNK] KVP__ALIGN64, vm[KVP__CHUNK] KVP__ALIGN64, step[R], mterm[R];
+        uint32_t pq[R][KVP__CHUNK / 4 + 4] KVP__ALIGN64;
+        float smax = load_scales(sc + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, vs);
+        (void)load_scales(mn + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, vm);
+        UNROLL for (int r = 0; r < R; r++) {
+            step[r] = quantize_probs(t->p[r], vs, n4, t->pmax[r], smax, pq[r]);
+            __m512 s = _mm512_setzero_ps();
+            for (int j = 0; j < 2; j++)
+                s = _mm512_fmadd_ps(_mm512_maskz_load_ps(mask16(n4 - 16 * j), &t->p[r][16 * j]),
+                                    _mm512_load_ps(vm + 16 * j), s);
+            mterm[r] = _mm512_reduce_add_ps(s);
+        }
+        const __mmask64 m = half == 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * half)) - 1);
+#define V4_DECL(r) __m512i lo_##r = _mm512_setzero_si512(), hi_##r = lo_##r;
+        R4(V4_DECL)
+        for (int tg = 0; tg < n4 / 4; tg++) {
+            __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64);
+            __m512i vlo = _mm512_and_si512(b, low), vhi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+#define V4_STEP(r)                                                                                 \
+    {                                                                                              \
+        __m512i pr = _mm512_set1_epi32((int)pq[r][tg]);                                            \
+        DPBUSD(lo_##r, pr, vlo);                                                                   \
+        DPBUSD(hi_##r, pr, vhi);                                                                   \
+    }
+            R4(V4_STEP)
+        }
+        const __mmask16 mh = mask16(half);
+#define V4_OUT(r)                                                                                  \
+    {                                                                                              \
+        float *o = t->o + (size_t)r * (size_t)D + (size_t)(32 * g);                                \
+        __m512 st = _mm512_set1_ps(step[r]), mt = _mm512_set1_ps(mterm[r]);                        \
+        __m512 c0 = _mm512_maskz_loadu_ps(mh, o), c1 = _mm512_maskz_loadu_ps(mh, o + half);        \
+        c0 = _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_##r), st, c0), mt);               \
+        c1 = _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_##r), st, c1), mt);               \
+        _mm512_mask_storeu_ps(o, mh, c0);                                                          \
+        _mm512_mask_storeu_ps(o + half, mh, c1);                                                   \
+    }
+        R4(V4_OUT)
+    }
+    if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+}
+
+/* One copy of each plain-format stage per format, so loads are branch-free. */
+#define PLAIN_STAGES(name, FMT)                                                                    \
+    TGT static void klogits_dm_##name(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f,   \
+                                      int t0, int n) {                                          \
+        klogits_dm(FMT, t, kb, f, t0, n);                                                        \
+    }                                                                                            \
+    TGT static void klogits_tm_##name(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f,   \
+                                      int t0, int n) {                                          \
+        klogits_tm(FMT, t, kb, f, t0, n);                                                        \
+    }                                                                                            \
+    TGT static void vacc_##name(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, \
+                                int n) {                                                         \
+        vacc_pl(FMT, t, vb, f, t0, n);                                                           \
+    }
+PLAIN_STAGES(fp32, KVP_FORMAT_FP32)
+PLAIN_STAGES(fp16, KVP_FORMAT_FP16)
+PLAIN_STAGES(bf16, KVP_FORMAT_BF16)
+PLAIN_STAGES(fp8, KVP_FORMAT_FP8_E4M3)
+
+const kvp__kernels kvp__kernels_avx512 = {
+    "avx512",
+    {kprep_plain, kprep_plain, kprep_plain, kprep_plain, kprep_int8, kprep_int4},
+    {{klogits_tm_fp32, klogits_dm_fp32},
+     {klogits_tm_fp16, klogits_dm_fp16},
+     {klogits_tm_bf16, klogits_dm_bf16},
+     {klogits_tm_fp8, klogits_dm_fp8},
+     {klogits_int8, klogits_int8},
+     {klogits_int4, klogits_int4}},
+    softmax_avx512,
+    {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},
+};
+
+#else
 const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}};
+#endif

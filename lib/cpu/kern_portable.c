@@ -35,9 +35,11 @@ static void softmax_portable(kvp__tile *t, int n, int32_t pos0) {
         float m_new = t->m[r] > cm ? t->m[r] : cm;
         if (m_new == -INFINITY) {
             memset(t->p[r], 0, sizeof t->p[r]);
+            t->pmax[r] = 0.0f;
             continue;
         }
-        float alpha = expf(t->m[r] - m_new); /* 0 when m was -inf */
+        float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new); /* 0 when m was -inf */
+        t->pmax[r] = cm == m_new ? 1.0f : expf(cm - m_new);
         float *o = t->o + (size_t)r * (size_t)t->D;
         if (alpha != 1.0f)
             for (int d = 0; d < t->D; d++) o[d] *= alpha;
@@ -127,7 +129,9 @@ void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, boo
             resid += t->qf[r][d] - step * (128.0f * hi + lo);
         }
         t->qstep[r] = step;
-        t->qconst[r] = cst + mid * resid;
+        /* with 15 bits the residual is below fp32 noise: leave it out, as the
+         * SIMD path does */
+        t->qconst[r] = split ? cst : cst + mid * resid;
     }
 }
 
