@@ -196,6 +196,7 @@ static int setup_tiles(const attn_job *j, item_id id, kvp__tile *tiles, float *o
             tl->lo[r] = window >= 0 && pos - window > 0 ? pos - window : 0;
             tl->m[r] = -INFINITY;
             tl->l[r] = 0.0f;
+            memset(tl->lvec[r], 0, sizeof tl->lvec[r]);
         }
     }
     return ntiles;
@@ -281,13 +282,15 @@ static void finish_item(const attn_job *j, item_id id, kvp__tile *tiles, int32_t
         int r = rr % KVP__TILE_ROWS;
         const float *o = tl->o + (size_t)r * (size_t)j->D;
         int32_t row = row0 + rr;
+        float l = tl->l[r];
+        for (int k = 0; k < 16; k++) l += tl->lvec[r][k];
         if (j->splits[id.b] == 1) {
             store_out_row(j, id.b, row / j->group, id.h * j->group + row % j->group, o, tl->m[r],
-                          tl->l[r], tmp);
+                          l, tmp);
         } else {
             float *part = partial_at(j, id, id.split, rr);
             part[0] = tl->m[r];
-            part[1] = tl->l[r];
+            part[1] = l;
             memcpy(part + 2, o, (size_t)j->D * sizeof(float));
         }
     }

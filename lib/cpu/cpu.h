@@ -35,6 +35,7 @@ typedef struct {
     float p[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;        /* exp(logit - m) */
     float qstep[KVP__TILE_ROWS];  /* integer q: q' ~= qstep * (128*qh + ql) */
     float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
+    float lvec[KVP__TILE_ROWS][16] KVP__ALIGN64; /* SIMD paths: l = l + sum(lvec), reduced at the end */
     float m[KVP__TILE_ROWS], l[KVP__TILE_ROWS];
     float pmax[KVP__TILE_ROWS];   /* largest p of the current chunk (exp(chunk max - m)) */
     int32_t lo[KVP__TILE_ROWS], hi[KVP__TILE_ROWS]; /* positions each row may attend */

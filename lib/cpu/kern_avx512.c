@@ -274,41 +274,50 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
 TGT static void softmax_avx512(kvp__tile *t, int n, int32_t pos0) {
     const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 x[R][2];
+    float cmax[R], m_new[R], e[16] KVP__ALIGN64;
     for (int r = 0; r < R; r++) {
         if (t->soft_cap > 0.0f)
             for (int i = 0; i < n; i++) t->logits[r][i] = t->soft_cap * tanhf(t->logits[r][i] / t->soft_cap);
-        __m512 x[2];
         __m512 cm = ninf;
         for (int j = 0; j < 2; j++) {
             __m512i pos = _mm512_add_epi32(iota, _mm512_set1_epi32(pos0 + 16 * j));
             __mmask16 ok = mask16(n - 16 * j) &
                            _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(t->lo[r])) &
                            _mm512_cmple_epi32_mask(pos, _mm512_set1_epi32(t->hi[r]));
-            x[j] = _mm512_mask_blend_ps(ok, ninf, _mm512_load_ps(&t->logits[r][16 * j]));
-            cm = _mm512_max_ps(cm, x[j]);
+            x[r][j] = _mm512_mask_blend_ps(ok, ninf, _mm512_load_ps(&t->logits[r][16 * j]));
+            cm = _mm512_max_ps(cm, x[r][j]);
         }
-        float cmax = _mm512_reduce_max_ps(cm), m_new = t->m[r] > cmax ? t->m[r] : cmax;
-        if (m_new == -INFINITY) {
+        cmax[r] = _mm512_reduce_max_ps(cm);
+        m_new[r] = t->m[r] > cmax[r] ? t->m[r] : cmax[r];
+        /* one vector exp for every row's rescale factor and chunk maximum */
+        e[r] = m_new[r] == -INFINITY || t->m[r] == m_new[r] ? 0.0f : t->m[r] - m_new[r];
+        e[R + r] = m_new[r] == -INFINITY || cmax[r] == m_new[r] ? 0.0f : cmax[r] - m_new[r];
+    }
+    for (int k = 2 * R; k < 16; k++) e[k] = 0.0f;
+    _mm512_store_ps(e, exp512(_mm512_load_ps(e)));
+    for (int r = 0; r < R; r++) {
+        if (m_new[r] == -INFINITY) { /* nothing visible yet */
             memset(t->p[r], 0, sizeof t->p[r]);
             t->pmax[r] = 0.0f;
             continue;
         }
-        /* the running max rarely moves in a long sequence: skip the exps then */
-        float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
-        t->pmax[r] = cmax == m_new ? 1.0f : expf(cmax - m_new);
+        float alpha = e[r];
+        __m512 lv = _mm512_load_ps(t->lvec[r]);
         if (alpha != 1.0f) {
+            __m512 a = _mm512_set1_ps(alpha);
             float *o = t->o + (size_t)r * (size_t)t->D;
-            for (int d = 0; d < t->D; d += 16)
-                _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), _mm512_set1_ps(alpha)));
+            for (int d = 0; d < t->D; d += 16) _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), a));
+            lv = _mm512_mul_ps(lv, a);
+            t->l[r] *= alpha;
         }
-        __m512 sum = _mm512_setzero_ps(), mv = _mm512_set1_ps(m_new);
-        for (int j = 0; j < 2; j++) {
-            __m512 p = exp512(_mm512_sub_ps(x[j], mv));
-            _mm512_store_ps(&t->p[r][16 * j], p);
-            sum = _mm512_add_ps(sum, p);
-        }
-        t->l[r] = t->l[r] * alpha + _mm512_reduce_add_ps(sum);
-        t->m[r] = m_new;
+        __m512 mv = _mm512_set1_ps(m_new[r]);
+        __m512 p0 = exp512(_mm512_sub_ps(x[r][0], mv)), p1 = exp512(_mm512_sub_ps(x[r][1], mv));
+        _mm512_store_ps(&t->p[r][0], p0);
+        _mm512_store_ps(&t->p[r][16], p1);
+        _mm512_store_ps(t->lvec[r], _mm512_add_ps(lv, _mm512_add_ps(p0, p1)));
+        t->pmax[r] = e[R + r];
+        t->m[r] = m_new[r];
     }
 }
 
@@ -390,52 +399,75 @@ static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, i
         }
 }
 
-/* int8 values: o[:, d0 .. d0+64) (VNNI over token groups). */
-TGT static void vacc_i8_chunk4(kvp__tile *t, const uint8_t *base, int d0, int groups,
-                               uint32_t pq[R][KVP__CHUNK / 4 + 4], const float *step) {
+/* Probabilities for int8 values get 16 bits, as two u8 halves (p' ~= step *
+ * (256*hi + lo)): 8 bits would add ~0.4% to the output error, as much as
+ * the values' own quantization. */
+TGT_INLINE static float quantize_probs16(const float *p, const float *vs, int n, float pmax,
+                                         float smax, uint32_t *hi, uint32_t *lo) {
+    float top = pmax * smax;
+    __m512 vinv = _mm512_set1_ps(top > 0.0f ? 65535.0f / top : 0.0f);
+    for (int j = 0; j < 2; j++) {
+        __mmask16 m = mask16(n - 16 * j);
+        __m512 pv = _mm512_mul_ps(_mm512_maskz_load_ps(m, p + 16 * j), _mm512_maskz_load_ps(m, vs + 16 * j));
+        __m512i x = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(pv, vinv)), _mm512_set1_epi32(65535));
+        _mm_storeu_si128((__m128i *)(void *)(hi + 4 * j), _mm512_cvtepi32_epi8(_mm512_srli_epi32(x, 8)));
+        _mm_storeu_si128((__m128i *)(void *)(lo + 4 * j),
+                         _mm512_cvtepi32_epi8(_mm512_and_si512(x, _mm512_set1_epi32(255))));
+    }
+    return top / 65535.0f;
+}
+
+typedef struct {
+    uint32_t hi[R][KVP__CHUNK / 4 + 4], lo[R][KVP__CHUNK / 4 + 4];
+    float step[R];
+} probs16;
+
+/* int8 values: o[:, d0 .. d0+32) (VNNI over token groups, 16-bit p). */
+TGT static void vacc_i8_chunk2(kvp__tile *t, const uint8_t *base, int d0, int groups, const probs16 *pq) {
     const int D = t->D;
-#define V8_DECL(r) __m512i a0_##r = _mm512_setzero_si512(), a1_##r = a0_##r, a2_##r = a0_##r, a3_##r = a0_##r;
+#define V8_DECL(r) __m512i h0_##r = _mm512_setzero_si512(), h1_##r = h0_##r, l0_##r = h0_##r, l1_##r = h0_##r;
     R4(V8_DECL)
     for (int g = 0; g < groups; g++) {
         const uint8_t *p = base + (size_t)g * 4 * (size_t)D + (size_t)d0 * 4;
         __m512i v0 = _mm512_loadu_si512((const void *)p), v1 = _mm512_loadu_si512((const void *)(p + 64));
-        __m512i v2 = _mm512_loadu_si512((const void *)(p + 128)), v3 = _mm512_loadu_si512((const void *)(p + 192));
 #define V8_STEP(r)                                                                                 \
     {                                                                                              \
-        __m512i pr = _mm512_set1_epi32((int)pq[r][g]);                                             \
-        DPBUSD(a0_##r, pr, v0);                                                                    \
-        DPBUSD(a1_##r, pr, v1);                                                                    \
-        DPBUSD(a2_##r, pr, v2);                                                                    \
-        DPBUSD(a3_##r, pr, v3);                                                                    \
+        __m512i ph = _mm512_set1_epi32((int)pq->hi[r][g]), pl = _mm512_set1_epi32((int)pq->lo[r][g]); \
+        DPBUSD(h0_##r, ph, v0);                                                                    \
+        DPBUSD(h1_##r, ph, v1);                                                                    \
+        DPBUSD(l0_##r, pl, v0);                                                                    \
+        DPBUSD(l1_##r, pl, v1);                                                                    \
     }
         R4(V8_STEP)
     }
-#define V8_ONE(r, c, a)                                                                            \
-    _mm512_store_ps(o + 16 * c, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(step[r]),     \
-                                                _mm512_load_ps(o + 16 * c)));
+#define V8_ONE(r, c, h, l)                                                                         \
+    _mm512_store_ps(o + 16 * c,                                                                    \
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l)), \
+                                    _mm512_set1_ps(pq->step[r]), _mm512_load_ps(o + 16 * c)));
 #define V8_OUT(r)                                                                                  \
     {                                                                                              \
         float *o = t->o + (size_t)r * (size_t)D + (size_t)d0;                                      \
-        V8_ONE(r, 0, a0_##r) V8_ONE(r, 1, a1_##r) V8_ONE(r, 2, a2_##r) V8_ONE(r, 3, a3_##r)        \
+        V8_ONE(r, 0, h0_##r, l0_##r) V8_ONE(r, 1, h1_##r, l1_##r)                                  \
     }
     R4(V8_OUT)
 }
 
 /* int8 values: o[:, d0 .. d0+16). */
-TGT static void vacc_i8_chunk1(kvp__tile *t, const uint8_t *base, int d0, int groups,
-                               uint32_t pq[R][KVP__CHUNK / 4 + 4], const float *step) {
+TGT static void vacc_i8_chunk1(kvp__tile *t, const uint8_t *base, int d0, int groups, const probs16 *pq) {
     const int D = t->D;
-#define V8S_DECL(r) __m512i a0_##r = _mm512_setzero_si512();
+#define V8S_DECL(r) __m512i h0_##r = _mm512_setzero_si512(), l0_##r = h0_##r;
     R4(V8S_DECL)
     for (int g = 0; g < groups; g++) {
         __m512i v0 = _mm512_loadu_si512((const void *)(base + (size_t)g * 4 * (size_t)D + (size_t)d0 * 4));
-#define V8S_STEP(r) DPBUSD(a0_##r, _mm512_set1_epi32((int)pq[r][g]), v0);
+#define V8S_STEP(r)                                                                                \
+    DPBUSD(h0_##r, _mm512_set1_epi32((int)pq->hi[r][g]), v0);                                      \
+    DPBUSD(l0_##r, _mm512_set1_epi32((int)pq->lo[r][g]), v0);
         R4(V8S_STEP)
     }
 #define V8S_OUT(r)                                                                                 \
     {                                                                                              \
         float *o = t->o + (size_t)r * (size_t)D + (size_t)d0;                                      \
-        V8_ONE(r, 0, a0_##r)                                                                       \
+        V8_ONE(r, 0, h0_##r, l0_##r)                                                               \
     }
     R4(V8S_OUT)
 }
@@ -443,14 +475,15 @@ TGT static void vacc_i8_chunk1(kvp__tile *t, const uint8_t *base, int d0, int gr
 /* int8 values: token groups [D][4] (s8), one fp16 scale per token. */
 TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
     const int D = t->D, n4 = n / 4 * 4;
-    float vs[KVP__CHUNK] KVP__ALIGN64, step[R];
-    uint32_t pq[R][KVP__CHUNK / 4 + 4] KVP__ALIGN64;
+    float vs[KVP__CHUNK] KVP__ALIGN64;
+    probs16 pq KVP__ALIGN64;
     float smax = load_scales(vb + kvp__block_data_bytes(f) + 2 * (size_t)t0, n4, vs);
-    UNROLL for (int r = 0; r < R; r++) step[r] = quantize_probs(t->p[r], vs, n4, t->pmax[r], smax, pq[r]);
+    UNROLL for (int r = 0; r < R; r++)
+        pq.step[r] = quantize_probs16(t->p[r], vs, n4, t->pmax[r], smax, pq.hi[r], pq.lo[r]);
     const uint8_t *base = vb + (size_t)t0 * (size_t)D;
     int d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) vacc_i8_chunk4(t, base, d0, n4 / 4, pq, step);
-    for (; d0 < D; d0 += 16) vacc_i8_chunk1(t, base, d0, n4 / 4, pq, step);
+    for (; d0 + 32 <= D; d0 += 32) vacc_i8_chunk2(t, base, d0, n4 / 4, &pq);
+    for (; d0 < D; d0 += 16) vacc_i8_chunk1(t, base, d0, n4 / 4, &pq);
     if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
 }
 
