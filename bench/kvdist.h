@@ -66,7 +66,7 @@ typedef struct {
 
 /* Draw key statistics: in every 128 channels of every head, 4 distinct
  * channels chosen at random are outliers. Returns 0, or -1 without memory. */
-static int kvd_keys_init(kvd_keys *k, kvd_rng *r, int heads, int head_dim) {
+static inline int kvd_keys_init(kvd_keys *k, kvd_rng *r, int heads, int head_dim) {
     size_t n = (size_t)heads * (size_t)head_dim;
     k->heads = heads;
     k->head_dim = head_dim;
@@ -92,7 +92,7 @@ static int kvd_keys_init(kvd_keys *k, kvd_rng *r, int heads, int head_dim) {
     return 0;
 }
 
-static void kvd_keys_free(kvd_keys *k) {
+static inline void kvd_keys_free(kvd_keys *k) {
     free(k->scale);
     free(k->offset);
     k->scale = k->offset = NULL;
@@ -100,7 +100,7 @@ static void kvd_keys_free(kvd_keys *k) {
 
 /* Softmax scale giving logits of standard deviation 2 for N(0,1) queries:
  * var(q.k) = sum_d E[k_d^2] = sum_d (scale^2 + offset^2), averaged over heads. */
-static double kvd_sm_scale(const kvd_keys *k) {
+static inline double kvd_sm_scale(const kvd_keys *k) {
     double sum = 0.0;
     for (int h = 0; h < k->heads; h++)
         for (int d = 0; d < k->head_dim; d++) {
@@ -111,14 +111,14 @@ static double kvd_sm_scale(const kvd_keys *k) {
 }
 
 /* Fill `tokens` rows of [heads][head_dim] keys / values / queries. */
-static void kvd_fill_keys(const kvd_keys *k, kvd_rng *r, size_t tokens, float *out) {
+static inline void kvd_fill_keys(const kvd_keys *k, kvd_rng *r, size_t tokens, float *out) {
     size_t row = (size_t)k->heads * (size_t)k->head_dim;
     for (size_t t = 0; t < tokens; t++)
         for (size_t i = 0; i < row; i++)
             out[t * row + i] = (float)(kvd_normal(r) * k->scale[i] + k->offset[i]);
 }
 
-static void kvd_fill_normal(kvd_rng *r, size_t n, float *out) {
+static inline void kvd_fill_normal(kvd_rng *r, size_t n, float *out) {
     for (size_t i = 0; i < n; i++) out[i] = (float)kvd_normal(r);
 }
 
@@ -132,7 +132,7 @@ typedef struct {
 
 /* One sequence: q [q_len][q_heads][D], k/v [kv_len][kv_heads][D] (fp32
  * inputs, as appended), out [q_len][q_heads][D] in double. */
-static void kvd_reference(const kvd_attn *a, const float *q, int q_len, const float *k,
+static inline void kvd_reference(const kvd_attn *a, const float *q, int q_len, const float *k,
                           const float *v, int kv_len, double *out) {
     int D = a->head_dim, group = a->q_heads / a->kv_heads;
     double *w = (double *)malloc((size_t)kv_len * sizeof(double));
@@ -169,7 +169,7 @@ static void kvd_reference(const kvd_attn *a, const float *q, int q_len, const fl
 }
 
 /* Relative L2 error ||got - ref|| / ||ref|| over n values. */
-static double kvd_rel_l2(const float *got, const double *ref, size_t n) {
+static inline double kvd_rel_l2(const float *got, const double *ref, size_t n) {
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < n; i++) {
         double e = (double)got[i] - ref[i];

@@ -743,8 +743,9 @@ KVP_API int kvp_store_region(const kvp_store_t *store, int32_t layer, int32_t ki
  *
  * fp8_e4m3 elements store `x / scale`. A scale of 0 (the initial value)
  * means "calibrate from the first rows appended to this layer":
- * `scale = max|x| * 2 / 448` over those rows' finite values for that head
- * (the factor 2 leaves headroom for later, larger rows). Set scales before
+ * `scale = max|x| * 8 / 448` over those rows' finite values for that head
+ * (the factor 8 leaves headroom for later, larger rows; e4m3 keeps its
+ * relative precision over that range). Set scales before
  * appending; changing one later does not re-encode stored tokens.
  *
  * @param[in] store    The store.

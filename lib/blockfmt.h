@@ -27,8 +27,10 @@ typedef struct {
 #define KVP__V4_GROUP 32
 /* Tokens interleaved in a token group of int8/int4 values. */
 #define KVP__V_TOKGROUP 4
-/* fp8 calibration maps amax to 448 / this headroom. */
-#define KVP__FP8_HEADROOM 2.0f
+/* fp8 calibration maps amax to 448 / this headroom: e4m3 keeps its relative
+ * precision down to 2^-6 of its range, so a wide margin for later, larger
+ * rows costs almost nothing (and the first append may be a single token). */
+#define KVP__FP8_HEADROOM 8.0f
 
 static inline kvp__blockfmt kvp__blockfmt_make(int32_t format, int32_t is_key,
                                                int32_t order, int32_t page_size,
