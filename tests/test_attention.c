@@ -355,13 +355,15 @@ static void test_fp8_accuracy(void **state) {
 
 /* ---- shapes ----------------------------------------------------------------------------------- */
 
-/* Every head_dim x page size, fp16 and the two integer formats. */
+/* Every head_dim x page size, fp16 and the two integer formats, every ISA. */
 static void test_head_dims_and_page_sizes(void **state) {
     (void)state;
     static const int32_t dims[] = {64, 80, 96, 128, 256};
     static const int32_t pages[] = {1, 8, 16, 32, 64};
     static const int32_t fmts[] = {KVP_FORMAT_FP16, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
-    kvp_ctx_t *c = make_ctx(KVP_ISA_AUTO, 2);
+    for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512; isa++) {
+    if (!kvp_isa_supported(isa)) continue;
+    kvp_ctx_t *c = make_ctx(isa, 2);
     for (size_t d = 0; d < 5; d++)
         for (size_t p = 0; p < 5; p++)
             for (size_t f = 0; f < 3; f++) {
@@ -374,12 +376,13 @@ static void test_head_dims_and_page_sizes(void **state) {
                 /* a few dozen tokens: the error varies more than at 2048 */
                 double e = batch_error(&bt, c, &plain_opts), bound = 1.5 * bound_of(fmts[f]);
                 if (!(e < bound))
-                    print_error("head_dim %d page %d %s: %g\n", (int)dims[d], (int)pages[p],
-                                kvp_format_name(fmts[f]), e);
+                    print_error("%s head_dim %d page %d %s: %g\n", kvp_isa_name(isa), (int)dims[d],
+                                (int)pages[p], kvp_format_name(fmts[f]), e);
                 assert_true(e < bound);
                 batch_free(&bt);
             }
     kvp_ctx_destroy(c);
+    }
 }
 
 /* Ragged batch: chunked prefill, decode and speculative rows together; GQA
