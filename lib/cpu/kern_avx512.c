@@ -493,7 +493,7 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
     const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4;
     const uint8_t *sc = vb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
     const uint8_t *base = vb + (size_t)t0 * (size_t)D / 2;
-    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
     for (int g = 0; g < G; g++) {
         int w = D - 32 * g < 32 ? D - 32 * g : 32, half = w / 2;
         float vs[KVP__CHUNK] KVP__ALIGN64, vm[KVP__CHUNK] KVP__ALIGN64, step[R], mterm[R];
@@ -503,9 +503,10 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
         UNROLL for (int r = 0; r < R; r++) {
             step[r] = quantize_probs(t->p[r], vs, n4, t->pmax[r], smax, pq[r]);
             __m512 s = _mm512_setzero_ps();
-            for (int j = 0; j < 2; j++)
+            for (int j = 0; j < 2; j++) /* v = s*(c-8) + (m + 8s): see the codes below */
                 s = _mm512_fmadd_ps(_mm512_maskz_load_ps(mask16(n4 - 16 * j), &t->p[r][16 * j]),
-                                    _mm512_load_ps(vm + 16 * j), s);
+                                    _mm512_fmadd_ps(_mm512_load_ps(vs + 16 * j), _mm512_set1_ps(8.0f),
+                                                    _mm512_load_ps(vm + 16 * j)), s);
             mterm[r] = _mm512_reduce_add_ps(s);
         }
         const __mmask64 m = half == 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * half)) - 1);
@@ -513,7 +514,11 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
         R4(V4_DECL)
         for (int tg = 0; tg < n4 / 4; tg++) {
             __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64);
-            __m512i vlo = _mm512_and_si512(b, low), vhi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+            /* codes centred on 0 (c - 8): the rounding error of the u8
+             * probabilities then does not add up coherently over tokens, as
+             * it would with codes averaging 7.5 */
+            __m512i vlo = _mm512_sub_epi8(_mm512_and_si512(b, low), eight);
+            __m512i vhi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(b, 4), low), eight);
 #define V4_STEP(r)                                                                                 \
     {                                                                                              \
         __m512i pr = _mm512_set1_epi32((int)pq[r][tg]);                                            \
