@@ -610,7 +610,7 @@ enum kvp_k_order {
      *  outside kernels can read the pages. The default. */
     KVP_K_ORDER_TOKEN_MAJOR = 0,
     /** `[head_dim][token]` within a block: the logits of a page are plain
-     *  vector multiply-adds, about 1.4x faster decode on the CPU backend. */
+     *  vector multiply-adds with the query broadcast (no horizontal sums). */
     KVP_K_ORDER_DIM_MAJOR = 1
 };
 
