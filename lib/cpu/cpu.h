@@ -2,11 +2,11 @@
  * CPU backend internals: worker threads, the attention tile, and the kernel
  * stages each instruction set implements.
  *
- * Attention work item = (sequence, kv head, block of up to 16 query rows,
- * range of pages). Its rows are processed in tiles of up to 4 rows (the
- * query heads of a GQA group share every K/V load), page by page in chunks
- * of up to 32 tokens: K stage (logits) -> softmax stage (mask, soft cap,
- * online softmax) -> V stage (o += p.v).
+ * Attention work item = (sequence, group of kv heads, block of up to 32
+ * query rows, range of pages). Its rows are processed in tiles of up to 4
+ * rows of one kv head (the query heads of a GQA group share every K/V load),
+ * page by page in chunks of up to 32 tokens: K stage (logits) -> softmax
+ * stage (mask, soft cap, online softmax) -> V stage (o += p.v).
  */
 #ifndef KVPAGE_CPU_H
 #define KVPAGE_CPU_H
@@ -14,7 +14,7 @@
 #include "../backend.h"
 
 #define KVP__TILE_ROWS 4
-#define KVP__ITEM_ROWS 16
+#define KVP__ITEM_ROWS 32
 #define KVP__CHUNK 32
 #define KVP__ATTN_MAX_D 256
 
@@ -41,6 +41,7 @@ typedef struct {
     int32_t lo[KVP__TILE_ROWS], hi[KVP__TILE_ROWS]; /* positions each row may attend */
     float *o;                     /* [rows][D] output accumulators */
     int32_t rows, D, P;
+    int32_t head, row0;           /* kv head; first row (i*group + g) of the tile */
     float fp8_k, fp8_v;           /* this layer/head's fp8 scales (0 if unused) */
     float soft_cap;
 } kvp__tile;

@@ -2,6 +2,7 @@
  * CPU backend, storage half: the arena in host memory, append (with seals),
  * page operations and reads. Arguments arrive validated (lib/store.c).
  */
+#define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
 #include "../backend.h"
 #include "cpu.h"
 
