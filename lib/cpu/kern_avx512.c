@@ -169,20 +169,22 @@ TGT_INLINE static void kprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blo
     UNROLL for (int r = 0; r < R; r++) {
         float am = _mm512_reduce_max_ps(amax[r]);
         float step = split ? am / 16256.0f : am / (127.0f * 128.0f);
-        __m512 vinv = _mm512_set1_ps(am > 0.0f ? 1.0f / step : 0.0f), resid = _mm512_setzero_ps();
+        __m512 vinv = _mm512_set1_ps(am > 0.0f ? (split ? 1.0f : 1.0f / 128.0f) / step : 0.0f);
+        __m512 resid = _mm512_setzero_ps();
         for (int d = 0; d < D; d += 16) {
-            __m512 qf = _mm512_load_ps(&t->qf[r][d]), hi, lo;
+            __m512 qf = _mm512_load_ps(&t->qf[r][d]);
+            /* x = rne(q' / step) in -16256..16256, split exactly as
+             * x = 128*hi + lo with hi = (x + 64) >> 7, lo in -64..63 */
+            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(qf, vinv)); /* MXCSR: nearest-even */
+            __m512i hi = split ? _mm512_srai_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(64)), 7) : x;
             if (split) {
-                __m512 x = _mm512_roundscale_ps(_mm512_mul_ps(qf, vinv), RN);
-                hi = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.0f / 128.0f)), RN);
-                lo = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), hi, x);
-                _mm_store_si128((__m128i *)(void *)&t->ql[r][d], _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(lo)));
+                __m512i lo = _mm512_sub_epi32(x, _mm512_slli_epi32(hi, 7));
+                _mm_store_si128((__m128i *)(void *)&t->ql[r][d], _mm512_cvtepi32_epi8(lo));
             } else {
-                hi = _mm512_roundscale_ps(
-                    _mm512_mul_ps(_mm512_mul_ps(qf, vinv), _mm512_set1_ps(1.0f / 128.0f)), RN);
-                resid = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f * step), hi, _mm512_add_ps(resid, qf));
+                resid = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f * step), _mm512_cvtepi32_ps(hi),
+                                         _mm512_add_ps(resid, qf));
             }
-            _mm_store_si128((__m128i *)(void *)&t->qh[r][d], _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(hi)));
+            _mm_store_si128((__m128i *)(void *)&t->qh[r][d], _mm512_cvtepi32_epi8(hi));
         }
         t->qstep[r] = step;
         t->qconst[r] = _mm512_reduce_add_ps(cst[r]) + (split ? 0.0f : mid * _mm512_reduce_add_ps(resid));
@@ -499,7 +501,9 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
         float vs[KVP__CHUNK] KVP__ALIGN64, vm[KVP__CHUNK] KVP__ALIGN64, step[R], mterm[R];
         uint32_t pq[R][KVP__CHUNK / 4 + 4] KVP__ALIGN64;
         float smax = load_scales(sc + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, vs);
-        (void)load_scales(mn + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, vm);
+        for (int j = 0; j < 2; j++)
+            _mm512_store_ps(vm + 16 * j, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                                             mask16(n4 - 16 * j), mn + 2 * ((size_t)g * (size_t)P + (size_t)t0) + 32 * j)));
         UNROLL for (int r = 0; r < R; r++) {
             step[r] = quantize_probs(t->p[r], vs, n4, t->pmax[r], smax, pq[r]);
             __m512 s = _mm512_setzero_ps();

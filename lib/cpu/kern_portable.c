@@ -116,9 +116,9 @@ void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, boo
         float inv = amax > 0.0f ? 1.0f / step : 0.0f, resid = 0.0f;
         for (int d = 0; d < D; d++) {
             float hi, lo;
-            if (split) {
+            if (split) { /* x = 128*hi + lo, hi = (x + 64) >> 7, lo in -64..63 */
                 float x = kvp__rne(t->qf[r][d] * inv);
-                hi = kvp__rne(x * (1.0f / 128.0f));
+                hi = floorf((x + 64.0f) * (1.0f / 128.0f));
                 lo = x - 128.0f * hi;
             } else {
                 hi = kvp__rne(t->qf[r][d] * inv * (1.0f / 128.0f));
