@@ -218,6 +218,18 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
 #define K8_DECL(r) __m512i h0_##r = _mm512_setzero_si512(), h1_##r = h0_##r, l0_##r = h0_##r, l1_##r = h0_##r;
     R4(K8_DECL)
     const uint8_t *base = kb + (size_t)t0 * 4;
+    if (n <= 16) { /* pages of 16 tokens or fewer: one 16-token slab */
+        for (int d = 0; d < D; d += 4) {
+            __m512i k0 = _mm512_maskz_loadu_epi8(m0, base + (size_t)(d / 4) * (size_t)P * 4);
+#define K8_STEP1(r)                                                                                \
+    DPBUSD(h0_##r, k0, _mm512_set1_epi32(quad_of(t->qh[r], d)));                                   \
+    DPBUSD(l0_##r, k0, _mm512_set1_epi32(quad_of(t->ql[r], d)));
+            R4(K8_STEP1)
+        }
+#define K8_OUT1(r) _mm512_store_ps(&t->logits[r][0], int_logits(t, r, h0_##r, l0_##r));
+        R4(K8_OUT1)
+        return;
+    }
     for (int d = 0; d < D; d += 4) {
         const uint8_t *p = base + (size_t)(d / 4) * (size_t)P * 4;
         __m512i k0 = _mm512_maskz_loadu_epi8(m0, p), k1 = _mm512_maskz_loadu_epi8(m1, p + 64);

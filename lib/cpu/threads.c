@@ -3,6 +3,14 @@
  * generation counter; workers spin briefly (decode steps come back to back)
  * and then sleep on a condition variable, so an idle context costs nothing.
  * kvp__pool_run neither allocates nor creates threads.
+ *
+ * Jobs hand out their work dynamically (an atomic item counter), so the
+ * caller never waits for a worker that has not started: when the caller's
+ * own share is done it closes the run, and waits only for workers that
+ * entered it. A worker the OS has not scheduled yet (machines are shared)
+ * finds the run closed and goes back to waiting. Entering and closing are
+ * sequentially consistent: either the worker sees the run closed, or the
+ * caller sees the worker inside.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cpu.h"
@@ -28,7 +36,8 @@ struct kvp__pool {
     pthread_mutex_t mu;
     pthread_cond_t cv_start, cv_done;
     atomic_uint_fast64_t gen;
-    atomic_int pending;
+    atomic_int entered; /* workers inside the current run */
+    atomic_int closed;  /* the current run takes no more workers */
     atomic_int stop;
     kvp__job_fn fn;
     void *arg;
@@ -54,6 +63,14 @@ static uint64_t wait_for_generation(kvp__pool *p, uint64_t seen) {
     return g;
 }
 
+static void leave_run(kvp__pool *p) {
+    if (atomic_fetch_sub(&p->entered, 1) == 1) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_signal(&p->cv_done);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
 static void *worker_main(void *varg) {
     worker_arg *w = (worker_arg *)varg;
     kvp__pool *p = w->pool;
@@ -62,12 +79,9 @@ static void *worker_main(void *varg) {
     for (;;) {
         seen = wait_for_generation(p, seen);
         if (atomic_load(&p->stop)) break;
-        p->fn(p->arg, index);
-        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->cv_done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        atomic_fetch_add(&p->entered, 1);
+        if (!atomic_load(&p->closed)) p->fn(p->arg, index); /* fn/arg read only inside */
+        leave_run(p);
     }
     return NULL;
 }
@@ -86,7 +100,8 @@ int kvp__pool_create(const kvp_allocator_t *a, int32_t threads, kvp__pool **out)
     p->alloc = *a;
     p->threads = threads;
     atomic_init(&p->gen, 0);
-    atomic_init(&p->pending, 0);
+    atomic_init(&p->entered, 0);
+    atomic_init(&p->closed, 1);
     atomic_init(&p->stop, 0);
     int32_t workers = threads - 1;
     worker_arg *args = NULL;
@@ -125,19 +140,19 @@ void kvp__pool_run(kvp__pool *p, kvp__job_fn fn, void *arg) {
     }
     p->fn = fn;
     p->arg = arg;
-    atomic_store_explicit(&p->pending, p->threads - 1, memory_order_relaxed);
+    atomic_store(&p->closed, 0);
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
-    fn(arg, 0);
+    fn(arg, 0); /* returns when no work is left to claim */
+    atomic_store(&p->closed, 1);
     for (int i = 0; i < SPIN_ITERS; i++) {
-        if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0) return;
+        if (atomic_load(&p->entered) == 0) return;
         CPU_RELAX();
     }
     pthread_mutex_lock(&p->mu);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0)
-        pthread_cond_wait(&p->cv_done, &p->mu);
+    while (atomic_load(&p->entered) != 0) pthread_cond_wait(&p->cv_done, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }
 
