@@ -29,11 +29,21 @@
 /* Expand X(r) for the 4 rows of a tile: named accumulators stay in registers
  * where arrays of vectors (with the asm below) would live on the stack. */
 #define R4(X) X(0) X(1) X(2) X(3)
+/* DPBUSD_B: the s8 operand is a 32-bit value in memory broadcast to every
+ * lane (embedded {1to16}: no separate broadcast instruction). */
 #if defined(__clang__)
 #define DPBUSD(acc, a, b) ((acc) = _mm512_dpbusd_epi32((acc), (a), (b)))
+#define DPBUSD_B(acc, a, p32) ((acc) = _mm512_dpbusd_epi32((acc), (a), _mm512_set1_epi32(load32(p32))))
 #else
 #define DPBUSD(acc, a, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
+#define DPBUSD_B(acc, a, p32)                                                                      \
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)(const void *)(p32)))
 #endif
+static inline int32_t load32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
 /* ---- small helpers -------------------------------------------------------------------- */
 
@@ -198,11 +208,6 @@ TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
     kprep_int(t, kb, f, true);
 }
 
-static inline int32_t quad_of(const int8_t *q, int d) {
-    int32_t v;
-    memcpy(&v, q + d, 4);
-    return v;
-}
 
 /* logits = qconst + qstep * (128*hi + lo), hi/lo int32 dot products. */
 TGT static inline __m512 int_logits(const kvp__tile *t, int r, __m512i hi, __m512i lo) {
@@ -222,8 +227,8 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
         for (int d = 0; d < D; d += 4) {
             __m512i k0 = _mm512_maskz_loadu_epi8(m0, base + (size_t)(d / 4) * (size_t)P * 4);
 #define K8_STEP1(r)                                                                                \
-    DPBUSD(h0_##r, k0, _mm512_set1_epi32(quad_of(t->qh[r], d)));                                   \
-    DPBUSD(l0_##r, k0, _mm512_set1_epi32(quad_of(t->ql[r], d)));
+    DPBUSD_B(h0_##r, k0, &t->qh[r][d]);                                                            \
+    DPBUSD_B(l0_##r, k0, &t->ql[r][d]);
             R4(K8_STEP1)
         }
 #define K8_OUT1(r) _mm512_store_ps(&t->logits[r][0], int_logits(t, r, h0_##r, l0_##r));
@@ -234,13 +239,10 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
         const uint8_t *p = base + (size_t)(d / 4) * (size_t)P * 4;
         __m512i k0 = _mm512_maskz_loadu_epi8(m0, p), k1 = _mm512_maskz_loadu_epi8(m1, p + 64);
 #define K8_STEP(r)                                                                                 \
-    {                                                                                              \
-        __m512i qh = _mm512_set1_epi32(quad_of(t->qh[r], d)), ql = _mm512_set1_epi32(quad_of(t->ql[r], d)); \
-        DPBUSD(h0_##r, k0, qh);                                                                    \
-        DPBUSD(l0_##r, k0, ql);                                                                    \
-        DPBUSD(h1_##r, k1, qh);                                                                    \
-        DPBUSD(l1_##r, k1, ql);                                                                    \
-    }
+    DPBUSD_B(h0_##r, k0, &t->qh[r][d]);                                                            \
+    DPBUSD_B(l0_##r, k0, &t->ql[r][d]);                                                            \
+    DPBUSD_B(h1_##r, k1, &t->qh[r][d]);                                                            \
+    DPBUSD_B(l1_##r, k1, &t->ql[r][d]);
         R4(K8_STEP)
     }
 #define K8_OUT(r)                                                                                  \
@@ -262,13 +264,10 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
         __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)(d / 4) * (size_t)(P / 2) * 4);
         __m512i ke = _mm512_and_si512(b, low), ko = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
 #define K4_STEP(r)                                                                                 \
-    {                                                                                              \
-        __m512i qh = _mm512_set1_epi32(quad_of(t->qh[r], d)), ql = _mm512_set1_epi32(quad_of(t->ql[r], d)); \
-        DPBUSD(eh_##r, ke, qh);                                                                    \
-        DPBUSD(el_##r, ke, ql);                                                                    \
-        DPBUSD(oh_##r, ko, qh);                                                                    \
-        DPBUSD(ol_##r, ko, ql);                                                                    \
-    }
+    DPBUSD_B(eh_##r, ke, &t->qh[r][d]);                                                            \
+    DPBUSD_B(el_##r, ke, &t->ql[r][d]);                                                            \
+    DPBUSD_B(oh_##r, ko, &t->qh[r][d]);                                                            \
+    DPBUSD_B(ol_##r, ko, &t->ql[r][d]);
         R4(K4_STEP)
     }
     /* lanes are tokens 0,2,..,30 and 1,3,..,31: interleave into token order */
