@@ -39,6 +39,17 @@
 #define DPBUSD_B(acc, a, p32)                                                                      \
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)(const void *)(p32)))
 #endif
+/* Software prefetch this many bytes ahead of the stream a loop reads (the
+ * blocks of one page's heads are adjacent, so the stream runs on into the
+ * next head's block). Measured with 2 threads, 32k tokens, interleaved runs:
+ * fp16 13.1 -> 16.0 GB/s, int8 10.0 -> 11.8, int4 6.4 -> 9.2 (0 vs 2048);
+ * 4096 was no better. */
+#define PF_DISTANCE 2048
+#define PF_AHEAD(p, lines)                                                                         \
+    do {                                                                                           \
+        for (int pf_ = 0; pf_ < (lines); pf_++)                                                    \
+            _mm_prefetch((const char *)(p) + PF_DISTANCE + 64 * pf_, _MM_HINT_T0);                 \
+    } while (0)
 static inline int32_t load32(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -112,6 +123,7 @@ TGT_INLINE static void klogits_dm(int fmt, kvp__tile *t, const uint8_t *kb,
     if (n > 16) {
         for (int d = 0; d < D; d++) {
             const uint8_t *p = base + (size_t)d * row;
+            PF_AHEAD(p, row >= 128 ? (int)(row / 64) : 1);
             __m512 k0 = load_plain(fmt, p, 16), k1 = load_plain(fmt, p + 16 * es, n - 16);
             UNROLL for (int r = 0; r < R; r++) {
                 __m512 q = _mm512_set1_ps(t->qf[r][d]);
@@ -126,6 +138,7 @@ TGT_INLINE static void klogits_dm(int fmt, kvp__tile *t, const uint8_t *kb,
     } else {
         for (int d = 0; d < D; d += 2) {
             const uint8_t *p = base + (size_t)d * row;
+            PF_AHEAD(p, row >= 128 ? (int)(row / 64) : 1);
             __m512 k0 = load_plain(fmt, p, n), k1 = load_plain(fmt, p + row, n);
             UNROLL for (int r = 0; r < R; r++) {
                 a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(t->qf[r][d]), k0, a0[r]);
@@ -237,6 +250,7 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     }
     for (int d = 0; d < D; d += 4) {
         const uint8_t *p = base + (size_t)(d / 4) * (size_t)P * 4;
+        PF_AHEAD(p, 2);
         __m512i k0 = _mm512_maskz_loadu_epi8(m0, p), k1 = _mm512_maskz_loadu_epi8(m1, p + 64);
 #define K8_STEP(r)                                                                                 \
     DPBUSD_B(h0_##r, k0, &t->qh[r][d]);                                                            \
@@ -261,6 +275,7 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     R4(K4_DECL)
     const uint8_t *base = kb + (size_t)(t0 / 2) * 4;
     for (int d = 0; d < D; d += 4) {
+        PF_AHEAD(base + (size_t)(d / 4) * (size_t)(P / 2) * 4, 1);
         __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)(d / 4) * (size_t)(P / 2) * 4);
         __m512i ke = _mm512_and_si512(b, low), ko = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
 #define K4_STEP(r)                                                                                 \
@@ -345,6 +360,7 @@ TGT_INLINE static void vacc_pl_chunk(int fmt, int NZ, kvp__tile *t, const uint8_
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < NZ; c++) acc[r][c] = _mm512_setzero_ps();
     for (int i = 0; i < n; i++) {
         const uint8_t *p = vb + ((size_t)(t0 + i) * (size_t)D + (size_t)d0) * (size_t)es;
+        PF_AHEAD(p, NZ * es / 4);
         __m512 v[4];
         UNROLL for (int c = 0; c < NZ; c++) v[c] = load_plain(fmt, p + (size_t)(16 * c * es), 16);
         UNROLL for (int r = 0; r < R; r++) {
@@ -442,6 +458,7 @@ TGT static void vacc_i8_chunk2(kvp__tile *t, const uint8_t *base, int d0, int gr
     R4(V8_DECL)
     for (int g = 0; g < groups; g++) {
         const uint8_t *p = base + (size_t)g * 4 * (size_t)D + (size_t)d0 * 4;
+        PF_AHEAD(p, 2);
         __m512i v0 = _mm512_loadu_si512((const void *)p), v1 = _mm512_loadu_si512((const void *)(p + 64));
 #define V8_STEP(r)                                                                                 \
     {                                                                                              \
@@ -528,6 +545,7 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
 #define V4_DECL(r) __m512i lo_##r = _mm512_setzero_si512(), hi_##r = lo_##r;
         R4(V4_DECL)
         for (int tg = 0; tg < n4 / 4; tg++) {
+            PF_AHEAD(base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64, 1);
             __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64);
             /* codes centred on 0 (c - 8): the rounding error of the u8
              * probabilities then does not add up coherently over tokens, as
