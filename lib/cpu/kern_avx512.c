@@ -39,16 +39,22 @@
 #define DPBUSD_B(acc, a, p32)                                                                      \
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)(const void *)(p32)))
 #endif
-/* Software prefetch this many bytes ahead of the stream a loop reads (the
- * blocks of one page's heads are adjacent, so the stream runs on into the
- * next head's block). Measured with 2 threads, 32k tokens, interleaved runs:
- * fp16 13.1 -> 16.0 GB/s, int8 10.0 -> 11.8, int4 6.4 -> 9.2 (0 vs 2048);
- * 4096 was no better. */
-#define PF_DISTANCE 2048
+/* Software prefetch this many bytes ahead of the stream a loop reads, into
+ * L2 (the blocks of one page's heads are adjacent, so the stream runs on
+ * into the next heads' blocks). Measured with 2 threads, 32k tokens, on a
+ * shared machine (best of 15 runs, variants interleaved): none vs 2 KiB to
+ * L1: fp16 13.1 -> 16.0 GB/s, int8 10.0 -> 11.8, int4 6.4 -> 9.2; then
+ * 8 KiB to L2 beat 2, 4 and 6 KiB for fp16 (7.6-9.6 -> 11.8-17.9 GB/s). */
+#ifndef PF_DISTANCE
+#define PF_DISTANCE 8192
+#endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T2
+#endif
 #define PF_AHEAD(p, lines)                                                                         \
     do {                                                                                           \
         for (int pf_ = 0; pf_ < (lines); pf_++)                                                    \
-            _mm_prefetch((const char *)(p) + PF_DISTANCE + 64 * pf_, _MM_HINT_T0);                 \
+            _mm_prefetch((const char *)(p) + PF_DISTANCE + 64 * pf_, PF_HINT);                     \
     } while (0)
 static inline int32_t load32(const void *p) {
     int32_t v;
