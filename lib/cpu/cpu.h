@@ -42,6 +42,7 @@ typedef struct {
     float *o;                     /* [rows][D] output accumulators */
     int32_t rows, D, P;
     int32_t head, row0;           /* kv head; first row (i*group + g) of the tile */
+    int32_t pf_k, pf_v;           /* prefetch distance in bytes: the K / V block stride */
     float fp8_k, fp8_v;           /* this layer/head's fp8 scales (0 if unused) */
     float soft_cap;
 } kvp__tile;

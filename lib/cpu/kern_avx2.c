@@ -18,8 +18,7 @@
 #define TGT_INLINE __attribute__((always_inline, target("avx2,fma,f16c"))) inline
 #define R KVP__TILE_ROWS
 #define UNROLL _Pragma("GCC unroll 8")
-/* Prefetch distance ahead of a loop's stream (see kern_avx512.c). */
-#define PF_DISTANCE 8192
+/* Loops prefetch one block ahead, the next kv head's block (see kern_avx512.c). */
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -106,7 +105,7 @@ TGT_INLINE static void klogits_dm(int fmt, kvp__tile *t, const uint8_t *kb, cons
         UNROLL for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
         for (int d = 0; d < D; d++) {
             const uint8_t *p = base + (size_t)d * row;
-            _mm_prefetch((const char *)p + PF_DISTANCE, _MM_HINT_T2);
+            _mm_prefetch((const char *)p + t->pf_k, _MM_HINT_T2);
             __m256 k0 = w >= 8 ? load8(fmt, p) : load8_part(fmt, p, w);
             __m256 k1 = w >= 16 ? load8(fmt, p + 8 * es) : w > 8 ? load8_part(fmt, p + 8 * es, w - 8)
                                                                   : _mm256_setzero_ps();
@@ -192,7 +191,7 @@ TGT_INLINE static void vacc_pl(int fmt, kvp__tile *t, const uint8_t *vb, int t0,
         for (int i = 0; i < n; i++) {
             const uint8_t *p = vb + ((size_t)(t0 + i) * (size_t)D + (size_t)d0) * (size_t)es;
             if (d0 == 0) /* the first pass over the tokens fetches whole rows ahead */
-                for (int l = 0; l < D * es; l += 64) _mm_prefetch((const char *)p + PF_DISTANCE + l, _MM_HINT_T2);
+                for (int l = 0; l < D * es; l += 64) _mm_prefetch((const char *)p + t->pf_v + l, _MM_HINT_T2);
             __m256 v0 = load8(fmt, p), v1 = load8(fmt, p + 8 * es);
             UNROLL for (int r = 0; r < R; r++) {
                 __m256 pr = _mm256_broadcast_ss(&t->p[r][i]);

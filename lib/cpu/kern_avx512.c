@@ -39,22 +39,18 @@
 #define DPBUSD_B(acc, a, p32)                                                                      \
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)(const void *)(p32)))
 #endif
-/* Software prefetch this many bytes ahead of the stream a loop reads, into
- * L2 (the blocks of one page's heads are adjacent, so the stream runs on
- * into the next heads' blocks). Measured with 2 threads, 32k tokens, on a
- * shared machine (best of 15 runs, variants interleaved): none vs 2 KiB to
- * L1: fp16 13.1 -> 16.0 GB/s, int8 10.0 -> 11.8, int4 6.4 -> 9.2; then
- * 8 KiB to L2 beat 2, 4 and 6 KiB for fp16 (7.6-9.6 -> 11.8-17.9 GB/s). */
-#ifndef PF_DISTANCE
-#define PF_DISTANCE 8192
-#endif
-#ifndef PF_HINT
-#define PF_HINT _MM_HINT_T2
-#endif
-#define PF_AHEAD(p, lines)                                                                         \
+/* Software prefetch, into L2, the same place one block further on: the next
+ * kv head's block of the page, adjacent in the arena, which the item reads
+ * next (dist = the block's bytes, t->pf_k or t->pf_v). Measured with 2
+ * threads, 32k tokens, on a shared machine (best of 15 runs, variants
+ * interleaved): no prefetch vs 2 KiB ahead: fp16 13.1 -> 16.0 GB/s, int8
+ * 10.0 -> 11.8, int4 6.4 -> 9.2; for fp16, 8 KiB (its block) beat 2, 4 and
+ * 6 KiB (7.6-9.6 -> 11.8-17.9 GB/s), while a fixed 8 KiB slowed int4 (its
+ * blocks are 2.5 KiB: it fetched other pages). */
+#define PF_AHEAD_BY(p, dist, lines)                                                                \
     do {                                                                                           \
         for (int pf_ = 0; pf_ < (lines); pf_++)                                                    \
-            _mm_prefetch((const char *)(p) + PF_DISTANCE + 64 * pf_, PF_HINT);                     \
+            _mm_prefetch((const char *)(p) + (dist) + 64 * pf_, _MM_HINT_T2);                      \
     } while (0)
 static inline int32_t load32(const void *p) {
     int32_t v;
@@ -129,7 +125,7 @@ TGT_INLINE static void klogits_dm(int fmt, kvp__tile *t, const uint8_t *kb,
     if (n > 16) {
         for (int d = 0; d < D; d++) {
             const uint8_t *p = base + (size_t)d * row;
-            PF_AHEAD(p, row >= 128 ? (int)(row / 64) : 1);
+            PF_AHEAD_BY(p, t->pf_k, row >= 128 ? (int)(row / 64) : 1);
             __m512 k0 = load_plain(fmt, p, 16), k1 = load_plain(fmt, p + 16 * es, n - 16);
             UNROLL for (int r = 0; r < R; r++) {
                 __m512 q = _mm512_set1_ps(t->qf[r][d]);
@@ -144,7 +140,7 @@ TGT_INLINE static void klogits_dm(int fmt, kvp__tile *t, const uint8_t *kb,
     } else {
         for (int d = 0; d < D; d += 2) {
             const uint8_t *p = base + (size_t)d * row;
-            PF_AHEAD(p, row >= 128 ? (int)(row / 64) : 1);
+            PF_AHEAD_BY(p, t->pf_k, row >= 128 ? (int)(row / 64) : 1);
             __m512 k0 = load_plain(fmt, p, n), k1 = load_plain(fmt, p + row, n);
             UNROLL for (int r = 0; r < R; r++) {
                 a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(t->qf[r][d]), k0, a0[r]);
@@ -256,7 +252,7 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     }
     for (int d = 0; d < D; d += 4) {
         const uint8_t *p = base + (size_t)(d / 4) * (size_t)P * 4;
-        PF_AHEAD(p, 2);
+        PF_AHEAD_BY(p, t->pf_k, 2);
         __m512i k0 = _mm512_maskz_loadu_epi8(m0, p), k1 = _mm512_maskz_loadu_epi8(m1, p + 64);
 #define K8_STEP(r)                                                                                 \
     DPBUSD_B(h0_##r, k0, &t->qh[r][d]);                                                            \
@@ -281,7 +277,7 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     R4(K4_DECL)
     const uint8_t *base = kb + (size_t)(t0 / 2) * 4;
     for (int d = 0; d < D; d += 4) {
-        PF_AHEAD(base + (size_t)(d / 4) * (size_t)(P / 2) * 4, 1);
+        PF_AHEAD_BY(base + (size_t)(d / 4) * (size_t)(P / 2) * 4, t->pf_k, 1);
         __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)(d / 4) * (size_t)(P / 2) * 4);
         __m512i ke = _mm512_and_si512(b, low), ko = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
 #define K4_STEP(r)                                                                                 \
@@ -366,7 +362,7 @@ TGT_INLINE static void vacc_pl_chunk(int fmt, int NZ, kvp__tile *t, const uint8_
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < NZ; c++) acc[r][c] = _mm512_setzero_ps();
     for (int i = 0; i < n; i++) {
         const uint8_t *p = vb + ((size_t)(t0 + i) * (size_t)D + (size_t)d0) * (size_t)es;
-        PF_AHEAD(p, NZ * es / 4);
+        PF_AHEAD_BY(p, t->pf_v, NZ * es / 4);
         __m512 v[4];
         UNROLL for (int c = 0; c < NZ; c++) v[c] = load_plain(fmt, p + (size_t)(16 * c * es), 16);
         UNROLL for (int r = 0; r < R; r++) {
@@ -464,7 +460,7 @@ TGT static void vacc_i8_chunk2(kvp__tile *t, const uint8_t *base, int d0, int gr
     R4(V8_DECL)
     for (int g = 0; g < groups; g++) {
         const uint8_t *p = base + (size_t)g * 4 * (size_t)D + (size_t)d0 * 4;
-        PF_AHEAD(p, 2);
+        PF_AHEAD_BY(p, t->pf_v, 2);
         __m512i v0 = _mm512_loadu_si512((const void *)p), v1 = _mm512_loadu_si512((const void *)(p + 64));
 #define V8_STEP(r)                                                                                 \
     {                                                                                              \
@@ -551,7 +547,7 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
 #define V4_DECL(r) __m512i lo_##r = _mm512_setzero_si512(), hi_##r = lo_##r;
         R4(V4_DECL)
         for (int tg = 0; tg < n4 / 4; tg++) {
-            PF_AHEAD(base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64, 1);
+            PF_AHEAD_BY(base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64, t->pf_v, 1);
             __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64);
             /* codes centred on 0 (c - 8): the rounding error of the u8
              * probabilities then does not add up coherently over tokens, as
