@@ -80,8 +80,7 @@ kvp__softmax_fn kvp__pick_softmax(int32_t isa);
 kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format);
 
 /* Shared helpers for the kernels (portable code, used by every ISA). */
-void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, bool split);
-float kvp__v_levels_mid(int32_t format);
+void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f);
 
 /* ---- threads ------------------------------------------------------------------ */
 

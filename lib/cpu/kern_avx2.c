@@ -232,7 +232,7 @@ PLAIN_STAGES(fp8, KVP_FORMAT_FP8_E4M3)
 /* q' = q * channel scale, quantized to 15 bits (portable helper, split form),
  * recombined to s16 x = 128*qh + ql. */
 TGT static void kprep_int16(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
-    kvp__qprep_int(t, kb, f, true);
+    kvp__qprep_int(t, kb, f);
 }
 
 static inline int16_t q16(const kvp__tile *t, int r, int d) {

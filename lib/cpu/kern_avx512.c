@@ -185,13 +185,11 @@ TGT_INLINE static void klogits_tm(int fmt, kvp__tile *t, const uint8_t *kb,
 
 /* ---- K: int8 / int4, integer dot products ----------------------------------------------------------- */
 
-/* Vector version of kvp__qprep_int: fold the page's channel scales into q
- * and quantize it (split: 15 bits as two s8 halves; else 8 bits with the
- * rounding error times the middle code moved into the constant). */
-TGT_INLINE static void kprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, bool split) {
+/* Vector version of kvp__qprep_int (int8 keys): fold the page's channel
+ * scales into q and quantize it to 15 bits as two s8 halves. */
+TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     const int D = t->D;
     const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    const float mid = f->format == KVP_FORMAT_INT8 ? 127.5f : 7.5f;
     __m512 amax[R], cst[R];
     UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = _mm512_setzero_ps();
     for (int d = 0; d < D; d += 16) {
@@ -205,33 +203,22 @@ TGT_INLINE static void kprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blo
         }
     }
     UNROLL for (int r = 0; r < R; r++) {
-        float am = _mm512_reduce_max_ps(amax[r]);
-        float step = split ? am / 16256.0f : am / (127.0f * 128.0f);
-        __m512 vinv = _mm512_set1_ps(am > 0.0f ? (split ? 1.0f : 1.0f / 128.0f) / step : 0.0f);
-        __m512 resid = _mm512_setzero_ps();
+        float am = _mm512_reduce_max_ps(amax[r]), step = am / 16256.0f;
+        __m512 vinv = _mm512_set1_ps(am > 0.0f ? 1.0f / step : 0.0f);
         for (int d = 0; d < D; d += 16) {
-            __m512 qf = _mm512_load_ps(&t->qf[r][d]);
-            /* x = rne(q' / step) in -16256..16256, split exactly as
-             * x = 128*hi + lo with hi = (x + 64) >> 7, lo in -64..63 */
-            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(qf, vinv)); /* MXCSR: nearest-even */
-            __m512i hi = split ? _mm512_srai_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(64)), 7) : x;
-            if (split) {
-                __m512i lo = _mm512_sub_epi32(x, _mm512_slli_epi32(hi, 7));
-                _mm_store_si128((__m128i *)(void *)&t->ql[r][d], PACK_S8(lo));
-            } else {
-                resid = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f * step), _mm512_cvtepi32_ps(hi),
-                                         _mm512_add_ps(resid, qf));
-            }
+            /* x = rne(q' / step) in -16256..16256 (MXCSR: nearest-even), split
+             * exactly as x = 128*hi + lo, hi = (x + 64) >> 7, lo in -64..63 */
+            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qf[r][d]), vinv));
+            __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(64)), 7);
+            __m512i lo = _mm512_sub_epi32(x, _mm512_slli_epi32(hi, 7));
             _mm_store_si128((__m128i *)(void *)&t->qh[r][d], PACK_S8(hi));
+            _mm_store_si128((__m128i *)(void *)&t->ql[r][d], PACK_S8(lo));
         }
         t->qstep[r] = step;
-        t->qconst[r] = _mm512_reduce_add_ps(cst[r]) + (split ? 0.0f : mid * _mm512_reduce_add_ps(resid));
+        t->qconst[r] = _mm512_reduce_add_ps(cst[r]); /* 15 bits: the residual is fp32 noise */
     }
 }
 
-TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
-    kprep_int(t, kb, f, true);
-}
 /* int4 keys: q' = q * scale quantized to 8 bits per *class* of channel
  * quads — quads holding an outlier channel (scale >= max/4) and the rest —
  * each with its own step. One vpdpbusd per quad and row (half the two-part

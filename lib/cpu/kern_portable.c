@@ -83,19 +83,15 @@ const kvp__kernels kvp__kernels_portable = {
 
 /* ---- helpers shared by the SIMD paths ----------------------------------------------------- */
 
-float kvp__v_levels_mid(int32_t format) { return format == KVP_FORMAT_INT8 ? 127.5f : 7.5f; }
 
 /* Fold a page's per-channel key scales into q and quantize it for integer
- * dot products:  q.k = sum q*m + sum (q*s) * code,  q*s ~= step*(128*qh + ql).
- * `split` keeps 15 bits (qh, ql) — int8 keys need it, since q*s inherits the
- * outlier channels' 10x scales and an 8-bit q would cost more accuracy than
- * the keys' own quantization; otherwise 8 bits (ql = 0). The rounding error
- * times the middle code is added to the constant, so only its part that
- * varies with the code remains. */
-void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, bool split) {
+ * dot products (the AVX2 path; AVX-512 has its own copy of this):
+ *   q.k = sum q*m + sum (q*s) * code,  q*s ~= step * (128*qh + ql),
+ * 15 bits, since q*s inherits the outlier channels' 10x scales and an 8-bit
+ * q would cost more accuracy than the keys' own quantization. */
+void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     int D = t->D;
     const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    float mid = f->format == KVP_FORMAT_INT8 ? 127.5f : 7.5f;
     float s[KVP__ATTN_MAX_D], m[KVP__ATTN_MAX_D];
     for (int d = 0; d < D; d++) {
         uint16_t a, b;
@@ -112,26 +108,15 @@ void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, boo
             cst += t->q[r][d] * m[d];
             if (fabsf(qf) > amax) amax = fabsf(qf);
         }
-        float step = split ? amax / 16256.0f : amax / (127.0f * 128.0f);
-        float inv = amax > 0.0f ? 1.0f / step : 0.0f, resid = 0.0f;
-        for (int d = 0; d < D; d++) {
-            float hi, lo;
-            if (split) { /* x = 128*hi + lo, hi = (x + 64) >> 7, lo in -64..63 */
-                float x = kvp__rne(t->qf[r][d] * inv);
-                hi = floorf((x + 64.0f) * (1.0f / 128.0f));
-                lo = x - 128.0f * hi;
-            } else {
-                hi = kvp__rne(t->qf[r][d] * inv * (1.0f / 128.0f));
-                lo = 0.0f;
-            }
+        float step = amax / 16256.0f, inv = amax > 0.0f ? 1.0f / step : 0.0f;
+        for (int d = 0; d < D; d++) { /* x = 128*hi + lo, hi = (x + 64) >> 7, lo in -64..63 */
+            float x = kvp__rne(t->qf[r][d] * inv);
+            float hi = floorf((x + 64.0f) * (1.0f / 128.0f));
             t->qh[r][d] = (int8_t)hi;
-            t->ql[r][d] = (int8_t)lo;
-            resid += t->qf[r][d] - step * (128.0f * hi + lo);
+            t->ql[r][d] = (int8_t)(x - 128.0f * hi);
         }
         t->qstep[r] = step;
-        /* with 15 bits the residual is below fp32 noise: leave it out, as the
-         * SIMD path does */
-        t->qconst[r] = split ? cst : cst + mid * resid;
+        t->qconst[r] = cst; /* with 15 bits the rounding residual is fp32 noise */
     }
 }
 
