@@ -355,14 +355,10 @@ static void test_fp8_accuracy(void **state) {
 
 /* ---- shapes ----------------------------------------------------------------------------------- */
 
-/* Every head_dim x page size, fp16 and the two integer formats, every ISA. */
-static void test_head_dims_and_page_sizes(void **state) {
-    (void)state;
+static void check_shapes(int32_t isa) {
     static const int32_t dims[] = {64, 80, 96, 128, 256};
     static const int32_t pages[] = {1, 8, 16, 32, 64};
     static const int32_t fmts[] = {KVP_FORMAT_FP16, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
-    for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512; isa++) {
-    if (!kvp_isa_supported(isa)) continue;
     kvp_ctx_t *c = make_ctx(isa, 2);
     for (size_t d = 0; d < 5; d++)
         for (size_t p = 0; p < 5; p++)
@@ -382,7 +378,13 @@ static void test_head_dims_and_page_sizes(void **state) {
                 batch_free(&bt);
             }
     kvp_ctx_destroy(c);
-    }
+}
+
+/* Every head_dim x page size, fp16 and the two integer formats, every ISA. */
+static void test_head_dims_and_page_sizes(void **state) {
+    (void)state;
+    for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512; isa++)
+        if (kvp_isa_supported(isa)) check_shapes(isa);
 }
 
 /* Ragged batch: chunked prefill, decode and speculative rows together; GQA
