@@ -1063,7 +1063,7 @@ KVP_API void kvp_attention_params_init(kvp_attention_params_t *p);
  *         a last_page_len outside 1..page_size, more query rows than tokens,
  *         or a bad scale; #KVP_ENOTSUP for a head_dim the kernels do not
  *         support (64, 80, 96, 128, 256 are). On error `out` is not written.
- *         Cost: one read of the batch's K/V bytes per 16 query rows of a
+ *         Cost: one read of the batch's K/V bytes per 32 query rows of a
  *         kv head; no allocation.
  */
 KVP_API int kvp_attention(kvp_ctx_t *ctx, const kvp_store_t *store, const kvp_kv_view_t *view,
