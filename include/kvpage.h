@@ -1820,6 +1820,215 @@ KVP_API void kvp_attention_params_init(kvp_attention_params_t *p);
  */
 KVP_API int kvp_attention(kvp_ctx_t *ctx, const kvp_store_t *store, const kvp_kv_view_t *view,
                           const kvp_attention_params_t *params);
+
+/* ------------------------------------------------------------------------ */
+/* Cache: pool + table + store + context for the common decode loop         */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief The common case in one object (opaque): a page pool, a page table, a
+ *        page arena and an attention context, kept consistent.
+ *
+ * The layers stay usable alone; this façade only sequences them. Per step:
+ *
+ * 1. kvp_cache_begin_step() with the batch's sequences and their new tokens:
+ *    reserves and appends them in the table (all or nothing), runs the
+ *    copy-on-write operations on the arena, and exports the batch.
+ * 2. For each layer: kvp_cache_write() the new rows' K/V (rows in batch
+ *    order), then kvp_cache_attend() with the queries of those rows.
+ *
+ * Forks and truncations run their page operations on the arena at once.
+ * Buffers grow to the largest step seen and are reused: after the first
+ * steps, a step allocates nothing.
+ */
+typedef struct kvp_cache kvp_cache_t;
+
+/** @brief Cache parameters. Fill with kvp_cache_params_init(). */
+typedef struct kvp_cache_params {
+    uint32_t struct_size;      /**< sizeof(kvp_cache_params_t); set by init. */
+    int32_t layers;            /**< Transformer layers (required). */
+    int32_t kv_heads;          /**< K/V heads per layer (required). */
+    int32_t head_dim;          /**< Head dimension (required). */
+    int32_t page_size;         /**< Tokens per page; default 16. */
+    int32_t k_format;          /**< Key #kvp_format; default #KVP_FORMAT_FP16. */
+    int32_t v_format;          /**< Value #kvp_format; default #KVP_FORMAT_FP16. */
+    int32_t k_order;           /**< #kvp_k_order; default token-major. */
+    int32_t max_seqs;          /**< Live sequences at once (also the staging pages for
+                                    int8/int4 keys); default 256. */
+    int32_t prefix_cache;      /**< 1 (default): keep full pages for prefix reuse. */
+    int32_t threads;           /**< Attention threads (caller included); default 1. */
+    int32_t isa;               /**< #kvp_isa; default #KVP_ISA_AUTO. */
+    int32_t reserved_;         /**< Padding; 0. */
+    int64_t num_pages;         /**< Pool pages; 0 = as many as kv_budget_bytes holds. */
+    uint64_t kv_budget_bytes;  /**< With num_pages 0: the arena's byte budget (pool pages
+                                    plus max_seqs staging pages when needed). */
+    uint64_t hash_seed;        /**< Prefix-cache hash seed (see kvp_pool_params_t). */
+    kvp_allocator_t allocator; /**< Host allocator hooks; NULL functions = libc. */
+} kvp_cache_params_t;
+
+/**
+ * @brief Fill `p` with defaults and set its struct_size (shape and size
+ *        stay 0: required).
+ * @param[out] p Parameters; NULL is ignored.
+ */
+KVP_API void kvp_cache_params_init(kvp_cache_params_t *p);
+
+/**
+ * @brief Create the pool, table, arena and context of a cache.
+ * @param[in]  params   Parameters.
+ * @param[out] out      The cache; untouched on error.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK, #KVP_EINVAL (bad parameter; a budget smaller than one page
+ *         plus the staging pages), #KVP_ENOMEM.
+ */
+KVP_API int kvp_cache_create(const kvp_cache_params_t *params, kvp_cache_t **out, char *err,
+                             size_t err_size);
+
+/** @brief Destroy a cache and everything it owns; NULL is a no-op. @param[in] c The cache. */
+KVP_API void kvp_cache_destroy(kvp_cache_t *c);
+
+/**
+ * @brief Detail text of the cache's last failed call ("" if none).
+ * @param[in] c The cache (NULL gives a static message).
+ * @return A string owned by the cache, valid until its next call.
+ */
+KVP_API const char *kvp_cache_last_error(const kvp_cache_t *c);
+
+/** @brief The cache's pool (owned by the cache). @param[in] c The cache. @return The pool. */
+KVP_API kvp_pool_t *kvp_cache_pool(const kvp_cache_t *c);
+/** @brief The cache's table (owned by the cache). @param[in] c The cache. @return The table. */
+KVP_API kvp_table_t *kvp_cache_table(const kvp_cache_t *c);
+/** @brief The cache's arena (owned by the cache). @param[in] c The cache. @return The store. */
+KVP_API kvp_store_t *kvp_cache_store(const kvp_cache_t *c);
+/** @brief The cache's attention context (owned by the cache). @param[in] c The cache.
+ *  @return The context. */
+KVP_API kvp_ctx_t *kvp_cache_ctx(const kvp_cache_t *c);
+
+/**
+ * @brief A new, empty sequence.
+ * @param[in]  c        The cache.
+ * @param[in]  priority Eviction priority of its cached pages (see kvp_seq_params_t).
+ * @param[in]  salt     Prefix-cache namespace (0 = shared).
+ * @param[out] seq      Its id.
+ * @return #KVP_OK, #KVP_EINVAL, #KVP_ENOSPC (no sequence slot or staging page).
+ */
+KVP_API int kvp_cache_seq_create(kvp_cache_t *c, int32_t priority, uint64_t salt, int32_t *seq);
+
+/**
+ * @brief End a sequence; its full pages stay in the prefix cache.
+ * @param[in] c   The cache.
+ * @param[in] seq A live sequence.
+ * @return #KVP_OK or #KVP_ENOENT.
+ */
+KVP_API int kvp_cache_seq_release(kvp_cache_t *c, int32_t seq);
+
+/**
+ * @brief Attach the longest cached prefix of a prompt to an empty sequence.
+ *
+ * Pass the prompt without its last token (`n - 1`) when the engine needs the
+ * logits of the whole prompt: at least that token is then prefilled.
+ *
+ * @param[in]  c       The cache.
+ * @param[in]  seq     An empty sequence.
+ * @param[in]  tokens  The prompt's token ids.
+ * @param[in]  n       Their count.
+ * @param[out] matched Tokens attached (whole pages; prefill the rest).
+ * @return As kvp_table_attach_prefix().
+ */
+KVP_API int kvp_cache_seq_attach_prefix(kvp_cache_t *c, int32_t seq, const int32_t *tokens,
+                                        int64_t n, int64_t *matched);
+
+/**
+ * @brief Fork a sequence: the child shares its pages; copies run on the arena.
+ * @param[in]  c      The cache.
+ * @param[in]  parent A live sequence.
+ * @param[out] child  The child's id.
+ * @return As kvp_table_fork(), or an error of kvp_store_apply_ops() (the child
+ *         is then released again).
+ */
+KVP_API int kvp_cache_seq_fork(kvp_cache_t *c, int32_t parent, int32_t *child);
+
+/**
+ * @brief Shorten a sequence (e.g. rejected speculative tokens); an unseal
+ *        runs on the arena at once.
+ * @param[in] c      The cache.
+ * @param[in] seq    A live sequence.
+ * @param[in] length New length, 0 .. current length.
+ * @return As kvp_table_truncate() and kvp_store_apply_ops().
+ */
+KVP_API int kvp_cache_seq_truncate(kvp_cache_t *c, int32_t seq, int64_t length);
+
+/**
+ * @brief A sequence's length in tokens.
+ * @param[in]  c      The cache.
+ * @param[in]  seq    A live sequence.
+ * @param[out] length Tokens.
+ * @return #KVP_OK, #KVP_EINVAL or #KVP_ENOENT.
+ */
+KVP_API int kvp_cache_seq_length(kvp_cache_t *c, int32_t seq, int64_t *length);
+
+/**
+ * @brief Start a step: append each sequence's new tokens and export the batch.
+ *
+ * All or nothing: if any sequence lacks pages, nothing changes and the call
+ * returns #KVP_ENOSPC with the batch index in the detail (the engine then
+ * preempts or swaps something out). The step's rows are the new tokens in
+ * batch order: sequence `b` owns rows `qo_indptr[b] .. qo_indptr[b+1]-1`.
+ *
+ * @param[in] c       The cache.
+ * @param[in] seqs    `batch` distinct live sequences.
+ * @param[in] batch   >= 1.
+ * @param[in] num_new `batch` counts of new tokens (>= 1 each).
+ * @param[in] tokens  The new tokens' ids, `sum(num_new)` in batch order (they
+ *                    feed the prefix cache), or NULL.
+ * @return #KVP_OK, #KVP_EINVAL, #KVP_ENOENT, #KVP_ENOSPC, #KVP_ENOMEM, or an
+ *         error of kvp_store_apply_ops(). O(new tokens + pages of the batch).
+ */
+KVP_API int kvp_cache_begin_step(kvp_cache_t *c, const int32_t *seqs, int32_t batch,
+                                 const int32_t *num_new, const int32_t *tokens);
+
+/**
+ * @brief Write one layer's K/V for the step's rows (quantizing on the way).
+ * @param[in] c        The cache.
+ * @param[in] layer    0 .. layers-1.
+ * @param[in] dtype    #KVP_FORMAT_FP32, #KVP_FORMAT_FP16 or #KVP_FORMAT_BF16.
+ * @param[in] k        Keys, rows x `[kv_heads][head_dim]` (row stride `k_stride`).
+ * @param[in] v        Values, same.
+ * @param[in] k_stride Elements between rows of `k`; 0 = kv_heads*head_dim.
+ * @param[in] v_stride Elements between rows of `v`; 0 = kv_heads*head_dim.
+ * @return As kvp_store_append(); #KVP_ESTATE outside a step.
+ */
+KVP_API int kvp_cache_write(kvp_cache_t *c, int32_t layer, int32_t dtype, const void *k,
+                            const void *v, int64_t k_stride, int64_t v_stride);
+
+/**
+ * @brief Paged attention of the step's rows over their sequences, one layer.
+ *
+ * The step's `qo_indptr` replaces `params->qo_indptr`; set the other fields
+ * (layer, q_heads, dtype, sm_scale, q, out, ...) as for kvp_attention(). Call
+ * after kvp_cache_write() for the same layer.
+ *
+ * @param[in] c      The cache.
+ * @param[in] params Attention parameters.
+ * @return As kvp_attention(); #KVP_ESTATE outside a step.
+ */
+KVP_API int kvp_cache_attend(kvp_cache_t *c, const kvp_attention_params_t *params);
+
+/**
+ * @brief The step's exported batch (for engines with their own kernels).
+ * @param[in]  c         The cache.
+ * @param[out] view      The CSR view; it points into the cache's buffers, valid
+ *                       until the next kvp_cache_begin_step().
+ * @param[out] slots     Optional: the step's row slots.
+ * @param[out] qo_indptr Optional: the step's `[batch+1]` row offsets.
+ * @param[out] rows      Optional: the step's row count.
+ * @return #KVP_OK, #KVP_EINVAL, #KVP_ESTATE outside a step.
+ */
+KVP_API int kvp_cache_step_view(const kvp_cache_t *c, kvp_kv_view_t *view, const int64_t **slots,
+                                const int32_t **qo_indptr, int32_t *rows);
+
+/* ------------------------------------------------------------------------ */
 /* Scheduler: admission, priorities, pressure forecast, victims              */
 /* ------------------------------------------------------------------------ */
 
