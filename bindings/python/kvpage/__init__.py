@@ -14,6 +14,7 @@ from . import _lib
 from .errors import (BadState, CudaError, Error, InternalError, InvalidArgument, NoDevice,
                      NoSpace, NotFound, NotSupported, OutOfMemory)
 from ._handle import Closed
+from .kernels import Cache, Context, Isa, Store, dequantize, isa_supported, quantize
 from .paging import EventKind, Export, OpKind, PageOp, Pool, PoolEvent, Table
 from .sched import Action, Reason, Scheduler
 from .plan import (CudaDevice, Format, GpuPreset, Layout, ModelPreset, Plan, build_has_cuda,
@@ -33,6 +34,7 @@ def library_version() -> str:
 
 __all__ = [
     "Action", "Closed", "Reason", "Scheduler",
+    "Cache", "Context", "Isa", "Store", "dequantize", "isa_supported", "quantize",
     "EventKind", "Export", "OpKind", "PageOp", "Pool", "PoolEvent", "Table",
     "BadState", "CudaDevice", "CudaError", "Error", "Format", "GpuPreset", "InternalError",
     "InvalidArgument", "Layout", "ModelPreset", "NoDevice", "NoSpace", "NotFound",
