@@ -6,7 +6,6 @@
  * It is the reference implementation: the paged libkvpage cache must give the
  * same greedy tokens (fp32) as this one.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,7 +25,7 @@ typedef struct {
     /* the current step */
     int32_t rows, rows_cap;
     int32_t *row_seq, *row_pos;
-    float *scratch; /* per thread: group * max_len scores */
+    float *scratch; /* per thread: max_len scores */
     /* for attend's workers */
     int32_t layer;
     const float *q;
@@ -160,16 +159,8 @@ static void attend_item(contig_kv *c, int32_t r, int32_t kvh, float *scores) {
     const float *vbase = s->v + cache_index(sh, c->layer, 0) + (size_t)kvh * hd;
     for (int32_t g = 0; g < group; g++) {
         int32_t h = kvh * group + g;
-        const float *q = c->q + ((size_t)r * sh->n_q_heads + h) * hd;
-        float *o = c->out + ((size_t)r * sh->n_q_heads + h) * hd;
-        float *sc = scores + (size_t)g * sh->max_len, mx = -INFINITY, sum = 0;
-        for (int32_t j = 0; j < n; j++) {
-            sc[j] = vec_dot(q, kbase + j * tok, hd) * c->scale;
-            if (sc[j] > mx) mx = sc[j];
-        }
-        for (int32_t j = 0; j < n; j++) sum += (sc[j] = expf(sc[j] - mx));
-        memset(o, 0, (size_t)hd * sizeof(float));
-        for (int32_t j = 0; j < n; j++) vec_axpy(sc[j] / sum, vbase + j * tok, o, hd);
+        vec_attend(c->q + ((size_t)r * sh->n_q_heads + h) * hd, kbase, vbase, (long)tok, n, hd, c->scale,
+                   scores, c->out + ((size_t)r * sh->n_q_heads + h) * hd);
     }
 }
 
@@ -178,7 +169,7 @@ static void attend_worker(void *arg, int tid, int nthreads) {
     const kv_shape_t *sh = &c->base.shape;
     long items = (long)c->rows * sh->n_kv_heads, lo, hi;
     pool_split(items, 1, tid, nthreads, &lo, &hi);
-    float *scores = c->scratch + (size_t)tid * (sh->n_q_heads / sh->n_kv_heads) * sh->max_len;
+    float *scores = c->scratch + (size_t)tid * sh->max_len;
     for (long it = lo; it < hi; it++)
         attend_item(c, (int32_t)(it / sh->n_kv_heads), (int32_t)(it % sh->n_kv_heads), scores);
 }
@@ -230,8 +221,7 @@ kv_cache_t *kv_contig_create(const kv_shape_t *shape, pool_t *pool) {
     c->base.pool = pool;
     c->seq_floats = (size_t)shape->n_layers * shape->max_len * shape->n_kv_heads * shape->head_dim;
     c->seqs = calloc((size_t)shape->max_seqs, sizeof *c->seqs);
-    int32_t group = shape->n_q_heads / shape->n_kv_heads;
-    c->scratch = malloc((size_t)pool_threads(pool) * group * shape->max_len * sizeof(float));
+    c->scratch = malloc((size_t)pool_threads(pool) * shape->max_len * sizeof(float));
     if (!c->seqs || !c->scratch) {
         contig_destroy(&c->base);
         return NULL;

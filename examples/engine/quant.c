@@ -70,10 +70,19 @@ uint16_t fp32_to_fp16(float f) {
 
 /* ---- portable kernels -------------------------------------------------------- */
 
-typedef void (*tile_fn)(const uint8_t *row, int64_t n, const float *x, int64_t ldx, int tn,
-                        float *y, int64_t ldy);
+/* nr (1 or 2) weight rows, `stride` bytes apart, against tn <= TILE
+ * activation rows: y[t*ldy + r] = row_r . x_t. */
+typedef void (*tile_fn)(const uint8_t *row, size_t stride, int nr, int64_t n, const float *x, int64_t ldx,
+                        int tn, float *y, int64_t ldy);
 
-static void tile_f32_portable(const uint8_t *row, int64_t n, const float *x, int64_t ldx, int tn,
+/* Kernels written for one row serve nr rows by looping. */
+#define ROWS_WRAPPER(name, single)                                                              \
+    static void name(const uint8_t *row, size_t stride, int nr, int64_t n, const float *x,      \
+                     int64_t ldx, int tn, float *y, int64_t ldy) {                               \
+        for (int r = 0; r < nr; r++) single(row + (size_t)r * stride, n, x, ldx, tn, y + r, ldy); \
+    }
+
+static void row_f32_portable(const uint8_t *row, int64_t n, const float *x, int64_t ldx, int tn,
                               float *y, int64_t ldy) {
     const float *w = (const float *)(const void *)row;
     for (int t = 0; t < tn; t++) {
@@ -83,7 +92,7 @@ static void tile_f32_portable(const uint8_t *row, int64_t n, const float *x, int
     }
 }
 
-static void tile_f16_portable(const uint8_t *row, int64_t n, const float *x, int64_t ldx, int tn,
+static void row_f16_portable(const uint8_t *row, int64_t n, const float *x, int64_t ldx, int tn,
                               float *y, int64_t ldy) {
     float acc[TILE] = {0};
     for (int64_t i = 0; i < n; i++) {
@@ -95,7 +104,7 @@ static void tile_f16_portable(const uint8_t *row, int64_t n, const float *x, int
     for (int t = 0; t < tn; t++) y[t * ldy] = acc[t];
 }
 
-static void tile_q4_1_portable(const uint8_t *row, int64_t n, const float *x, int64_t ldx, int tn,
+static void row_q4_1_portable(const uint8_t *row, int64_t n, const float *x, int64_t ldx, int tn,
                                float *y, int64_t ldy) {
     float acc[TILE] = {0};
     for (int64_t b = 0; b < n / QK; b++) {
@@ -116,7 +125,7 @@ static void tile_q4_1_portable(const uint8_t *row, int64_t n, const float *x, in
     for (int t = 0; t < tn; t++) y[t * ldy] = acc[t];
 }
 
-static void tile_q8_0_portable(const uint8_t *row, int64_t n, const float *x, int64_t ldx, int tn,
+static void row_q8_0_portable(const uint8_t *row, int64_t n, const float *x, int64_t ldx, int tn,
                                float *y, int64_t ldy) {
     float acc[TILE] = {0};
     for (int64_t b = 0; b < n / QK; b++) {
@@ -164,39 +173,61 @@ AVX2_ATTR static inline void q8_0_dequant_avx2(const block_q8_0 *b, __m256 w[4])
     }
 }
 
-/* One weight row against tn <= 4 activation rows (16 ymm registers: 4
- * weights, 8 accumulators, loads). */
+/* One weight row against tn <= 4 activation rows, one named accumulator pair
+ * per token (tn is a constant after inlining, so they stay in registers). */
 #define AVX2_TILE 4
-AVX2_ATTR static void tile_blocks_avx2(const uint8_t *row, int64_t n, const float *x, int64_t ldx,
-                                       int tn, float *y, int64_t ldy, int is_q4) {
-    __m256 acc[AVX2_TILE][2];
-    for (int t = 0; t < AVX2_TILE; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+#define EACH_T4(X) X(0) X(1) X(2) X(3)
+#define DECL_ACC2(k) __m256 p##k = _mm256_setzero_ps(), q##k = _mm256_setzero_ps();
+#define FMA_T2(k)                                                                      \
+    if ((k) < tn) {                                                                    \
+        const float *xb = x + (k) * ldx + b * QK;                                      \
+        p##k = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xb), p##k);                       \
+        q##k = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), q##k);                   \
+        p##k = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), p##k);                  \
+        q##k = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), q##k);                  \
+    }
+#define STORE_T2(k) \
+    if ((k) < tn) y[(k) * ldy] = hsum256(_mm256_add_ps(p##k, q##k));
+
+static inline __attribute__((always_inline, target("avx2,fma,f16c"))) void
+blocks_avx2(const uint8_t *row, int64_t n, const float *x, int64_t ldx, const int tn, float *y, int64_t ldy,
+            const int is_q4) {
+    EACH_T4(DECL_ACC2)
     const size_t bsz = is_q4 ? sizeof(block_q4_1) : sizeof(block_q8_0);
     for (int64_t b = 0; b < n / QK; b++) {
         __m256 w[4];
         if (is_q4) q4_1_dequant_avx2((const block_q4_1 *)(const void *)(row + b * bsz), w);
         else q8_0_dequant_avx2((const block_q8_0 *)(const void *)(row + b * bsz), w);
-        for (int t = 0; t < tn; t++) {
-            const float *xb = x + t * ldx + b * QK;
-            acc[t][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xb), acc[t][0]);
-            acc[t][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), acc[t][1]);
-            acc[t][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), acc[t][0]);
-            acc[t][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), acc[t][1]);
-        }
+        EACH_T4(FMA_T2)
     }
-    for (int t = 0; t < tn; t++) y[t * ldy] = hsum256(_mm256_add_ps(acc[t][0], acc[t][1]));
+    EACH_T4(STORE_T2)
 }
 
-AVX2_ATTR static void tile_q4_1_avx2(const uint8_t *row, int64_t n, const float *x, int64_t ldx,
-                                     int tn, float *y, int64_t ldy) {
+AVX2_ATTR static void tile_blocks_avx2(const uint8_t *row, int64_t n, const float *x, int64_t ldx, int tn,
+                                       float *y, int64_t ldy, int is_q4) {
+    switch (tn * 2 + is_q4) {
+    case 2: blocks_avx2(row, n, x, ldx, 1, y, ldy, 0); break;
+    case 3: blocks_avx2(row, n, x, ldx, 1, y, ldy, 1); break;
+    case 4: blocks_avx2(row, n, x, ldx, 2, y, ldy, 0); break;
+    case 5: blocks_avx2(row, n, x, ldx, 2, y, ldy, 1); break;
+    case 6: blocks_avx2(row, n, x, ldx, 3, y, ldy, 0); break;
+    case 7: blocks_avx2(row, n, x, ldx, 3, y, ldy, 1); break;
+    case 8: blocks_avx2(row, n, x, ldx, 4, y, ldy, 0); break;
+    case 9: blocks_avx2(row, n, x, ldx, 4, y, ldy, 1); break;
+    default: break;
+    }
+}
+
+AVX2_ATTR static void row_q4_1_avx2(const uint8_t *row, int64_t n, const float *x, int64_t ldx,
+                                    int tn, float *y, int64_t ldy) {
     for (int t0 = 0; t0 < tn; t0 += AVX2_TILE) {
         int k = tn - t0 < AVX2_TILE ? tn - t0 : AVX2_TILE;
         tile_blocks_avx2(row, n, x + t0 * ldx, ldx, k, y + t0 * ldy, ldy, 1);
     }
 }
 
-AVX2_ATTR static void tile_q8_0_avx2(const uint8_t *row, int64_t n, const float *x, int64_t ldx,
-                                     int tn, float *y, int64_t ldy) {
+AVX2_ATTR static void row_q8_0_avx2(const uint8_t *row, int64_t n, const float *x, int64_t ldx,
+                                    int tn, float *y, int64_t ldy) {
     for (int t0 = 0; t0 < tn; t0 += AVX2_TILE) {
         int k = tn - t0 < AVX2_TILE ? tn - t0 : AVX2_TILE;
         tile_blocks_avx2(row, n, x + t0 * ldx, ldx, k, y + t0 * ldy, ldy, 0);
@@ -206,7 +237,7 @@ AVX2_ATTR static void tile_q8_0_avx2(const uint8_t *row, int64_t n, const float 
 /* Plain-float rows (F32, F16) are rare in llama files (norms are vectors);
  * one AVX2 kernel each, used by the AVX-512 path too. n % 8 == 0 assumed by
  * the vector loop, with a scalar tail. */
-AVX2_ATTR static void tile_f32_avx2(const uint8_t *row, int64_t n, const float *x, int64_t ldx,
+AVX2_ATTR static void row_f32_avx2(const uint8_t *row, int64_t n, const float *x, int64_t ldx,
                                     int tn, float *y, int64_t ldy) {
     const float *w = (const float *)(const void *)row;
     for (int t = 0; t < tn; t++) {
@@ -220,7 +251,7 @@ AVX2_ATTR static void tile_f32_avx2(const uint8_t *row, int64_t n, const float *
     }
 }
 
-AVX2_ATTR static void tile_f16_avx2(const uint8_t *row, int64_t n, const float *x, int64_t ldx,
+AVX2_ATTR static void row_f16_avx2(const uint8_t *row, int64_t n, const float *x, int64_t ldx,
                                     int tn, float *y, int64_t ldy) {
     for (int t = 0; t < tn; t++) {
         __m256 acc = _mm256_setzero_ps();
@@ -241,49 +272,110 @@ AVX2_ATTR static void tile_f16_avx2(const uint8_t *row, int64_t n, const float *
 
 /* ---- AVX-512 ------------------------------------------------------------------------ */
 #define AVX512_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AVX512_INLINE static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
-/* One weight row against tn <= 8 activation rows: 16 accumulators (two per
- * token, so consecutive FMAs of one token do not wait on each other). */
-AVX512_ATTR static void tile_q4_1_avx512(const uint8_t *row, int64_t n, const float *x, int64_t ldx,
-                                         int tn, float *y, int64_t ldy) {
-    __m512 acc[TILE][2];
-    for (int t = 0; t < TILE; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-    const __m512i mask = _mm512_set1_epi32(15);
-    const block_q4_1 *blk = (const block_q4_1 *)(const void *)row;
-    for (int64_t b = 0; b < n / QK; b++) {
-        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)blk[b].qs));
-        __m512 d = _mm512_set1_ps(_cvtsh_ss(blk[b].d)), m = _mm512_set1_ps(_cvtsh_ss(blk[b].m));
-        __m512 wl = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, mask)), d, m);
-        __m512 wh = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, m);
-        for (int t = 0; t < tn; t++) {
-            const float *xb = x + t * ldx + b * QK;
-            acc[t][0] = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xb), acc[t][0]);
-            acc[t][1] = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xb + 16), acc[t][1]);
-        }
+/* The kernels below keep one accumulator per (row, token) in a named
+ * variable, for 2 rows x up to 8 tokens: with tn and nr constant after
+ * inlining, dead cases fold away and all 16 accumulators stay in registers
+ * (an indexed array would be spilled). Each x load feeds 2 rows' FMAs. */
+#define EACH_T(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define DECL_ACC(k) __m512 a0_##k = _mm512_setzero_ps(), a1_##k = _mm512_setzero_ps();
+#define FMA_T(k)                                                                  \
+    if ((k) < tn) {                                                               \
+        const float *xb = x + (k) * ldx + b * QK;                                 \
+        __m512 xl = _mm512_loadu_ps(xb), xh = _mm512_loadu_ps(xb + 16);           \
+        a0_##k = _mm512_fmadd_ps(w0h, xh, _mm512_fmadd_ps(w0l, xl, a0_##k));      \
+        if (nr == 2) a1_##k = _mm512_fmadd_ps(w1h, xh, _mm512_fmadd_ps(w1l, xl, a1_##k)); \
     }
-    for (int t = 0; t < tn; t++) y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+#define STORE_T(k)                                                                \
+    if ((k) < tn) {                                                               \
+        y[(k) * ldy] = _mm512_reduce_add_ps(a0_##k);                              \
+        if (nr == 2) y[(k) * ldy + 1] = _mm512_reduce_add_ps(a1_##k);             \
+    }
+
+AVX512_INLINE void q4_1_dequant_512(const block_q4_1 *b, __m512 *lo, __m512 *hi) {
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)b->qs));
+    __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d)), m = _mm512_set1_ps(_cvtsh_ss(b->m));
+    *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), d, m);
+    *hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), d, m);
 }
 
-AVX512_ATTR static void tile_q8_0_avx512(const uint8_t *row, int64_t n, const float *x, int64_t ldx,
-                                         int tn, float *y, int64_t ldy) {
-    __m512 acc[TILE][2];
-    for (int t = 0; t < TILE; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
-    const block_q8_0 *blk = (const block_q8_0 *)(const void *)row;
+AVX512_INLINE void q8_0_dequant_512(const block_q8_0 *b, __m512 *lo, __m512 *hi) {
+    __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+    __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)b->qs));
+    __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(b->qs + 16)));
+    *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d);
+    *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
+}
+
+AVX512_INLINE void q4_1_rows_512(const uint8_t *row, size_t stride, const int nr, int64_t n, const float *x,
+                                 int64_t ldx, const int tn, float *y, int64_t ldy) {
+    EACH_T(DECL_ACC)
+    const block_q4_1 *r0 = (const block_q4_1 *)(const void *)row;
+    const block_q4_1 *r1 = (const block_q4_1 *)(const void *)(row + stride);
     for (int64_t b = 0; b < n / QK; b++) {
-        __m512 d = _mm512_set1_ps(_cvtsh_ss(blk[b].d));
-        __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)blk[b].qs));
-        __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(blk[b].qs + 16)));
-        __m512 w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d);
-        __m512 w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d);
-        for (int t = 0; t < tn; t++) {
-            const float *xb = x + t * ldx + b * QK;
-            acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xb), acc[t][0]);
-            acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), acc[t][1]);
-        }
+        __m512 w0l, w0h, w1l = _mm512_setzero_ps(), w1h = _mm512_setzero_ps();
+        q4_1_dequant_512(&r0[b], &w0l, &w0h);
+        if (nr == 2) q4_1_dequant_512(&r1[b], &w1l, &w1h);
+        EACH_T(FMA_T)
     }
-    for (int t = 0; t < tn; t++) y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+    EACH_T(STORE_T)
+}
+
+AVX512_INLINE void q8_0_rows_512(const uint8_t *row, size_t stride, const int nr, int64_t n, const float *x,
+                                 int64_t ldx, const int tn, float *y, int64_t ldy) {
+    EACH_T(DECL_ACC)
+    const block_q8_0 *r0 = (const block_q8_0 *)(const void *)row;
+    const block_q8_0 *r1 = (const block_q8_0 *)(const void *)(row + stride);
+    for (int64_t b = 0; b < n / QK; b++) {
+        __m512 w0l, w0h, w1l = _mm512_setzero_ps(), w1h = _mm512_setzero_ps();
+        q8_0_dequant_512(&r0[b], &w0l, &w0h);
+        if (nr == 2) q8_0_dequant_512(&r1[b], &w1l, &w1h);
+        EACH_T(FMA_T)
+    }
+    EACH_T(STORE_T)
+}
+
+/* Instantiate every (nr, tn) with constants, so each copy is specialised. */
+#define CASES_TN(fn, NR)                                                                     \
+    case NR * 16 + 1: fn(row, stride, NR, n, x, ldx, 1, y, ldy); break;                     \
+    case NR * 16 + 2: fn(row, stride, NR, n, x, ldx, 2, y, ldy); break;                     \
+    case NR * 16 + 3: fn(row, stride, NR, n, x, ldx, 3, y, ldy); break;                     \
+    case NR * 16 + 4: fn(row, stride, NR, n, x, ldx, 4, y, ldy); break;                     \
+    case NR * 16 + 5: fn(row, stride, NR, n, x, ldx, 5, y, ldy); break;                     \
+    case NR * 16 + 6: fn(row, stride, NR, n, x, ldx, 6, y, ldy); break;                     \
+    case NR * 16 + 7: fn(row, stride, NR, n, x, ldx, 7, y, ldy); break;                     \
+    case NR * 16 + 8: fn(row, stride, NR, n, x, ldx, 8, y, ldy); break;
+
+AVX512_ATTR static void tile_q4_1_avx512(const uint8_t *row, size_t stride, int nr, int64_t n, const float *x,
+                                         int64_t ldx, int tn, float *y, int64_t ldy) {
+    switch (nr * 16 + tn) {
+        CASES_TN(q4_1_rows_512, 1)
+        CASES_TN(q4_1_rows_512, 2)
+    default: break;
+    }
+}
+
+AVX512_ATTR static void tile_q8_0_avx512(const uint8_t *row, size_t stride, int nr, int64_t n, const float *x,
+                                         int64_t ldx, int tn, float *y, int64_t ldy) {
+    switch (nr * 16 + tn) {
+        CASES_TN(q8_0_rows_512, 1)
+        CASES_TN(q8_0_rows_512, 2)
+    default: break;
+    }
 }
 #endif /* ENGINE_X86 */
+
+ROWS_WRAPPER(tile_f32_portable, row_f32_portable)
+ROWS_WRAPPER(tile_f16_portable, row_f16_portable)
+ROWS_WRAPPER(tile_q4_1_portable, row_q4_1_portable)
+ROWS_WRAPPER(tile_q8_0_portable, row_q8_0_portable)
+#ifdef ENGINE_X86
+ROWS_WRAPPER(tile_f32_avx2, row_f32_avx2)
+ROWS_WRAPPER(tile_f16_avx2, row_f16_avx2)
+ROWS_WRAPPER(tile_q4_1_avx2, row_q4_1_avx2)
+ROWS_WRAPPER(tile_q8_0_avx2, row_q8_0_avx2)
+#endif
 
 /* ---- dispatch ------------------------------------------------------------------------- */
 
@@ -398,9 +490,11 @@ static void matmul_rows(const qmat_t *w, float *y, const float *x, int T, long l
         long r1 = r0 + ROW_BLOCK < hi ? r0 + ROW_BLOCK : hi;
         for (int t0 = 0; t0 < T; t0 += TILE) {
             int tn = T - t0 < TILE ? T - t0 : TILE;
-            for (long r = r0; r < r1; r++)
-                fn((const uint8_t *)w->data + (size_t)r * w->row_bytes, w->n_in, x + (size_t)t0 * w->n_in,
-                   w->n_in, tn, y + (size_t)t0 * w->n_out + r, w->n_out);
+            for (long r = r0; r < r1; r += 2) {
+                int nr = r + 1 < r1 ? 2 : 1;
+                fn((const uint8_t *)w->data + (size_t)r * w->row_bytes, w->row_bytes, nr, w->n_in,
+                   x + (size_t)t0 * w->n_in, w->n_in, tn, y + (size_t)t0 * w->n_out + r, w->n_out);
+            }
         }
     }
 }

@@ -11,4 +11,10 @@ float vec_dot(const float *a, const float *b, int n);
 /* y[i] += a * x[i] */
 void vec_axpy(float a, const float *x, float *y, int n);
 
+/* Causal attention of one query head over n keys/values (rows `stride`
+ * floats apart): exact softmax (max subtracted, two passes) of q.k*scale,
+ * then the weighted sum of the values into out[hd]. scores: n floats. */
+void vec_attend(const float *q, const float *k, const float *v, long stride, int n, int hd, float scale,
+                float *scores, float *out);
+
 #endif
