@@ -7,6 +7,7 @@
  *   kvpage-engine tokenize MODEL [--file F | TEXT]  token ids; checks the round trip
  *   kvpage-engine demo     MODEL [options]          several prompts, one decode loop
  *   kvpage-engine eval     MODEL [options]          perplexity table + JSON
+ *   kvpage-engine bench    MODEL [options]          prefill / decode tokens per second
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -40,6 +41,8 @@ static void usage(FILE *o) {
             "      --window N --stride N    window and stride in tokens (default 512, 256)\n"
             "      --max-tokens N           score at most the first N tokens of the text\n"
             "      --kv LIST                KV variants, comma-separated (default fp32)\n"
+            "  bench [--prompt-tokens N] [--decode-tokens N] [--reps N]\n"
+            "                               prefill and decode tokens/s, batch 1 and 4 (last line JSON)\n"
             "common: --threads N (default 2)\n");
 }
 
@@ -352,6 +355,96 @@ static int cmd_demo(model_t *m, int argc, char **argv) {
     return rc == 0 ? 0 : 1;
 }
 
+/* ---- bench ------------------------------------------------------------------------------------ */
+
+/* Prefill `n` tokens of GPL-3 text in one chunk per sequence, then decode
+ * `steps` greedy tokens, for `batch` sequences at once; best of `reps`. */
+static int bench_case(model_t *m, pool_t *pool, const int32_t *text, int32_t n, int32_t batch, int32_t steps,
+                      double *prefill_tps, double *decode_tps) {
+    kv_shape_t shape = model_kv_shape(m, batch, n + steps + 1);
+    kv_cache_t *kv = kv_contig_create(&shape, pool);
+    int32_t vocab = model_cfg(m)->vocab, seqs[64], q_start[65], rows[64], *toks = malloc((size_t)n * batch * 4);
+    float *logits = malloc((size_t)batch * vocab * sizeof(float));
+    int rc = kv && toks && logits && batch <= 64 ? 0 : KV_ENOMEM;
+    for (int32_t b = 0; rc == 0 && b < batch; b++) {
+        rc = kv->ops->seq_open(kv, &seqs[b]);
+        q_start[b] = b * n;
+        rows[b] = b * n + n - 1;
+        memcpy(toks + (size_t)b * n, text + b, (size_t)n * 4); /* distinct prompts: shifted text */
+    }
+    q_start[batch] = batch * n;
+    double t0 = now_seconds();
+    if (rc == 0) {
+        kv_batch_t bt = {batch, seqs, q_start, toks};
+        rc = model_forward(m, kv, pool, &bt, rows, batch, logits);
+    }
+    double t1 = now_seconds();
+    for (int32_t s = 0; rc == 0 && s < steps; s++) {
+        for (int32_t b = 0; b < batch; b++) {
+            toks[b] = sample_argmax(logits + (size_t)b * vocab, vocab);
+            q_start[b] = b;
+            rows[b] = b;
+        }
+        q_start[batch] = batch;
+        kv_batch_t bt = {batch, seqs, q_start, toks};
+        rc = model_forward(m, kv, pool, &bt, rows, batch, logits);
+    }
+    double t2 = now_seconds();
+    *prefill_tps = (double)n * batch / (t1 - t0);
+    *decode_tps = (double)steps * batch / (t2 - t1);
+    if (kv) kv->ops->destroy(kv);
+    free(toks);
+    free(logits);
+    return rc;
+}
+
+static int cmd_bench(model_t *m, int argc, char **argv) {
+    long threads = 2, n = 256, steps = 64, reps = 3;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads")) threads = opt_long(argc, argv, &i, 1, 256);
+        else if (!strcmp(argv[i], "--prompt-tokens")) n = opt_long(argc, argv, &i, 1, 4096);
+        else if (!strcmp(argv[i], "--decode-tokens")) steps = opt_long(argc, argv, &i, 1, 4096);
+        else if (!strcmp(argv[i], "--reps")) reps = opt_long(argc, argv, &i, 1, 100);
+        else {
+            fprintf(stderr, "kvpage-engine bench: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    char err[ERR_LEN];
+    tokenizer_t *tok = tokenizer_load(model_gguf(m), err, sizeof err);
+    size_t len;
+    char *text = tok ? read_file("/usr/share/common-licenses/GPL-3", &len) : NULL;
+    int32_t nt = 0, *ids = text ? encode_alloc(tok, text, len, 0, &nt) : NULL;
+    pool_t *pool = pool_create((int)threads);
+    if (!ids || !pool || nt < n + 8) {
+        fprintf(stderr, "kvpage-engine bench: cannot prepare the input\n");
+        return 1;
+    }
+    static const int32_t batches[] = {1, 4};
+    double pf[2] = {0}, dc[2] = {0};
+    printf("kvpage-engine bench: %ld threads, %s kernels, contiguous fp32 KV; prompt %ld tokens, %ld decode steps,"
+           " best of %ld\n", threads, qmat_isa_name(qmat_isa()), n, steps, reps);
+    printf("%-8s %16s %16s\n", "batch", "prefill tok/s", "decode tok/s");
+    int rc = 0;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        for (long r = 0; r < reps && rc == 0; r++) {
+            double p, d;
+            rc = bench_case(m, pool, ids, (int32_t)n, batches[k], (int32_t)steps, &p, &d);
+            if (p > pf[k]) pf[k] = p;
+            if (d > dc[k]) dc[k] = d;
+        }
+        printf("%-8d %16.1f %16.1f\n", batches[k], pf[k], dc[k]);
+    }
+    printf("{\"threads\": %ld, \"isa\": \"%s\", \"prompt_tokens\": %ld, \"prefill_tps\": %.1f, "
+           "\"decode_tps\": %.1f, \"prefill4_tps\": %.1f, \"decode4_tps\": %.1f}\n",
+           threads, qmat_isa_name(qmat_isa()), n, pf[0], dc[0], pf[1], dc[1]);
+    pool_destroy(pool);
+    free(ids);
+    free(text);
+    tokenizer_free(tok);
+    return rc == 0 ? 0 : 1;
+}
+
 /* ---- eval ------------------------------------------------------------------------------------- */
 
 static kv_cache_t *make_contig(const kv_shape_t *shape, pool_t *pool, void *ctx) {
@@ -468,7 +561,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1], *path = argv[2];
     if (!strcmp(cmd, "dump")) return cmd_dump(path);
-    if (strcmp(cmd, "tokenize") && strcmp(cmd, "demo") && strcmp(cmd, "eval")) {
+    if (strcmp(cmd, "tokenize") && strcmp(cmd, "demo") && strcmp(cmd, "eval") && strcmp(cmd, "bench")) {
         fprintf(stderr, "kvpage-engine: unknown command '%s'\n", cmd);
         usage(stderr);
         return 2;
@@ -481,6 +574,7 @@ int main(int argc, char **argv) {
     }
     int rc = !strcmp(cmd, "tokenize") ? cmd_tokenize(m, argc - 3, argv + 3)
              : !strcmp(cmd, "demo")   ? cmd_demo(m, argc - 3, argv + 3)
+             : !strcmp(cmd, "bench")  ? cmd_bench(m, argc - 3, argv + 3)
                                       : cmd_eval(m, argc - 3, argv + 3);
     model_free(m);
     return rc;
