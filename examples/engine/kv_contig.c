@@ -164,14 +164,12 @@ static void attend_item(contig_kv *c, int32_t r, int32_t kvh, float *scores) {
     }
 }
 
-static void attend_worker(void *arg, int tid, int nthreads) {
+/* One chunk = one (row, kv head); scratch memory per thread. */
+static void attend_chunk(void *arg, long item, int tid) {
     contig_kv *c = arg;
     const kv_shape_t *sh = &c->base.shape;
-    long items = (long)c->rows * sh->n_kv_heads, lo, hi;
-    pool_split(items, 1, tid, nthreads, &lo, &hi);
-    float *scores = c->scratch + (size_t)tid * sh->max_len;
-    for (long it = lo; it < hi; it++)
-        attend_item(c, (int32_t)(it / sh->n_kv_heads), (int32_t)(it % sh->n_kv_heads), scores);
+    attend_item(c, (int32_t)(item / sh->n_kv_heads), (int32_t)(item % sh->n_kv_heads),
+                c->scratch + (size_t)tid * sh->max_len);
 }
 
 static void contig_attend(kv_cache_t *kv, int32_t layer, const float *q, float *out, float scale) {
@@ -180,7 +178,7 @@ static void contig_attend(kv_cache_t *kv, int32_t layer, const float *q, float *
     c->q = q;
     c->out = out;
     c->scale = scale;
-    pool_run(kv->pool, attend_worker, c);
+    pool_run(kv->pool, attend_chunk, c, (long)c->rows * kv->shape.n_kv_heads);
 }
 
 static void contig_end(kv_cache_t *kv) {

@@ -4,23 +4,33 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
-/* Spin this many polls before sleeping: about 100 us, longer than the gap
- * between two kernels of one forward pass, much shorter than human time. */
+/* Polls before a worker sleeps: about 100 us, longer than the gap between
+ * two kernels of one forward pass, much shorter than human time. */
 #define SPIN_POLLS 20000
 
+/*
+ * The job is published through `ticket` = generation << 32 | next chunk.
+ * A thread claims chunk i of generation g by a CAS from (g, i) to (g, i+1).
+ * A successful claim proves job g is still running (its caller waits for
+ * every claimed chunk), so the job fields it read are g's. The fields are
+ * atomics because a slow thread may read them while the next job writes
+ * them; it then fails its CAS and discards what it read.
+ */
 struct pool {
     int n;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t wake;
-    atomic_uint generation; /* bumped once per job */
-    atomic_int done;        /* workers finished with the current job */
+    _Atomic uint64_t ticket;
+    _Atomic long n_chunks;
+    _Atomic(pool_fn) fn;
+    _Atomic(void *) arg;
+    atomic_long completed;
     atomic_int sleepers;
-    int stop;
-    pool_fn fn;
-    void *arg;
+    atomic_int stop;
 };
 
 typedef struct {
@@ -34,17 +44,36 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Claim and run chunks of the job published as generation `gen`. */
+static void work_on(pool_t *p, uint32_t gen, int tid) {
+    for (;;) {
+        uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+        if ((uint32_t)(t >> 32) != gen) return;
+        long n = atomic_load_explicit(&p->n_chunks, memory_order_relaxed);
+        pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
+        long i = (long)(uint32_t)t;
+        if (i >= n) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acq_rel,
+                                                   memory_order_relaxed))
+            continue;
+        fn(arg, i, tid);
+        atomic_fetch_add_explicit(&p->completed, 1, memory_order_release);
+    }
+}
+
 /* Wait until the generation moves past `seen`; spin first, then sleep. */
-static unsigned wait_next(pool_t *p, unsigned seen) {
+static uint32_t wait_next(pool_t *p, uint32_t seen) {
     for (int i = 0; i < SPIN_POLLS; i++) {
-        unsigned g = atomic_load_explicit(&p->generation, memory_order_acquire);
-        if (g != seen) return g;
+        uint32_t g = (uint32_t)(atomic_load_explicit(&p->ticket, memory_order_acquire) >> 32);
+        if (g != seen || atomic_load(&p->stop)) return g;
         cpu_relax();
     }
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add(&p->sleepers, 1);
-    unsigned g;
-    while ((g = atomic_load(&p->generation)) == seen) pthread_cond_wait(&p->wake, &p->mu);
+    uint32_t g;
+    while ((g = (uint32_t)(atomic_load(&p->ticket) >> 32)) == seen && !atomic_load(&p->stop))
+        pthread_cond_wait(&p->wake, &p->mu);
     atomic_fetch_sub(&p->sleepers, 1);
     pthread_mutex_unlock(&p->mu);
     return g;
@@ -53,13 +82,11 @@ static unsigned wait_next(pool_t *p, unsigned seen) {
 static void *worker_main(void *raw) {
     worker_arg wa = *(worker_arg *)raw;
     free(raw);
-    pool_t *p = wa.p;
-    unsigned seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        seen = wait_next(p, seen);
-        if (p->stop) return NULL;
-        p->fn(p->arg, wa.tid, p->n);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        seen = wait_next(wa.p, seen);
+        if (atomic_load(&wa.p->stop)) return NULL;
+        work_on(wa.p, seen, wa.tid);
     }
 }
 
@@ -88,34 +115,43 @@ pool_t *pool_create(int nthreads) {
     return p;
 }
 
-static void publish(pool_t *p) {
+static void wake_all(pool_t *p) {
+    if (!atomic_load(&p->sleepers)) return;
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-    if (atomic_load(&p->sleepers)) pthread_cond_broadcast(&p->wake);
+    pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
 }
 
-void pool_run(pool_t *p, pool_fn fn, void *arg) {
-    if (p->n == 1) {
-        fn(arg, 0, 1);
+void pool_run(pool_t *p, pool_fn fn, void *arg, long n_chunks) {
+    if (n_chunks <= 0) return;
+    if (p->n == 1 || n_chunks == 1) {
+        for (long i = 0; i < n_chunks; i++) fn(arg, i, 0);
         return;
     }
-    p->fn = fn;
-    p->arg = arg;
-    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    publish(p);
-    fn(arg, 0, p->n);
-    for (long i = 0; atomic_load_explicit(&p->done, memory_order_acquire) != p->n - 1; i++) {
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
+    atomic_store_explicit(&p->n_chunks, n_chunks, memory_order_relaxed);
+    atomic_store_explicit(&p->completed, 0, memory_order_relaxed);
+    uint32_t gen = (uint32_t)(atomic_load(&p->ticket) >> 32) + 1;
+    /* under the mutex, so a worker about to sleep cannot miss it */
+    pthread_mutex_lock(&p->mu);
+    atomic_store_explicit(&p->ticket, (uint64_t)gen << 32, memory_order_release);
+    pthread_mutex_unlock(&p->mu);
+    wake_all(p);
+    work_on(p, gen, 0);
+    for (long i = 0; atomic_load_explicit(&p->completed, memory_order_acquire) != n_chunks; i++) {
         if (i < SPIN_POLLS) cpu_relax();
-        else sched_yield(); /* the other core may be busy with another tenant */
+        else sched_yield(); /* a worker holding a chunk was descheduled */
     }
 }
 
 void pool_destroy(pool_t *p) {
     if (!p) return;
     if (p->n > 1) {
-        p->stop = 1;
-        publish(p);
+        pthread_mutex_lock(&p->mu);
+        atomic_store(&p->stop, 1);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
         for (int t = 1; t < p->n; t++) pthread_join(p->threads[t], NULL);
     }
     pthread_mutex_destroy(&p->mu);
@@ -125,10 +161,3 @@ void pool_destroy(pool_t *p) {
 }
 
 int pool_threads(const pool_t *p) { return p->n; }
-
-void pool_split(long n, long quantum, int tid, int nthreads, long *lo, long *hi) {
-    long chunks = (n + quantum - 1) / quantum;
-    long a = chunks * tid / nthreads, b = chunks * (tid + 1) / nthreads;
-    *lo = a * quantum < n ? a * quantum : n;
-    *hi = b * quantum < n ? b * quantum : n;
-}

@@ -499,11 +499,13 @@ static void matmul_rows(const qmat_t *w, float *y, const float *x, int T, long l
     }
 }
 
-/* Thread tid takes a contiguous share of the concatenated rows of all matrices. */
-static void matmul_worker(void *arg, int tid, int nthreads) {
+/* Chunk c is rows [c*ROW_CHUNK, (c+1)*ROW_CHUNK) of the matrices' rows laid
+ * end to end (a chunk may span two matrices). */
+#define ROW_CHUNK 32
+static void matmul_chunk(void *arg, long chunk, int tid) {
+    (void)tid;
     const matmul_job *j = arg;
-    long lo, hi;
-    pool_split(j->total_rows, ROW_BLOCK, tid, nthreads, &lo, &hi);
+    long lo = chunk * ROW_CHUNK, hi = lo + ROW_CHUNK < j->total_rows ? lo + ROW_CHUNK : j->total_rows;
     long base = 0;
     for (int k = 0; k < j->n_mats && lo < hi; k++) {
         long n = (long)j->w[k]->n_out;
@@ -517,5 +519,5 @@ void qmat_matmul(pool_t *pool, int n_mats, const qmat_t *const *w, const float *
                  float *const *y) {
     matmul_job j = {n_mats, w, y, x, T, 0};
     for (int k = 0; k < n_mats; k++) j.total_rows += (long)w[k]->n_out;
-    pool_run(pool, matmul_worker, &j);
+    pool_run(pool, matmul_chunk, &j, (j.total_rows + ROW_CHUNK - 1) / ROW_CHUNK);
 }

@@ -334,37 +334,37 @@ static void test_matmul_fused(void **state) {
 /* ---- pool ---------------------------------------------------------------------- */
 
 typedef struct {
-    int hits[8];
-    long covered[1000];
+    _Atomic long runs[1000];
+    _Atomic int by_thread[8];
+    int n_threads;
 } pool_probe;
 
-static void probe_fn(void *arg, int tid, int n) {
+static void probe_fn(void *arg, long chunk, int tid) {
     pool_probe *p = arg;
-    p->hits[tid]++;
-    long lo, hi;
-    pool_split(1000, 16, tid, n, &lo, &hi);
-    for (long i = lo; i < hi; i++) p->covered[i]++;
+    assert_true(tid >= 0 && tid < p->n_threads);
+    p->runs[chunk]++;
+    p->by_thread[tid]++;
 }
 
+/* Every chunk runs exactly once, on a valid thread, job after job. */
 static void test_pool(void **state) {
     (void)state;
     for (int n = 1; n <= 4; n++) {
         pool_t *p = pool_create(n);
         assert_non_null(p);
-        for (int rep = 0; rep < 200; rep++) {
-            pool_probe pr = {{0}, {0}};
-            pool_run(p, probe_fn, &pr);
-            for (int t = 0; t < n; t++) assert_int_equal(pr.hits[t], 1);
-            for (int i = 0; i < 1000; i++) assert_int_equal(pr.covered[i], 1);
+        assert_int_equal(pool_threads(p), n);
+        for (int rep = 0; rep < 300; rep++) {
+            static pool_probe pr;
+            memset(&pr, 0, sizeof pr);
+            pr.n_threads = n;
+            long chunks = 1 + rep % 997;
+            pool_run(p, probe_fn, &pr, chunks);
+            for (long i = 0; i < 1000; i++) assert_int_equal(pr.runs[i], i < chunks ? 1 : 0);
         }
+        pool_run(p, probe_fn, NULL, 0); /* nothing to do: fn is not called */
         pool_destroy(p);
     }
     assert_null(pool_create(0));
-    long lo, hi;
-    pool_split(5, 16, 0, 2, &lo, &hi); /* fewer items than one quantum: one thread has them all */
-    assert_true(lo == 0 && hi == 0);
-    pool_split(5, 16, 1, 2, &lo, &hi);
-    assert_true(lo == 0 && hi == 5);
 }
 
 /* ---- the contiguous KV cache ------------------------------------------------------- */
