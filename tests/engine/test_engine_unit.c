@@ -471,13 +471,14 @@ static void test_kv_contig_fork(void **state) {
     kv_cache_t *kv = kv_contig_create(&sh, pool);
     int32_t a, c, q_start[2] = {0, 3}, tokens[3] = {0};
     assert_int_equal(kv->ops->seq_open(kv, &a), KV_OK);
-    float k[3 * 16], v[3 * 16], q[2 * 16], o1[2 * 16], o2[2 * 16];
+    /* 3 rows: K/V [3][1 head][16], Q and output [3][2 heads][16] */
+    float k[3 * 16], v[3 * 16], q[3 * 2 * 16], o0[3 * 2 * 16], o1[2 * 16], o2[2 * 16];
     for (int i = 0; i < 48; i++) k[i] = rndf(), v[i] = rndf();
-    for (int i = 0; i < 32; i++) q[i] = rndf();
+    for (int i = 0; i < 96; i++) q[i] = rndf();
     kv_batch_t b = {1, &a, q_start, tokens};
     kv->ops->begin_step(kv, &b);
     kv->ops->append(kv, 0, k, v);
-    kv->ops->attend(kv, 0, q, o1, 0.5f);
+    kv->ops->attend(kv, 0, q, o0, 0.5f);
     kv->ops->end_step(kv);
     assert_int_equal(kv->ops->seq_fork(kv, a, &c), KV_OK);
     assert_int_equal(kv->ops->seq_len(kv, c), 3);
