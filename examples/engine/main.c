@@ -36,6 +36,7 @@ static void usage(FILE *o) {
             "      --max-tokens N           tokens to generate per prompt (default 48)\n"
             "      --max-active N           sequences in the batch at once (default 3)\n"
             "      --temperature T --seed S sampling (default: greedy)\n"
+            "      --raw                    prompts are plain text (no chat template)\n"
             "  eval [options]               perplexity over a text\n"
             "      --file F                 the text (default /usr/share/common-licenses/GPL-3)\n"
             "      --window N --stride N    window and stride in tokens (default 512, 256)\n"
@@ -219,6 +220,7 @@ typedef struct {
     const char *system;
     long max_tokens, max_active, threads, seed;
     double temperature;
+    int raw; /* prompts as plain text, no chat template */
 } demo_opts;
 
 static void memory_report(const model_cfg_t *c, const kv_stats_t *kvs, const serve_stats_t *st,
@@ -262,6 +264,7 @@ static void demo_parse(int argc, char **argv, demo_opts *o) {
         else if (!strcmp(argv[i], "--threads")) o->threads = opt_long(argc, argv, &i, 1, 256);
         else if (!strcmp(argv[i], "--seed")) o->seed = opt_long(argc, argv, &i, 0, 1L << 30);
         else if (!strcmp(argv[i], "--temperature")) o->temperature = atof(opt_value(argc, argv, &i));
+        else if (!strcmp(argv[i], "--raw")) o->raw = 1;
         else {
             fprintf(stderr, "kvpage-engine demo: unknown option '%s'\n", argv[i]);
             usage(stderr);
@@ -287,7 +290,7 @@ static int cmd_demo(model_t *m, int argc, char **argv) {
     request_t reqs[16] = {0};
     int32_t *prompts[16] = {0}, *outs[16] = {0};
     for (int32_t i = 0; i < n; i++) {
-        char *text = tokenizer_chat_prompt(tok, o.system, o.prompts[i], err, sizeof err);
+        char *text = o.raw ? strdup(o.prompts[i]) : tokenizer_chat_prompt(tok, o.system, o.prompts[i], err, sizeof err);
         if (!text) {
             fprintf(stderr, "kvpage-engine: %s\n", err);
             return 1;
@@ -322,7 +325,8 @@ static int cmd_demo(model_t *m, int argc, char **argv) {
     printf("kvpage-engine: %s, %d layers, dim %d, %d/%d heads, vocab %d; libkvpage %s; %d threads, %s kernels\n",
            c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->vocab, kvp_version_string(),
            pool_threads(pool), qmat_isa_name(qmat_isa()));
-    printf("system prompt (shared by all %d requests): \"%s\"\n", n, o.system);
+    if (o.raw) printf("raw prompts (no chat template), %d requests\n", n);
+    else printf("system prompt (shared by all %d requests): \"%s\"\n", n, o.system);
     for (int32_t i = 0; i < n; i++) printf("  [%d] user: %s\n", i + 1, o.prompts[i]);
     printf("KV cache: %s, %d sequences x %d tokens reserved; %s decoding\n\n", kv->ops->name, shape.max_seqs,
            max_len, o.temperature > 0 ? "temperature" : "greedy");
