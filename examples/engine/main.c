@@ -204,6 +204,12 @@ static void demo_event(void *ctx, int32_t i, const char *what) {
     fflush(stdout);
 }
 
+static int32_t total_prompt(const request_t *reqs, int32_t n) {
+    int32_t t = 0;
+    for (int32_t i = 0; i < n; i++) t += reqs[i].n_prompt;
+    return t;
+}
+
 static const char *const default_prompts[] = {
     "What is the capital of France? Answer in one sentence.",
     "Write a haiku about the sea.",
@@ -211,8 +217,12 @@ static const char *const default_prompts[] = {
     "Explain in two sentences why the sky is blue.",
     "List the first five prime numbers.",
 };
+/* Long enough to fill a few 16-token pages, so a prefix cache has something
+ * to share between the requests. */
 static const char default_system[] =
-    "You are a concise, helpful assistant. Answer accurately and briefly, in plain English.";
+    "You are a concise, helpful assistant. Answer accurately and briefly, in plain English. "
+    "If you do not know something, say so instead of guessing. Prefer short sentences, "
+    "concrete facts and simple words, and do not repeat the question.";
 
 typedef struct {
     const char *prompts[16];
@@ -222,6 +232,22 @@ typedef struct {
     double temperature;
     int raw; /* prompts as plain text, no chat template */
 } demo_opts;
+
+/* Tokens every prompt starts with (the shared system prompt), and what a
+ * prefix cache with 16-token pages would have saved. */
+static void shared_prefix_report(const request_t *reqs, int32_t n) {
+    int32_t common = reqs[0].n_prompt;
+    for (int32_t i = 1; i < n; i++) {
+        int32_t k = 0;
+        while (k < common && k < reqs[i].n_prompt && reqs[i].prompt[k] == reqs[0].prompt[k]) k++;
+        common = k;
+    }
+    int32_t pages = common / 16;
+    if (common == reqs[0].n_prompt && pages * 16 == common) pages--; /* one token must stay to prefill */
+    printf("  shared prompt prefix: %d tokens in all %d prompts; a prefix cache with 16-token pages would "
+           "reuse %d pages (%d tokens) for each of %d later prompts: %d of %d prompt tokens not prefilled\n",
+           common, n, pages, pages * 16, n - 1, pages * 16 * (n - 1), total_prompt(reqs, n));
+}
 
 static void memory_report(const model_cfg_t *c, const kv_stats_t *kvs, const serve_stats_t *st,
                           int32_t n_reqs, int32_t max_len) {
@@ -349,6 +375,7 @@ static int cmd_demo(model_t *m, int argc, char **argv) {
            st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0, (long long)st.decode_tokens,
            st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0.0);
     memory_report(c, &ks, &st, n, max_len);
+    if (n > 1) shared_prefix_report(reqs, n);
     kv->ops->destroy(kv);
     pool_destroy(pool);
     for (int32_t i = 0; i < n; i++) {
