@@ -379,7 +379,10 @@ ROWS_WRAPPER(tile_q8_0_avx2, row_q8_0_avx2)
 
 /* ---- dispatch ------------------------------------------------------------------------- */
 
-static int g_isa = -1;
+#include <stdatomic.h>
+
+/* Set once (first use, or a test), read by every kernel call on any thread. */
+static atomic_int g_isa = -1;
 
 static int cpu_best_isa(void) {
 #ifdef ENGINE_X86
@@ -394,20 +397,20 @@ static int cpu_best_isa(void) {
 
 int qmat_set_isa(int isa) {
     int best = cpu_best_isa();
-    g_isa = isa < 0 ? best : (isa > best ? best : isa);
-    return g_isa;
+    int v = isa < 0 ? best : (isa > best ? best : isa);
+    atomic_store(&g_isa, v);
+    return v;
 }
 
 int qmat_isa(void) {
-    if (g_isa < 0) {
-        const char *env = getenv("KVPAGE_ENGINE_ISA");
-        int want = -1;
-        if (env && !strcmp(env, "portable")) want = ISA_PORTABLE;
-        else if (env && !strcmp(env, "avx2")) want = ISA_AVX2;
-        else if (env && !strcmp(env, "avx512")) want = ISA_AVX512;
-        qmat_set_isa(want);
-    }
-    return g_isa;
+    int v = atomic_load_explicit(&g_isa, memory_order_relaxed);
+    if (v >= 0) return v;
+    const char *env = getenv("KVPAGE_ENGINE_ISA");
+    int want = -1;
+    if (env && !strcmp(env, "portable")) want = ISA_PORTABLE;
+    else if (env && !strcmp(env, "avx2")) want = ISA_AVX2;
+    else if (env && !strcmp(env, "avx512")) want = ISA_AVX512;
+    return qmat_set_isa(want); /* racing first calls all store the same value */
 }
 
 const char *qmat_isa_name(int isa) {

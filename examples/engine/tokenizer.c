@@ -146,15 +146,14 @@ static int utf8_get(const unsigned char *s, size_t n, uint32_t *cp) {
     return len;
 }
 
+/* The alphabet's inverse: code point (< 512) -> byte, or -1. */
+static void alphabet_inverse(int16_t inv[512]) {
+    for (int i = 0; i < 512; i++) inv[i] = -1;
+    for (int b = 0; b < 256; b++) inv[byte_to_cp(b)] = (int16_t)b;
+}
+
 /* Token text (byte alphabet) -> raw bytes; -1 if a character is not in the alphabet. */
-static long alphabet_to_bytes(const char *s, char *out) {
-    static int16_t inv[512];
-    static int ready = 0;
-    if (!ready) { /* benign: every thread computes the same table */
-        for (int i = 0; i < 512; i++) inv[i] = -1;
-        for (int b = 0; b < 256; b++) inv[byte_to_cp(b)] = (int16_t)b;
-        ready = 1;
-    }
+static long alphabet_to_bytes(const int16_t inv[512], const char *s, char *out) {
     size_t n = strlen(s);
     long k = 0;
     for (size_t i = 0; i < n;) {
@@ -217,6 +216,8 @@ static int load_vocab(tokenizer_t *t, const gguf_file *f, char *err, size_t n) {
     const gguf_kv *types = gguf_find(f, "tokenizer.ggml.token_type");
     int have_types = types && types->type == GGUF_ARRAY && types->arr_type == GGUF_I32 &&
                      types->arr_len == toks->arr_len;
+    int16_t inv[512];
+    alphabet_inverse(inv);
     for (int32_t i = 0; i < t->n_vocab; i++) {
         gguf_str s = toks->strs[i];
         t->text[i] = malloc(s.len + 1);
@@ -227,7 +228,7 @@ static int load_vocab(tokenizer_t *t, const gguf_file *f, char *err, size_t n) {
         if (have_types) memcpy(&t->type[i], types->data + 4 * (size_t)i, 4);
         else t->type[i] = TOK_NORMAL;
         long k = t->type[i] == TOK_CONTROL || t->type[i] == TOK_USER_DEFINED ? -1
-                                                                            : alphabet_to_bytes(t->text[i], t->bytes[i]);
+                                                                            : alphabet_to_bytes(inv, t->text[i], t->bytes[i]);
         if (k < 0) { /* special tokens (and any oddity) decode to their text */
             memcpy(t->bytes[i], s.ptr, s.len);
             k = (long)s.len;
