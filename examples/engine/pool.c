@@ -14,11 +14,14 @@
 /*
  * The job is published through `ticket` = generation << 32 | next chunk.
  * A thread claims chunk i of generation g by a CAS from (g, i) to (g, i+1).
- * A successful claim proves job g is still running (its caller waits for
- * every claimed chunk), so the job fields it read are g's. The fields are
- * atomics because a slow thread may read them while the next job writes
- * them; it then fails its CAS and discards what it read.
+ * Before writing a new job's fields, the caller closes the ticket at
+ * (g+1, CLOSED): a slow thread that read the old ticket then fails its CAS,
+ * so no chunk is ever claimed with fields of another job, and a successful
+ * claim proves job g is still running (its caller waits for every claimed
+ * chunk). The fields are atomics because such a slow thread may read them
+ * while they are rewritten (it then discards what it read).
  */
+#define CLOSED 0xFFFFFFFFu
 struct pool {
     int n;
     pthread_t *threads;
@@ -52,8 +55,13 @@ static void work_on(pool_t *p, uint32_t gen, int tid) {
         long n = atomic_load_explicit(&p->n_chunks, memory_order_relaxed);
         pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
         void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
+        if ((uint32_t)t == CLOSED) { /* being published: a few stores away */
+            cpu_relax();
+            continue;
+        }
         long i = (long)(uint32_t)t;
         if (i >= n) return;
+        atomic_thread_fence(memory_order_acquire); /* see pool_run's fence */
         if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acq_rel,
                                                    memory_order_relaxed))
             continue;
@@ -124,15 +132,19 @@ static void wake_all(pool_t *p) {
 
 void pool_run(pool_t *p, pool_fn fn, void *arg, long n_chunks) {
     if (n_chunks <= 0) return;
+    if (n_chunks >= (long)CLOSED) n_chunks = (long)CLOSED - 1; /* never: callers pass far fewer */
     if (p->n == 1 || n_chunks == 1) {
         for (long i = 0; i < n_chunks; i++) fn(arg, i, 0);
         return;
     }
+    uint32_t gen = (uint32_t)(atomic_load(&p->ticket) >> 32) + 1;
+    atomic_store(&p->ticket, (uint64_t)gen << 32 | CLOSED);
+    /* pairs with the fence in work_on: whoever sees a new field sees CLOSED */
+    atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
     atomic_store_explicit(&p->n_chunks, n_chunks, memory_order_relaxed);
     atomic_store_explicit(&p->completed, 0, memory_order_relaxed);
-    uint32_t gen = (uint32_t)(atomic_load(&p->ticket) >> 32) + 1;
     /* under the mutex, so a worker about to sleep cannot miss it */
     pthread_mutex_lock(&p->mu);
     atomic_store_explicit(&p->ticket, (uint64_t)gen << 32, memory_order_release);
