@@ -149,7 +149,7 @@ endif
 
 # ---- top-level targets --------------------------------------------------------
 .PHONY: all lib tools tests test test-unit test-install bench docs install uninstall \
-        clean demo eval engine deps-test deps-docs print-config
+        clean demo eval engine deps-test deps-docs deps-model print-config
 
 all: lib tools
 
@@ -231,8 +231,12 @@ deps-test:
 deps-docs:
 	@scripts/ensure-deps.sh docs
 
+deps-model:
+	@scripts/ensure-deps.sh model
+
 # Order: build the tests only after the dependencies are in place.
 test: deps-test
+	@scripts/ensure-deps.sh model
 	@$(MAKE) --no-print-directory test-run
 
 .PHONY: test-run
@@ -291,12 +295,12 @@ MODEL_CMD = scripts/fetch-model.sh
 
 # The main job: several prompts with a shared system prompt served through one
 # decode loop (continuous batching), streamed, then a memory report.
-demo: engine
+demo: engine deps-model
 	@model=$$($(MODEL_CMD)) || exit $$?; \
 	    $(ENGINE_BIN) demo "$$model" $(DEMO_ARGS)
 
 # Perplexity over GPL-3 (window 512, stride 256): a table, then one JSON line.
-eval: engine
+eval: engine deps-model
 	@model=$$($(MODEL_CMD)) || exit $$?; \
 	    $(ENGINE_BIN) eval "$$model" $(EVAL_ARGS)
 
