@@ -28,7 +28,7 @@
 static void usage(FILE *o) {
     fprintf(o,
             "usage: kvpage-engine COMMAND MODEL.gguf [options]\n"
-            "  dump                         print metadata keys and every tensor's type/shape\n"
+            "  dump (or --dump)             print metadata keys and every tensor's type/shape\n"
             "  tokenize [--ids] [--file F | TEXT]  token ids (all with --ids); checks decoding gives the text back\n"
             "  demo [options]               serve several prompts at once (continuous batching)\n"
             "      --prompt TEXT            a user prompt (repeat; default: five built-in prompts)\n"
@@ -262,6 +262,7 @@ static void memory_report(const model_cfg_t *c, const kv_stats_t *kvs, const ser
     }
     double f16_tok = fp16.bytes_per_token;
     double reserve = (double)st->peak_active * max_len * f16_tok;
+    double reserve_ctx = (double)st->peak_active * c->context * f16_tok;
     double live = (double)st->peak_live_tokens * f16_tok;
     double paged = (double)st->peak_paged16_tokens / 16 * (double)fp16.page_bytes;
     double paged8 = (double)st->peak_paged16_tokens / 16 * (double)int8.page_bytes +
@@ -270,11 +271,15 @@ static void memory_report(const model_cfg_t *c, const kv_stats_t *kvs, const ser
            kvp_version_string(), c->n_layers, c->n_kv_heads, c->head_dim);
     printf("  this run's cache: %s %s/%s, %d sequences open at peak, %lld tokens held at peak\n", kvs->impl,
            kvs->k_format, kvs->v_format, st->peak_active, (long long)st->peak_live_tokens);
-    printf("  %-52s %10.2f MiB\n", "fp16 contiguous, max-length reservation (peak)", reserve / 1048576);
-    printf("  %-52s %10.2f MiB (%.1f%% of the reservation)\n", "fp16, tokens actually held (peak)",
-           live / 1048576, 100 * live / reserve);
-    printf("  %-52s %10.2f MiB\n", "fp16 paged, 16-token pages (peak)", paged / 1048576);
-    printf("  %-52s %10.2f MiB\n", "int8 paged, 16-token pages + staging (peak)", paged8 / 1048576);
+    char what[96];
+    snprintf(what, sizeof what, "fp16 contiguous, %d-token reservation (model context)", c->context);
+    printf("  %-56s %10.2f MiB\n", what, reserve_ctx / 1048576);
+    snprintf(what, sizeof what, "fp16 contiguous, %d-token reservation (this run's max)", max_len);
+    printf("  %-56s %10.2f MiB\n", what, reserve / 1048576);
+    printf("  %-56s %10.2f MiB (%.1f%% of the run's reservation, %.2f%% of the context's)\n",
+           "fp16, tokens actually held (peak)", live / 1048576, 100 * live / reserve, 100 * live / reserve_ctx);
+    printf("  %-56s %10.2f MiB\n", "fp16 paged, 16-token pages (peak)", paged / 1048576);
+    printf("  %-56s %10.2f MiB\n", "int8 paged, 16-token pages + staging (peak)", paged8 / 1048576);
     printf("  prefix-cache hits: %lld of %lld prompt tokens (no prefix cache in the contiguous cache)\n",
            (long long)kvs->prefix_hit_tokens, (long long)kvs->prefix_lookups);
     (void)n_reqs;
@@ -591,7 +596,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     const char *cmd = argv[1], *path = argv[2];
-    if (!strcmp(cmd, "dump")) return cmd_dump(path);
+    if (!strcmp(cmd, "dump") || !strcmp(cmd, "--dump")) return cmd_dump(path);
     if (strcmp(cmd, "tokenize") && strcmp(cmd, "demo") && strcmp(cmd, "eval") && strcmp(cmd, "bench")) {
         fprintf(stderr, "kvpage-engine: unknown command '%s'\n", cmd);
         usage(stderr);
