@@ -285,7 +285,7 @@ ENGINE_TESTS := $(ENGINE_OUT)/tests/test_engine_unit $(ENGINE_OUT)/tests/test_en
 # `all` first: the recursive install then finds everything built and only copies.
 engine: all
 	+$(Q)$(MAKE) --no-print-directory install DESTDIR=$(ENGINE_STAGE) PREFIX=/usr >/dev/null
-	+$(Q)$(MAKE) --no-print-directory -C examples/engine OUT=$(ENGINE_OUT) \
+	+$(Q)$(MAKE) -s --no-print-directory -C examples/engine OUT=$(ENGINE_OUT) \
 	    PKG_CONFIG="$(ENGINE_PKG_CONFIG)" CC="$(CC)" CFLAGS="$(CFLAGS)" SAN=$(SAN) WERROR=$(WERROR) \
 	    all $(if $(wildcard /usr/include/cmocka.h),tests)
 
@@ -319,15 +319,17 @@ $(BUILD)/kvpage.pc: pkgconfig/kvpage.pc.in include/kvpage.h FORCE
 .PHONY: FORCE
 FORCE:
 
+# -p keeps timestamps, so builds against the install (examples/engine) do
+# not recompile when nothing changed.
 install: all $(BUILD)/kvpage.pc
 	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(BINDIR)
-	install -m 644 include/kvpage.h include/kvpage_cuda.h $(DESTDIR)$(INCLUDEDIR)/
-	install -m 644 $(STATIC_LIB) $(DESTDIR)$(LIBDIR)/
-	install -m 755 $(SHARED_REAL) $(DESTDIR)$(LIBDIR)/
+	install -p -m 644 include/kvpage.h include/kvpage_cuda.h $(DESTDIR)$(INCLUDEDIR)/
+	install -p -m 644 $(STATIC_LIB) $(DESTDIR)$(LIBDIR)/
+	install -p -m 755 $(SHARED_REAL) $(DESTDIR)$(LIBDIR)/
 	ln -sf libkvpage.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libkvpage.so
-	install -m 644 $(BUILD)/kvpage.pc $(DESTDIR)$(PKGCONFIGDIR)/
-	install -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
+	install -p -m 644 $(BUILD)/kvpage.pc $(DESTDIR)$(PKGCONFIGDIR)/
+	install -p -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
 
 uninstall:
 	rm -f $(DESTDIR)$(INCLUDEDIR)/kvpage.h $(DESTDIR)$(INCLUDEDIR)/kvpage_cuda.h
