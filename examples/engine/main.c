@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <kvpage.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,7 +251,7 @@ static void shared_prefix_report(const request_t *reqs, int32_t n) {
 }
 
 static void memory_report(const model_cfg_t *c, const kv_stats_t *kvs, const serve_stats_t *st,
-                          int32_t n_reqs, int32_t max_len) {
+                          int32_t max_len) {
     kvp_layout_t fp16 = {.struct_size = sizeof fp16}, int8 = {.struct_size = sizeof int8};
     char err[KVP_ERR_SIZE];
     if (kvp_layout_compute(c->n_layers, c->n_kv_heads, c->head_dim, 16, KVP_FORMAT_FP16, KVP_FORMAT_FP16,
@@ -282,7 +283,6 @@ static void memory_report(const model_cfg_t *c, const kv_stats_t *kvs, const ser
     printf("  %-56s %10.2f MiB\n", "int8 paged, 16-token pages + staging (peak)", paged8 / 1048576);
     printf("  prefix-cache hits: %lld of %lld prompt tokens (no prefix cache in the contiguous cache)\n",
            (long long)kvs->prefix_hit_tokens, (long long)kvs->prefix_lookups);
-    (void)n_reqs;
 }
 
 static void demo_parse(int argc, char **argv, demo_opts *o) {
@@ -307,6 +307,61 @@ static void demo_parse(int argc, char **argv, demo_opts *o) {
             o->prompts[o->n_prompts++] = default_prompts[i];
 }
 
+/* Tokenize every prompt (chat template unless --raw) into requests that
+ * arrive over the first steps, so the batch changes while it runs. */
+static int demo_requests(const tokenizer_t *tok, const demo_opts *o, request_t *reqs, int32_t *max_prompt) {
+    char err[ERR_LEN];
+    *max_prompt = 0;
+    for (int32_t i = 0; i < o->n_prompts; i++) {
+        char *text = o->raw ? strdup(o->prompts[i]) : tokenizer_chat_prompt(tok, o->system, o->prompts[i], err, sizeof err);
+        if (!text) {
+            fprintf(stderr, "kvpage-engine: %s\n", o->raw ? "out of memory" : err);
+            return -1;
+        }
+        reqs[i].prompt = encode_alloc(tok, text, strlen(text), 1, &reqs[i].n_prompt);
+        free(text);
+        reqs[i].out = malloc((size_t)o->max_tokens * sizeof(int32_t));
+        if (!reqs[i].prompt || !reqs[i].out) return -1;
+        reqs[i].max_new = (int32_t)o->max_tokens;
+        reqs[i].arrive_step = i < 2 ? 0 : (i - 1) * 4; /* requests keep arriving while others decode */
+        if (reqs[i].n_prompt > *max_prompt) *max_prompt = reqs[i].n_prompt;
+    }
+    return 0;
+}
+
+static void demo_header(const model_t *m, const demo_opts *o, const pool_t *pool, const kv_cache_t *kv) {
+    const model_cfg_t *c = model_cfg(m);
+    printf("kvpage-engine: %s, %d layers, dim %d, %d/%d heads, vocab %d; libkvpage %s; %d threads, %s kernels\n",
+           c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->vocab, kvp_version_string(),
+           pool_threads(pool), qmat_isa_name(qmat_isa()));
+    if (o->raw) printf("raw prompts (no chat template), %d requests\n", o->n_prompts);
+    else printf("system prompt (shared by all %d requests): \"%s\"\n", o->n_prompts, o->system);
+    for (int32_t i = 0; i < o->n_prompts; i++) printf("  [%d] user: %s\n", i + 1, o->prompts[i]);
+    printf("KV cache: %s, %d sequences x %d tokens reserved; %s decoding\n\n", kv->ops->name, kv->shape.max_seqs,
+           kv->shape.max_len, o->temperature > 0 ? "temperature" : "greedy");
+}
+
+static void demo_answers(const tokenizer_t *tok, const request_t *reqs, int32_t n, const serve_stats_t *st) {
+    printf("\nanswers:\n");
+    for (int32_t i = 0; i < n; i++) {
+        size_t cap = 1;
+        for (int32_t k = 0; k < reqs[i].n_out; k++) {
+            size_t len;
+            tokenizer_piece(tok, reqs[i].out[k], &len);
+            cap += len;
+        }
+        char *text = malloc(cap);
+        if (text && tokenizer_decode(tok, reqs[i].out, reqs[i].n_out, 1, text, cap) >= 0)
+            printf("  [%d] %s\n", i + 1, text);
+        free(text);
+    }
+    printf("\n%d steps in %.2f s: prefill %lld tokens at %.1f tok/s, decode %lld tokens at %.1f tok/s "
+           "(steps of one kind only)\n",
+           st->steps, st->total_s, (long long)st->prefill_tokens,
+           st->prefill_s > 0 ? st->prefill_tokens / st->prefill_s : 0.0, (long long)st->decode_tokens,
+           st->decode_s > 0 ? st->decode_tokens / st->decode_s : 0.0);
+}
+
 static int cmd_demo(model_t *m, int argc, char **argv) {
     demo_opts o;
     demo_parse(argc, argv, &o);
@@ -316,26 +371,9 @@ static int cmd_demo(model_t *m, int argc, char **argv) {
         fprintf(stderr, "kvpage-engine: %s\n", err);
         return 1;
     }
-    const model_cfg_t *c = model_cfg(m);
-    int32_t n = o.n_prompts, max_prompt = 0;
+    int32_t n = o.n_prompts, max_prompt;
     request_t reqs[16] = {0};
-    int32_t *prompts[16] = {0}, *outs[16] = {0};
-    for (int32_t i = 0; i < n; i++) {
-        char *text = o.raw ? strdup(o.prompts[i]) : tokenizer_chat_prompt(tok, o.system, o.prompts[i], err, sizeof err);
-        if (!text) {
-            fprintf(stderr, "kvpage-engine: %s\n", err);
-            return 1;
-        }
-        prompts[i] = encode_alloc(tok, text, strlen(text), 1, &reqs[i].n_prompt);
-        free(text);
-        outs[i] = malloc((size_t)o.max_tokens * sizeof(int32_t));
-        if (!prompts[i] || !outs[i]) return 1;
-        reqs[i].prompt = prompts[i];
-        reqs[i].max_new = (int32_t)o.max_tokens;
-        reqs[i].out = outs[i];
-        reqs[i].arrive_step = i < 2 ? 0 : (i - 1) * 4; /* requests keep arriving while others decode */
-        if (reqs[i].n_prompt > max_prompt) max_prompt = reqs[i].n_prompt;
-    }
+    if (demo_requests(tok, &o, reqs, &max_prompt)) return 1;
     int32_t max_len = max_prompt + (int32_t)o.max_tokens;
     pool_t *pool = pool_create((int)o.threads);
     kv_shape_t shape = model_kv_shape(m, (int32_t)o.max_active, max_len);
@@ -346,46 +384,25 @@ static int cmd_demo(model_t *m, int argc, char **argv) {
     }
     char lines[16][160];
     size_t line_len[16] = {0};
-    demo_ctx d = {tok, reqs, lines, line_len, tokenizer_eos(tok)};
-    /* the end-of-turn token of ChatML, else the file's eos */
-    int32_t im_end = tokenizer_find(tok, "<|im_end|>");
-    serve_cfg_t cfg = {m, kv, pool, (int32_t)o.max_active, 64, 64 + (int32_t)o.max_active,
-                       im_end >= 0 ? im_end : tokenizer_eos(tok), (float)o.temperature, (uint64_t)o.seed,
-                       demo_token, demo_event, &d};
-    d.eos = cfg.eos;
-    printf("kvpage-engine: %s, %d layers, dim %d, %d/%d heads, vocab %d; libkvpage %s; %d threads, %s kernels\n",
-           c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->vocab, kvp_version_string(),
-           pool_threads(pool), qmat_isa_name(qmat_isa()));
-    if (o.raw) printf("raw prompts (no chat template), %d requests\n", n);
-    else printf("system prompt (shared by all %d requests): \"%s\"\n", n, o.system);
-    for (int32_t i = 0; i < n; i++) printf("  [%d] user: %s\n", i + 1, o.prompts[i]);
-    printf("KV cache: %s, %d sequences x %d tokens reserved; %s decoding\n\n", kv->ops->name, shape.max_seqs,
-           max_len, o.temperature > 0 ? "temperature" : "greedy");
+    /* stop at ChatML's end-of-turn token, else at the file's eos */
+    int32_t im_end = tokenizer_find(tok, "<|im_end|>"), eos = im_end >= 0 ? im_end : tokenizer_eos(tok);
+    demo_ctx d = {tok, reqs, lines, line_len, eos};
+    serve_cfg_t cfg = {m, kv, pool, (int32_t)o.max_active, 64, 64 + (int32_t)o.max_active, eos,
+                       (float)o.temperature, (uint64_t)o.seed, demo_token, demo_event, &d};
+    demo_header(m, &o, pool, kv);
     serve_stats_t st;
     int rc = serve_run(&cfg, reqs, n, &st);
+    if (rc != 0) fprintf(stderr, "kvpage-engine: serving failed (%d)\n", rc);
     kv_stats_t ks;
     kv->ops->stats(kv, &ks);
-    if (rc != 0) fprintf(stderr, "kvpage-engine: serving failed (%d)\n", rc);
-    printf("\nanswers:\n");
-    for (int32_t i = 0; i < n; i++) {
-        size_t cap = (size_t)reqs[i].n_out * 64 + 1;
-        char *text = malloc(cap);
-        if (text && tokenizer_decode(tok, reqs[i].out, reqs[i].n_out, 1, text, cap) >= 0)
-            printf("  [%d] %s\n", i + 1, text);
-        free(text);
-    }
-    printf("\n%d steps in %.2f s: prefill %lld tokens at %.1f tok/s, decode %lld tokens at %.1f tok/s "
-           "(steps of one kind only)\n",
-           st.steps, st.total_s, (long long)st.prefill_tokens,
-           st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0, (long long)st.decode_tokens,
-           st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0.0);
-    memory_report(c, &ks, &st, n, max_len);
+    demo_answers(tok, reqs, n, &st);
+    memory_report(model_cfg(m), &ks, &st, max_len);
     if (n > 1) shared_prefix_report(reqs, n);
     kv->ops->destroy(kv);
     pool_destroy(pool);
     for (int32_t i = 0; i < n; i++) {
-        free(prompts[i]);
-        free(outs[i]);
+        free((void *)(uintptr_t)reqs[i].prompt);
+        free(reqs[i].out);
     }
     tokenizer_free(tok);
     return rc == 0 ? 0 : 1;
