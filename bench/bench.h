@@ -33,5 +33,6 @@ int bench_sched(int argc, char **argv);
 int bench_pool(int argc, char **argv);
 /* Memory utilization: static reservation vs. paging (bench/utilization.c). */
 int bench_utilization(int argc, char **argv);
+int bench_attention(int argc, char **argv);
 
 #endif

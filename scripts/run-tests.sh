@@ -10,6 +10,7 @@ fi
 
 programs=0
 run=0
+skipped=0
 failed_tests=0
 failed_programs=""
 for t in "$@"; do
@@ -20,7 +21,9 @@ for t in "$@"; do
     cat "$log"
     n=$(sed -n 's/^\[==========\] \([0-9][0-9]*\) test(s) run\..*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     f=$(sed -n 's/^\[  FAILED  \] \([0-9][0-9]*\) test(s), listed below:.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
+    k=$(sed -n 's/^\[  SKIPPED \] \([0-9][0-9]*\) test(s), listed below:.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     run=$((run + n))
+    skipped=$((skipped + k))
     failed_tests=$((failed_tests + f))
     if [ $rc -ne 0 ]; then
         failed_programs="$failed_programs $(basename "$t")(exit $rc)"
@@ -31,10 +34,12 @@ done
 
 echo
 echo "[==========] $run test(s) run in $programs program(s)."
+# cmocka counts a skipped test as run; so does this summary, but never as passed
+[ "$skipped" -gt 0 ] && echo "[  SKIPPED ] $skipped test(s) (see the reasons above)."
 if [ -z "$failed_programs" ]; then
-    echo "[  PASSED  ] $run test(s)."
+    echo "[  PASSED  ] $((run - skipped)) test(s)."
     exit 0
 fi
-echo "[  PASSED  ] $((run - failed_tests)) test(s)."
+echo "[  PASSED  ] $((run - skipped - failed_tests)) test(s)."
 echo "[  FAILED  ] $failed_tests test(s) in:$failed_programs"
 exit 1

@@ -14,8 +14,9 @@ from . import _lib
 from .errors import (BadState, CudaError, Error, HostFull, InternalError, InvalidArgument,
                      NoDevice, NoSpace, NotFound, NotSupported, OutOfMemory)
 from ._handle import Closed
+from .kernels import Cache, Context, Isa, Store, dequantize, isa_supported, quantize
+from .paging import EventKind, Export, OpKind, PageOp, Pool, PoolEvent, Table
 from .sched import Action, Reason, Scheduler
-from .paging import Appended, OpKind, PageOp, Pool, Table
 from .tier import PageIO, Tier
 from .plan import (CudaDevice, Format, GpuPreset, Layout, ModelPreset, Plan, build_has_cuda,
                    cuda_device, cuda_device_count, format_of, gpu, gpus, layout, parse_size,
@@ -34,7 +35,9 @@ def library_version() -> str:
 
 __all__ = [
     "Action", "Closed", "Reason", "Scheduler",
-    "Appended", "HostFull", "OpKind", "PageIO", "PageOp", "Pool", "Table", "Tier",
+    "Cache", "Context", "Isa", "Store", "dequantize", "isa_supported", "quantize",
+    "EventKind", "Export", "OpKind", "PageOp", "Pool", "PoolEvent", "Table",
+    "HostFull", "PageIO", "Tier",
     "BadState", "CudaDevice", "CudaError", "Error", "Format", "GpuPreset", "InternalError",
     "InvalidArgument", "Layout", "ModelPreset", "NoDevice", "NoSpace", "NotFound",
     "NotSupported", "OutOfMemory", "Plan", "build_has_cuda", "cuda_device",

@@ -389,7 +389,7 @@ _sig("kvp_sched_step", ctypes.c_int, _vp, _P(SchedInputC), _P(SchedPlanC))
 _sig("kvp_sched_stats", ctypes.c_int, _vp, _P(SchedStatsC))
 
 
-# ---- pool and page table (the host tier sits on a table) ----------------------------
+# ---- pool and table ---------------------------------------------------------------
 
 class PoolParamsC(ctypes.Structure):
     _fields_ = [
@@ -405,13 +405,41 @@ class PoolParamsC(ctypes.Structure):
 
 
 class PoolStatsC(ctypes.Structure):
-    _fields_ = [("struct_size", c_u32), ("page_size", c_i32)] + [
-        (n, ctypes.c_int64) for n in ("total_pages", "used_pages", "cached_pages", "free_pages",
-                                      "reserved_pages", "available_pages", "total_staging",
-                                      "used_staging", "live_seqs", "live_tokens")] + [
-        ("utilization", c_dbl)] + [
-        (n, c_u64) for n in ("prefix_lookups", "prefix_hit_tokens", "prefix_miss_tokens",
-                             "pages_stored", "pages_evicted")]
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("page_size", c_i32),
+        ("total_pages", ctypes.c_int64),
+        ("used_pages", ctypes.c_int64),
+        ("cached_pages", ctypes.c_int64),
+        ("free_pages", ctypes.c_int64),
+        ("reserved_pages", ctypes.c_int64),
+        ("available_pages", ctypes.c_int64),
+        ("total_staging", ctypes.c_int64),
+        ("used_staging", ctypes.c_int64),
+        ("live_seqs", ctypes.c_int64),
+        ("live_tokens", ctypes.c_int64),
+        ("utilization", c_dbl),
+        ("prefix_lookups", c_u64),
+        ("prefix_hit_tokens", c_u64),
+        ("prefix_miss_tokens", c_u64),
+        ("pages_stored", c_u64),
+        ("pages_evicted", c_u64),
+    ]
+
+
+class PoolEventC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("kind", c_i32),
+        ("page", c_i32),
+        ("parent", c_i32),
+        ("priority", c_i32),
+        ("reserved_", c_i32),
+        ("hash", c_u64),
+    ]
+
+
+PoolEventFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(PoolEventC))
 
 
 class TableParamsC(ctypes.Structure):
@@ -437,6 +465,243 @@ class SeqInfoC(ctypes.Structure):
         ("swapped", c_i32),
         ("reserved_", c_i32),
     ]
+
+
+class BatchBuffersC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("indptr", _vp),
+        ("indices", _vp),
+        ("last_page_len", _vp),
+        ("slot_mapping", _vp),
+        ("qo_indptr", _vp),
+        ("indices_capacity", ctypes.c_int64),
+        ("slots_capacity", ctypes.c_int64),
+    ]
+
+
+MIRRORED.update({
+    "kvp_pool_params_t": PoolParamsC,
+    "kvp_pool_stats_t": PoolStatsC,
+    "kvp_pool_event_t": PoolEventC,
+    "kvp_table_params_t": TableParamsC,
+    "kvp_seq_params_t": SeqParamsC,
+    "kvp_seq_info_t": SeqInfoC,
+    "kvp_batch_buffers_t": BatchBuffersC,
+})
+
+_i32p = ctypes.POINTER(c_i32)
+_i64p = ctypes.POINTER(ctypes.c_int64)
+_sig("kvp_pool_params_init", None, _P(PoolParamsC))
+_sig("kvp_pool_create", ctypes.c_int, _P(PoolParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_pool_create_from_plan", ctypes.c_int, _P(PlanC), _P(PoolParamsC), _P(_vp), c_char_p,
+     _sz)
+_sig("kvp_pool_destroy", None, _vp)
+_sig("kvp_pool_last_error", c_char_p, _vp)
+_sig("kvp_pool_alloc", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_alloc_staging", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_retain", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_release", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_refcount", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_evict", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_stats", ctypes.c_int, _vp, _P(PoolStatsC))
+_sig("kvp_pool_set_event_callback", ctypes.c_int, _vp, PoolEventFn, _vp)
+_sig("kvp_table_params_init", None, _P(TableParamsC))
+_sig("kvp_table_create", ctypes.c_int, _vp, _P(TableParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_table_destroy", None, _vp)
+_sig("kvp_table_last_error", c_char_p, _vp)
+_sig("kvp_seq_params_init", None, _P(SeqParamsC))
+_sig("kvp_table_seq_create", ctypes.c_int, _vp, _P(SeqParamsC), _i32p)
+_sig("kvp_table_seq_release", ctypes.c_int, _vp, c_i32)
+_sig("kvp_table_reserve", ctypes.c_int, _vp, c_i32, ctypes.c_int64)
+_sig("kvp_table_append", ctypes.c_int, _vp, c_i32, ctypes.c_int64, _i32p, _i64p, _P(PageOpC),
+     c_i32, _i32p)
+_sig("kvp_table_truncate", ctypes.c_int, _vp, c_i32, ctypes.c_int64, _P(PageOpC), c_i32, _i32p)
+_sig("kvp_table_fork", ctypes.c_int, _vp, c_i32, _i32p, _P(PageOpC), c_i32, _i32p)
+_sig("kvp_table_attach_prefix", ctypes.c_int, _vp, c_i32, _i32p, ctypes.c_int64, _i64p)
+_sig("kvp_table_lookup_prefix", ctypes.c_int, _vp, c_u64, _i32p, ctypes.c_int64, _i64p)
+_sig("kvp_table_set_priority", ctypes.c_int, _vp, c_i32, c_i32)
+_sig("kvp_table_set_range_priority", ctypes.c_int, _vp, c_i32, ctypes.c_int64, ctypes.c_int64,
+     c_i32)
+_sig("kvp_table_seq_info", ctypes.c_int, _vp, c_i32, _P(SeqInfoC))
+_sig("kvp_table_seq_pages", ctypes.c_int, _vp, c_i32, _i32p, c_i32)
+_sig("kvp_table_export_size", ctypes.c_int, _vp, _i32p, c_i32, _i32p, _i64p, _i64p)
+_sig("kvp_table_export", ctypes.c_int, _vp, _i32p, c_i32, _i32p, _P(BatchBuffersC),
+     _P(KvViewC))
+
+
+# ---- store, quantize, context, attention, cache -------------------------------------
+
+class StoreParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layers", c_i32),
+        ("kv_heads", c_i32),
+        ("head_dim", c_i32),
+        ("page_size", c_i32),
+        ("k_format", c_i32),
+        ("v_format", c_i32),
+        ("k_order", c_i32),
+        ("num_pages", c_u64),
+        ("num_staging", c_u64),
+        ("allocator", Allocator),
+    ]
+
+
+class RegionC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("format", c_i32),
+        ("order", c_i32),
+        ("first_page", c_i32),
+        ("base", _vp),
+        ("pages", c_u64),
+        ("page_stride", c_u64),
+        ("head_stride", c_u64),
+        ("block_bytes", c_u64),
+        ("scale_offset", c_u64),
+        ("token_stride", c_u64),
+        ("dim_stride", c_u64),
+    ]
+
+
+class AppendC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layer", c_i32),
+        ("rows", c_i32),
+        ("dtype", c_i32),
+        ("k", _vp),
+        ("v", _vp),
+        ("k_row_stride", ctypes.c_int64),
+        ("v_row_stride", ctypes.c_int64),
+        ("slots", _vp),
+        ("ops", _vp),
+        ("num_ops", c_i32),
+        ("reserved_", c_i32),
+    ]
+
+
+class QuantDescC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("format", c_i32),
+        ("is_value", c_i32),
+        ("k_order", c_i32),
+        ("page_size", c_i32),
+        ("head_dim", c_i32),
+        ("heads", c_i32),
+        ("dtype", c_i32),
+        ("fp8_scale", ctypes.c_float),
+        ("reserved_", c_i32),
+    ]
+
+
+class CtxParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("threads", c_i32),
+        ("isa", c_i32),
+        ("reserved_", c_i32),
+        ("workspace_bytes", c_u64),
+        ("allocator", Allocator),
+    ]
+
+
+class AttentionParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layer", c_i32),
+        ("q_heads", c_i32),
+        ("dtype", c_i32),
+        ("causal", c_i32),
+        ("window_left", c_i32),
+        ("sm_scale", ctypes.c_float),
+        ("logit_soft_cap", ctypes.c_float),
+        ("qo_indptr", _vp),
+        ("q", _vp),
+        ("out", _vp),
+        ("lse", _vp),
+    ]
+
+
+class CacheParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layers", c_i32),
+        ("kv_heads", c_i32),
+        ("head_dim", c_i32),
+        ("page_size", c_i32),
+        ("k_format", c_i32),
+        ("v_format", c_i32),
+        ("k_order", c_i32),
+        ("max_seqs", c_i32),
+        ("prefix_cache", c_i32),
+        ("threads", c_i32),
+        ("isa", c_i32),
+        ("reserved_", c_i32),
+        ("num_pages", ctypes.c_int64),
+        ("kv_budget_bytes", c_u64),
+        ("hash_seed", c_u64),
+        ("allocator", Allocator),
+    ]
+
+
+MIRRORED.update({
+    "kvp_store_params_t": StoreParamsC,
+    "kvp_region_t": RegionC,
+    "kvp_append_t": AppendC,
+    "kvp_quant_desc_t": QuantDescC,
+    "kvp_ctx_params_t": CtxParamsC,
+    "kvp_attention_params_t": AttentionParamsC,
+    "kvp_cache_params_t": CacheParamsC,
+})
+
+_sig("kvp_store_params_init", None, _P(StoreParamsC))
+_sig("kvp_store_create", ctypes.c_int, _P(StoreParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_store_destroy", None, _vp)
+_sig("kvp_store_last_error", c_char_p, _vp)
+_sig("kvp_store_layout", ctypes.c_int, _vp, _P(LayoutC))
+_sig("kvp_store_arena", ctypes.c_int, _vp, _P(_vp), _P(c_u64))
+_sig("kvp_store_region", ctypes.c_int, _vp, c_i32, c_i32, _P(RegionC))
+_sig("kvp_store_set_fp8_scale", ctypes.c_int, _vp, c_i32, c_i32, c_i32, ctypes.c_float)
+_sig("kvp_store_get_fp8_scale", ctypes.c_int, _vp, c_i32, c_i32, c_i32, _P(ctypes.c_float))
+_sig("kvp_append_init", None, _P(AppendC))
+_sig("kvp_store_append", ctypes.c_int, _vp, _P(AppendC))
+_sig("kvp_store_apply_ops", ctypes.c_int, _vp, _P(PageOpC), c_i32)
+_sig("kvp_store_read", ctypes.c_int, _vp, c_i32, c_i32, c_i32, c_i32, _P(ctypes.c_float),
+     _P(ctypes.c_float))
+_sig("kvp_store_nonfinite_count", c_u64, _vp)
+_sig("kvp_quant_block_bytes", ctypes.c_int, _P(QuantDescC), _P(c_u64), c_char_p, _sz)
+_sig("kvp_quantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, c_char_p, _sz)
+_sig("kvp_dequantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, c_char_p, _sz)
+_sig("kvp_ctx_params_init", None, _P(CtxParamsC))
+_sig("kvp_ctx_create", ctypes.c_int, _P(CtxParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_ctx_destroy", None, _vp)
+_sig("kvp_ctx_last_error", c_char_p, _vp)
+_sig("kvp_ctx_isa", c_i32, _vp)
+_sig("kvp_isa_name", c_char_p, c_i32)
+_sig("kvp_isa_supported", ctypes.c_int, c_i32)
+_sig("kvp_attention_params_init", None, _P(AttentionParamsC))
+_sig("kvp_attention", ctypes.c_int, _vp, _vp, _P(KvViewC), _P(AttentionParamsC))
+_sig("kvp_cache_params_init", None, _P(CacheParamsC))
+_sig("kvp_cache_create", ctypes.c_int, _P(CacheParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_cache_destroy", None, _vp)
+_sig("kvp_cache_last_error", c_char_p, _vp)
+_sig("kvp_cache_pool", _vp, _vp)
+_sig("kvp_cache_store", _vp, _vp)
+_sig("kvp_cache_seq_create", ctypes.c_int, _vp, c_i32, c_u64, _i32p)
+_sig("kvp_cache_seq_release", ctypes.c_int, _vp, c_i32)
+_sig("kvp_cache_seq_attach_prefix", ctypes.c_int, _vp, c_i32, _i32p, ctypes.c_int64, _i64p)
+_sig("kvp_cache_seq_fork", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_cache_seq_truncate", ctypes.c_int, _vp, c_i32, ctypes.c_int64)
+_sig("kvp_cache_seq_length", ctypes.c_int, _vp, c_i32, _i64p)
+_sig("kvp_cache_begin_step", ctypes.c_int, _vp, _i32p, c_i32, _i32p, _i32p)
+_sig("kvp_cache_write", ctypes.c_int, _vp, c_i32, c_i32, _vp, _vp, ctypes.c_int64,
+     ctypes.c_int64)
+_sig("kvp_cache_attend", ctypes.c_int, _vp, _P(AttentionParamsC))
+_sig("kvp_cache_step_view", ctypes.c_int, _vp, _P(KvViewC), _P(_i64p), _P(_i32p), _i32p)
 
 
 # ---- host tier -------------------------------------------------------------------------
@@ -490,38 +755,12 @@ class TierStatsC(ctypes.Structure):
 
 
 MIRRORED.update({
-    "kvp_pool_params_t": PoolParamsC,
-    "kvp_pool_stats_t": PoolStatsC,
-    "kvp_table_params_t": TableParamsC,
-    "kvp_seq_params_t": SeqParamsC,
-    "kvp_seq_info_t": SeqInfoC,
     "kvp_page_io_t": PageIoC,
     "kvp_tier_params_t": TierParamsC,
     "kvp_tier_seq_info_t": TierSeqInfoC,
     "kvp_tier_stats_t": TierStatsC,
 })
 
-_i64 = ctypes.c_int64
-_sig("kvp_pool_params_init", None, _P(PoolParamsC))
-_sig("kvp_pool_create", ctypes.c_int, _P(PoolParamsC), _P(_vp), c_char_p, _sz)
-_sig("kvp_pool_destroy", None, _vp)
-_sig("kvp_pool_last_error", c_char_p, _vp)
-_sig("kvp_pool_stats", ctypes.c_int, _vp, _P(PoolStatsC))
-_sig("kvp_pool_refcount", ctypes.c_int, _vp, c_i32, _P(c_i32))
-_sig("kvp_pool_evict", ctypes.c_int, _vp, c_i32, _P(c_i32))
-_sig("kvp_table_params_init", None, _P(TableParamsC))
-_sig("kvp_table_create", ctypes.c_int, _vp, _P(TableParamsC), _P(_vp), c_char_p, _sz)
-_sig("kvp_table_destroy", None, _vp)
-_sig("kvp_table_last_error", c_char_p, _vp)
-_sig("kvp_seq_params_init", None, _P(SeqParamsC))
-_sig("kvp_table_seq_create", ctypes.c_int, _vp, _P(SeqParamsC), _P(c_i32))
-_sig("kvp_table_seq_release", ctypes.c_int, _vp, c_i32)
-_sig("kvp_table_reserve", ctypes.c_int, _vp, c_i32, _i64)
-_sig("kvp_table_append", ctypes.c_int, _vp, c_i32, _i64, _P(c_i32), _P(_i64), _P(PageOpC),
-     c_i32, _P(c_i32))
-_sig("kvp_table_fork", ctypes.c_int, _vp, c_i32, _P(c_i32), _P(PageOpC), c_i32, _P(c_i32))
-_sig("kvp_table_seq_info", ctypes.c_int, _vp, c_i32, _P(SeqInfoC))
-_sig("kvp_table_seq_pages", ctypes.c_int, _vp, c_i32, _P(c_i32), c_i32)
 _sig("kvp_tier_params_init", None, _P(TierParamsC))
 _sig("kvp_tier_create", ctypes.c_int, _vp, _P(TierParamsC), _P(_vp), c_char_p, _sz)
 _sig("kvp_tier_destroy", None, _vp)

@@ -51,7 +51,7 @@ class FakeStorage:
             self.pages[p][:] = bytes(len(self.pages[p]))
 
     def content(self, table, seq):
-        return [bytes(self.pages[p]) for p in table.seq_pages(seq)]
+        return [bytes(self.pages[p]) for p in list(table.pages(seq))]
 
 
 def make(k="int8", v="int4", pages=32, staging=4, slots=32, io=True):
@@ -70,11 +70,11 @@ def make(k="int8", v="int4", pages=32, staging=4, slots=32, io=True):
                                  ("int8", "int4")])
 def test_round_trip_is_bit_exact(io, k, v):
     layout, pool, table, store, tier = make(k, v, io=io)
-    s = table.create_seq()
-    table.append(s, tokens=list(range(100, 110)))  # 2 full pages + 2 tokens
+    s = table.create()
+    table.append(s, list(range(100, 110)))  # 2 full pages + 2 tokens
     child, _ = table.fork(s)
     before = store.content(table, s)
-    pages = table.seq_pages(s)
+    pages = list(table.pages(s))
     ops = tier.swap_out(s)
     st = tier.stats()
     if io:
@@ -82,10 +82,10 @@ def test_round_trip_is_bit_exact(io, k, v):
     else:
         assert all(op.kind == OpKind.SWAP_OUT for op in ops)
         store.run(ops, tier.host_memory(), st["slot_bytes"])
-    assert table.seq_info(s)["swapped"]
+    assert table.info(s)["swapped"]
     assert tier.seq_info(s)["swapped"]
     with pytest.raises(kvpage.BadState, match="swapped out"):
-        table.append(s, 1)
+        table.append(s, [1])
     with pytest.raises(kvpage.BadState):
         table.reserve(s, 1)
     with pytest.raises(kvpage.BadState):
@@ -100,29 +100,29 @@ def test_round_trip_is_bit_exact(io, k, v):
         store.run(ops, tier.host_memory(), st["slot_bytes"])
     assert store.content(table, s) == before
     assert tier.stats()["free_slots"] == st["total_slots"]
-    table.append(s, 3)  # usable again
+    table.append(s, list(range(3)))  # usable again
 
 
 def test_host_full_changes_nothing():
     layout, pool, table, store, tier = make(slots=2)
-    s = table.create_seq()
-    table.append(s, 13)
-    info, stats, pstats = table.seq_info(s), tier.stats(), pool.stats()
+    s = table.create()
+    table.append(s, list(range(13)))
+    info, stats, pstats = table.info(s), tier.stats(), pool.stats()
     with pytest.raises(HostFull, match="host slots") as e:
         tier.swap_out(s)
     assert e.value.status == -10 and e.value.name == "KVP_EHOSTFULL"
-    assert table.seq_info(s) == info
+    assert table.info(s) == info
     assert tier.stats() == stats
     assert pool.stats() == pstats
     tier.drop(s)
     with pytest.raises(kvpage.NotFound):
-        table.seq_info(s)
+        table.info(s)
 
 
 def test_page_io_errors_become_exceptions():
     layout, pool, table, store, tier = make()
-    s = table.create_seq()
-    table.append(s, 9)
+    s = table.create()
+    table.append(s, list(range(9)))
     before = store.content(table, s)
     store.fail = kvpage.CudaError(-7, "device lost")
     with pytest.raises(kvpage.CudaError, match="page I/O failed"):
@@ -130,13 +130,13 @@ def test_page_io_errors_become_exceptions():
     store.fail = ZeroDivisionError("a bug in the storage")
     with pytest.raises(ZeroDivisionError):
         tier.swap_out(s)
-    assert not table.seq_info(s)["swapped"]
+    assert not table.info(s)["swapped"]
     store.fail = None
     tier.swap_out(s)
     store.fail = kvpage.CudaError(-7, "device lost")
     with pytest.raises(kvpage.CudaError):
         tier.swap_in(s)
-    assert table.seq_info(s)["swapped"]  # still safe on the host
+    assert table.info(s)["swapped"]  # still safe on the host
     store.fail = None
     tier.swap_in(s)
     assert store.content(table, s) == before
@@ -144,7 +144,7 @@ def test_page_io_errors_become_exceptions():
 
 def test_bad_input_and_lifetime():
     layout, pool, table, store, tier = make()
-    s = table.create_seq()
+    s = table.create()
     with pytest.raises(kvpage.BadState, match="resident"):
         tier.swap_in(s)
     with pytest.raises(kvpage.NotFound):
@@ -172,8 +172,8 @@ def test_collected_in_any_order():
     in no particular order: each object is still destroyed after its children."""
     for _ in range(20):
         layout, pool, table, store, tier = make()
-        s = table.create_seq()
-        table.append(s, 9)
+        s = table.create()
+        table.append(s, list(range(9)))
         tier.swap_out(s)
         pool.cycle = (pool, table, tier)  # a cycle through all three
         store.tier = tier

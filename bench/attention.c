@@ -1,0 +1,511 @@
+/*
+ * kvpage-bench attention: paged decode attention on the CPU backend, read
+ * against the machine's streaming-read bandwidth and fp32 FMA rate measured
+ * in the same run, and against the same kernels over a contiguous cache.
+ *
+ * Cases: q_len 1, llama-3.1-8b shapes (32 q heads, 8 kv heads, head_dim 128,
+ * one layer), batch 1 and 16, context 1k/8k/32k, page 16 and 32, K/V fp16,
+ * int8, int4. Pages are handed to sequences in a shuffled order, as a page
+ * pool that has been running for a while would. The last line is JSON.
+ */
+#define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
+#define _POSIX_C_SOURCE 200809L
+#include "bench.h"
+#include "kvdist.h"
+#include "../tests/kvtable.h"
+#include "cpu/cpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define Q_HEADS 32
+#define KV_HEADS 8
+#define HEAD_DIM 128
+#define TEMPLATE_PAGES 64
+#define ACC_TOKENS 4096
+
+typedef struct {
+    const char *name;
+    int32_t format;
+    int32_t k_order;
+} bench_format;
+
+static const bench_format formats[] = {
+    {"fp16", KVP_FORMAT_FP16, KVP_K_ORDER_DIM_MAJOR},
+    {"int8", KVP_FORMAT_INT8, KVP_K_ORDER_DIM_MAJOR},
+    {"int4", KVP_FORMAT_INT4, KVP_K_ORDER_DIM_MAJOR},
+    {"fp16-hnd", KVP_FORMAT_FP16, KVP_K_ORDER_TOKEN_MAJOR},
+};
+
+typedef struct {
+    int fmt, page, batch, context;
+    double t_paged, t_contig, bytes;
+} result;
+
+typedef struct {
+    int threads, quick, isa;
+    double min_seconds;
+    int only_fmt, only_page, only_batch, only_context; /* -1: all */
+} options;
+
+/* ---- building a store -------------------------------------------------------------- */
+
+static kvp_store_t *make_store(const bench_format *f, int32_t P, int64_t pages, int32_t staging) {
+    kvp_store_params_t sp;
+    kvp_store_params_init(&sp);
+    sp.layers = 1;
+    sp.kv_heads = KV_HEADS;
+    sp.head_dim = HEAD_DIM;
+    sp.page_size = P;
+    sp.k_format = f->format;
+    sp.v_format = f->format;
+    sp.k_order = f->k_order;
+    sp.num_pages = (uint64_t)pages;
+    sp.num_staging = (uint64_t)staging;
+    kvp_store_t *s = NULL;
+    char err[KVP_ERR_SIZE];
+    if (kvp_store_create(&sp, &s, err, sizeof err) != KVP_OK) {
+        fprintf(stderr, "kvpage-bench attention: %s\n", err);
+        return NULL;
+    }
+    return s;
+}
+
+/* Append `tokens` rows of one sequence through the real append path. */
+static int append_sequence(kvp_store_t *s, kvt_pool *pool, kvt_seq *seq, const float *k,
+                           const float *v, int32_t tokens) {
+    enum { STEP = 256 };
+    int64_t slots[STEP];
+    kvp_page_op_t ops[STEP];
+    size_t row = (size_t)KV_HEADS * HEAD_DIM;
+    for (int32_t t0 = 0; t0 < tokens; t0 += STEP) {
+        int32_t n = tokens - t0 < STEP ? tokens - t0 : STEP, nops = 0;
+        if (kvt_plan_append(pool, seq, n, 0, slots, ops, &nops) != 0) return -1;
+        kvp_append_t a;
+        kvp_append_init(&a);
+        a.rows = n;
+        a.dtype = KVP_FORMAT_FP32;
+        a.k = k + (size_t)t0 * row;
+        a.v = v + (size_t)t0 * row;
+        a.slots = slots;
+        a.ops = ops;
+        a.num_ops = nops;
+        if (kvp_store_append(s, &a) != KVP_OK) {
+            fprintf(stderr, "kvpage-bench attention: append: %s\n", kvp_store_last_error(s));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Fill every page: TEMPLATE_PAGES pages of random K/V through append, then
+ * copies of them (timing does not depend on the values). */
+static int fill_pages(kvp_store_t *s, int32_t P, int64_t pages, kvd_rng *rng) {
+    kvp_layout_t lay = {.struct_size = sizeof lay};
+    kvp_store_layout(s, &lay);
+    kvd_keys keys;
+    if (kvd_keys_init(&keys, rng, KV_HEADS, HEAD_DIM) != 0) return -1;
+    int32_t tpages = pages < TEMPLATE_PAGES ? (int32_t)pages : TEMPLATE_PAGES;
+    int32_t tokens = tpages * P;
+    size_t n = (size_t)tokens * KV_HEADS * HEAD_DIM;
+    float *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    int rc = -1;
+    if (k == NULL || v == NULL) goto out;
+    kvd_fill_keys(&keys, rng, (size_t)tokens, k);
+    kvd_fill_normal(rng, n, v);
+    kvt_pool pool;
+    kvt_pool_init(&pool, P, (int32_t)pages, 1, lay.needs_staging);
+    kvt_seq seq;
+    kvt_seq_init(&seq);
+    rc = append_sequence(s, &pool, &seq, k, v, tokens);
+    kvt_seq_free(&seq);
+    if (rc != 0) goto out;
+    kvp_region_t rk = {.struct_size = sizeof rk}, rv = {.struct_size = sizeof rv};
+    kvp_store_region(s, 0, KVP_REGION_K, &rk);
+    kvp_store_region(s, 0, KVP_REGION_V, &rv);
+    for (int64_t p = tpages; p < pages; p++) {
+        memcpy((uint8_t *)rk.base + (size_t)p * rk.page_stride,
+               (uint8_t *)rk.base + (size_t)(p % tpages) * rk.page_stride, (size_t)rk.page_stride);
+        memcpy((uint8_t *)rv.base + (size_t)p * rv.page_stride,
+               (uint8_t *)rv.base + (size_t)(p % tpages) * rv.page_stride, (size_t)rv.page_stride);
+    }
+out:
+    free(k);
+    free(v);
+    kvd_keys_free(&keys);
+    return rc;
+}
+
+/* ---- timing ----------------------------------------------------------------------------- */
+
+typedef int (*run_fn)(void *arg);
+
+static double time_median(run_fn fn, void *arg, double min_seconds) {
+    double t[64];
+    if (fn(arg) != 0) return -1.0; /* warm-up */
+    double t0 = bench_now();
+    if (fn(arg) != 0) return -1.0;
+    t[0] = bench_now() - t0;
+    int reps = t[0] > 0 ? (int)(min_seconds / t[0]) : 64;
+    if (reps < 5) reps = 5;
+    if (reps > 64) reps = 64;
+    for (int i = 1; i < reps; i++) {
+        t0 = bench_now();
+        if (fn(arg) != 0) return -1.0;
+        t[i] = bench_now() - t0;
+    }
+    return bench_median(t, reps);
+}
+
+typedef struct {
+    kvp_ctx_t *ctx;
+    kvp_store_t *store;
+    kvp_kv_view_t view;
+    kvp_attention_params_t ap;
+    kvp__contig contig;
+    const float *q;
+    float *out;
+    float sm_scale;
+} attn_call;
+
+static int run_paged(void *arg) {
+    attn_call *c = arg;
+    int rc = kvp_attention(c->ctx, c->store, &c->view, &c->ap);
+    if (rc != KVP_OK) fprintf(stderr, "kvpage-bench attention: %s\n", kvp_ctx_last_error(c->ctx));
+    return rc;
+}
+
+static int run_contig(void *arg) {
+    attn_call *c = arg;
+    return kvp__cpu_attention_contig(c->ctx, &c->contig, Q_HEADS, c->q, c->out, c->sm_scale);
+}
+
+/* ---- one case ----------------------------------------------------------------------------- */
+
+/* The contiguous baseline gets transparent huge pages like the store's arena. */
+static uint8_t *huge_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, (size_t)2 << 20, bytes) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (bytes >= ((size_t)2 << 20)) (void)madvise(p, bytes & ~(((size_t)2 << 20) - 1), MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+static void shuffle(int32_t *a, int64_t n, kvd_rng *rng) {
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(kvd_next(rng) % (uint64_t)(i + 1));
+        int32_t t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
+    const bench_format *f = &formats[r->fmt];
+    int32_t P = r->page, B = r->batch, per = (r->context + P - 1) / P;
+    int64_t pages = (int64_t)B * per;
+    kvp_store_t *s = make_store(f, P, pages, B);
+    if (s == NULL || fill_pages(s, P, pages, rng) != 0) {
+        kvp_store_destroy(s);
+        return -1;
+    }
+    int32_t *ids = malloc((size_t)pages * sizeof *ids), *indptr = malloc((size_t)(B + 1) * 4);
+    int32_t *last = malloc((size_t)B * 4), *qo = malloc((size_t)(B + 1) * 4);
+    size_t qn = (size_t)B * Q_HEADS * HEAD_DIM;
+    float *q = malloc(qn * sizeof *q), *out = malloc(qn * sizeof *out);
+    kvp_layout_t lay = {.struct_size = sizeof lay};
+    kvp_store_layout(s, &lay);
+    uint64_t kb = lay.k_block_bytes, vb = lay.v_block_bytes;
+    uint8_t *ck = huge_alloc((size_t)pages * KV_HEADS * kb), *cv = huge_alloc((size_t)pages * KV_HEADS * vb);
+    int rc = -1;
+    if (!ids || !indptr || !last || !qo || !q || !out || !ck || !cv) goto out;
+    for (int64_t i = 0; i < pages; i++) ids[i] = (int32_t)i;
+    shuffle(ids, pages, rng);
+    for (int32_t b = 0; b <= B; b++) {
+        indptr[b] = b * per;
+        qo[b] = b;
+    }
+    for (int32_t b = 0; b < B; b++) last[b] = r->context - (per - 1) * P;
+    kvd_fill_normal(rng, qn, q);
+
+    attn_call c;
+    memset(&c, 0, sizeof c);
+    c.ctx = ctx;
+    c.store = s;
+    c.view.batch = B;
+    c.view.page_size = P;
+    c.view.num_pages = (int32_t)pages;
+    c.view.num_staging = lay.needs_staging ? B : 0;
+    c.view.indptr = indptr;
+    c.view.indices = ids;
+    c.view.last_page_len = last;
+    kvp_attention_params_init(&c.ap);
+    c.ap.q_heads = Q_HEADS;
+    c.ap.sm_scale = 1.0f / sqrtf((float)HEAD_DIM);
+    c.ap.qo_indptr = qo;
+    c.ap.q = q;
+    c.ap.out = out;
+    c.q = q;
+    c.out = out;
+    c.sm_scale = c.ap.sm_scale;
+    /* the contiguous cache: the same blocks, [batch][kv_head][page] end to end */
+    for (int32_t b = 0; b < B; b++)
+        for (int32_t h = 0; h < KV_HEADS; h++)
+            for (int32_t j = 0; j < per; j++) {
+                int32_t id = ids[(int64_t)b * per + j];
+                size_t at = ((size_t)b * KV_HEADS + (size_t)h) * (size_t)per + (size_t)j;
+                memcpy(ck + at * kb, kvp__block_k(s, 0, id, h), (size_t)kb);
+                memcpy(cv + at * vb, kvp__block_v(s, 0, id, h), (size_t)vb);
+            }
+    c.contig.k = ck;
+    c.contig.v = cv;
+    c.contig.k_block = kb;
+    c.contig.v_block = vb;
+    c.contig.kf = s->kfmt;
+    c.contig.vf = s->vfmt;
+    c.contig.batch = B;
+    c.contig.kv_heads = KV_HEADS;
+    c.contig.pages = per;
+    c.contig.kv_len = r->context;
+    r->bytes = (double)pages * (double)KV_HEADS * (double)(kb + vb);
+    r->t_paged = time_median(run_paged, &c, o->min_seconds);
+    r->t_contig = time_median(run_contig, &c, o->min_seconds);
+    rc = r->t_paged > 0 && r->t_contig > 0 ? 0 : -1;
+out:
+    free(ids);
+    free(indptr);
+    free(last);
+    free(qo);
+    free(q);
+    free(out);
+    free(ck);
+    free(cv);
+    kvp_store_destroy(s);
+    return rc;
+}
+
+/* ---- accuracy against the float64 reference (4096 tokens, fresh inputs) -------------------- */
+
+/* Relative L2 error of one decode step of ACC_SEQS fresh sequences of 4096
+ * tokens each (errors pooled: one sequence's figure swings by +-20% with the
+ * draw, since a few tokens carry most of the softmax weight). */
+#define ACC_SEQS 4
+static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng *rng) {
+    const int32_t T = ACC_TOKENS, per = T / P + 1;
+    kvp_store_t *s = make_store(f, P, (int64_t)per * ACC_SEQS, ACC_SEQS);
+    size_t n = (size_t)T * KV_HEADS * HEAD_DIM, qn = (size_t)Q_HEADS * HEAD_DIM;
+    float *k = malloc(n * 4), *v = malloc(n * 4), *q = malloc(qn * 4), *out = malloc(qn * 4);
+    double *ref = malloc(qn * 8), num = 0.0, den = 0.0;
+    int ok = s != NULL && k && v && q && out && ref;
+    kvp_layout_t lay = {.struct_size = sizeof lay};
+    kvt_pool pool;
+    if (ok) {
+        kvp_store_layout(s, &lay);
+        kvt_pool_init(&pool, P, per * ACC_SEQS, ACC_SEQS, lay.needs_staging);
+    }
+    for (int b = 0; b < ACC_SEQS && ok; b++) {
+        kvd_keys keys;
+        if (kvd_keys_init(&keys, rng, KV_HEADS, HEAD_DIM) != 0) {
+            ok = 0;
+            break;
+        }
+        kvd_fill_keys(&keys, rng, (size_t)T, k);
+        kvd_fill_normal(rng, n, v);
+        kvd_fill_normal(rng, qn, q);
+        kvt_seq seq;
+        kvt_seq_init(&seq);
+        if (append_sequence(s, &pool, &seq, k, v, T) == 0) {
+            int32_t indptr[2], indices[ACC_TOKENS + 2], last[1], qo[2] = {0, 1};
+            kvp_kv_view_t view;
+            kvt_export(&pool, &seq, 1, indptr, indices, last, &view);
+            view.num_staging = lay.needs_staging ? ACC_SEQS : 0;
+            kvp_attention_params_t ap;
+            kvp_attention_params_init(&ap);
+            ap.q_heads = Q_HEADS;
+            ap.sm_scale = (float)kvd_sm_scale(&keys);
+            ap.qo_indptr = qo;
+            ap.q = q;
+            ap.out = out;
+            if (kvp_attention(ctx, s, &view, &ap) == KVP_OK) {
+                kvd_attn ra = {Q_HEADS, KV_HEADS, HEAD_DIM, ap.sm_scale, 0.0, 1, -1};
+                kvd_reference(&ra, q, 1, k, v, T, ref);
+                for (size_t i = 0; i < qn; i++) {
+                    num += ((double)out[i] - ref[i]) * ((double)out[i] - ref[i]);
+                    den += ref[i] * ref[i];
+                }
+            } else ok = 0;
+        } else ok = 0;
+        kvt_seq_free(&seq);
+        kvd_keys_free(&keys);
+    }
+    kvp_store_destroy(s);
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+    free(ref);
+    return ok && den > 0.0 ? sqrt(num / den) : -1.0;
+}
+
+/* ---- report -------------------------------------------------------------------------------- */
+
+static const result *find(const result *rs, int n, int fmt, int page, int batch, int context) {
+    for (int i = 0; i < n; i++)
+        if (rs[i].fmt == fmt && rs[i].page == page && rs[i].batch == batch && rs[i].context == context)
+            return &rs[i];
+    return NULL;
+}
+
+/* Median over page-32 cases with context >= 8k of a per-case figure. */
+static double headline(const result *rs, int n, int fmt, int what, double read_gbps, int max_ctx) {
+    double v[64];
+    int k = 0;
+    for (int i = 0; i < n && k < 64; i++) {
+        const result *r = &rs[i];
+        if (r->fmt != fmt || r->page != 32 || r->context < 8192) continue;
+        if (what == 2 && r->context != max_ctx) continue;
+        const result *base = find(rs, n, 0, r->page, r->batch, r->context);
+        if (what == 0) v[k++] = r->bytes / r->t_paged / 1e9 / read_gbps;
+        else if (what == 1 && base != NULL) v[k++] = base->t_paged / r->t_paged;
+        else if (what == 2) v[k++] = r->t_contig / r->t_paged;
+    }
+    return k > 0 ? bench_median(v, k) : 0.0;
+}
+
+static int parse_options(int argc, char **argv, options *o) {
+    o->threads = 2;
+    o->quick = 0;
+    o->isa = KVP_ISA_AUTO;
+    o->min_seconds = 0.25;
+    o->only_fmt = o->only_page = o->only_batch = o->only_context = -1;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) o->quick = 1;
+        else if (!strcmp(argv[i], "--page") && i + 1 < argc) o->only_page = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o->only_batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--context") && i + 1 < argc) o->only_context = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--format") && i + 1 < argc) {
+            const char *n = argv[++i];
+            for (int k = 0; k < (int)(sizeof formats / sizeof *formats); k++)
+                if (!strcmp(n, formats[k].name)) o->only_fmt = k;
+            if (o->only_fmt < 0) return -1;
+        }
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) o->threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            const char *n = argv[++i];
+            o->isa = -1;
+            for (int32_t k = KVP_ISA_AUTO; k <= KVP_ISA_AVX512; k++)
+                if (!strcmp(n, kvp_isa_name(k))) o->isa = k;
+            if (o->isa < 0) return -1;
+        } else return -1;
+    }
+    if (o->quick) o->min_seconds = 0.12;
+    return o->threads >= 1 && o->threads <= 64 ? 0 : -1;
+}
+
+int bench_attention(int argc, char **argv) {
+    options o;
+    if (parse_options(argc, argv, &o) != 0) {
+        fprintf(stderr, "usage: kvpage-bench attention [--quick] [--threads N] "
+                        "[--isa auto|portable|avx2|avx512]\n"
+                        "       [--format fp16|int8|int4|fp16-hnd] [--page N] [--batch N] "
+                        "[--context N]   (run only matching cases)\n");
+        return 2;
+    }
+    bench_roofs roofs;
+    if (bench_measure_roofs(o.threads, 0, 5, &roofs) != 0) {
+        fprintf(stderr, "kvpage-bench attention: roof probes failed\n");
+        return 1;
+    }
+    kvp_ctx_params_t cp;
+    kvp_ctx_params_init(&cp);
+    cp.threads = o.threads;
+    cp.isa = o.isa;
+    kvp_ctx_t *ctx = NULL;
+    char err[KVP_ERR_SIZE];
+    if (kvp_ctx_create(&cp, &ctx, err, sizeof err) != KVP_OK) {
+        fprintf(stderr, "kvpage-bench attention: %s\n", err);
+        return 1;
+    }
+    kvd_rng rng;
+    kvd_seed(&rng, 20261129);
+    printf("attention decode: llama-3.1-8b shapes (%d q heads, %d kv heads, head_dim %d), "
+           "q_len 1, %d threads, kernels %s%s\n", Q_HEADS, KV_HEADS, HEAD_DIM, o.threads,
+           kvp_isa_name(kvp_ctx_isa(ctx)), o.quick ? ", --quick" : "");
+    printf("roofs (same run): streaming read %.1f GB/s, fp32 FMA %.1f G/s (%s)\n", roofs.read_gbps,
+           roofs.fma_per_s / 1e9, roofs.isa);
+
+    double acc[3], acc16[3];
+    for (int f = 0; f < 3; f++) {
+        acc[f] = accuracy(ctx, &formats[f], 32, &rng);
+        acc16[f] = accuracy(ctx, &formats[f], 16, &rng);
+    }
+    printf("accuracy vs float64 reference (rel. L2 of the output; %d sequences of %d tokens, keys "
+           "with outlier channels):\n  page 32: fp16 %.2e  int8 %.2e  int4 %.2e\n"
+           "  page 16: fp16 %.2e  int8 %.2e  int4 %.2e\n\n", ACC_SEQS, ACC_TOKENS, acc[0], acc[1],
+           acc[2], acc16[0], acc16[1], acc16[2]);
+
+    static const int pages_full[] = {16, 32}, pages_quick[] = {32};
+    static const int batches[] = {1, 16};
+    static const int ctx_full[] = {1024, 8192, 32768}, ctx_quick[] = {8192, 32768};
+    const int *pg = o.quick ? pages_quick : pages_full;
+    int npg = o.quick ? 1 : 2;
+    const int *cx = o.quick ? ctx_quick : ctx_full;
+    int ncx = o.quick ? 2 : 3;
+    int one_ctx[1] = {o.only_context}, one_page[1] = {o.only_page};
+    if (o.only_context > 0) { cx = one_ctx; ncx = 1; }
+    if (o.only_page > 0) { pg = one_page; npg = 1; }
+    int nfmt = o.quick && o.only_fmt != 3 ? 3 : 4, max_ctx = cx[ncx - 1];
+    result rs[64];
+    int n = 0;
+    printf("%-9s %4s %5s %7s %10s %9s %7s %8s %10s\n", "format", "page", "batch", "context",
+           "time ms", "KV GB/s", "of read", "vs fp16", "paged/contig");
+    for (int ip = 0; ip < npg; ip++)
+        for (int ib = 0; ib < 2; ib++)
+            for (int ic = 0; ic < ncx; ic++)
+                for (int f = 0; f < nfmt; f++) {
+                    /* --quick: batch 16 only at 8k (a 32k batch of 16 is 2 GiB of fp16) */
+                    if (o.quick && o.only_batch < 0 && batches[ib] == 16 && cx[ic] > 8192) continue;
+                    if ((o.only_fmt >= 0 && f != o.only_fmt && f != 0) ||
+                        (o.only_batch >= 0 && batches[ib] != o.only_batch) ||
+                        0)
+                        continue;
+                    result *r = &rs[n];
+                    memset(r, 0, sizeof *r);
+                    r->fmt = f;
+                    r->page = pg[ip];
+                    r->batch = batches[ib];
+                    r->context = cx[ic];
+                    if (run_case(&o, ctx, r, &rng) != 0) {
+                        fprintf(stderr, "kvpage-bench attention: case failed\n");
+                        kvp_ctx_destroy(ctx);
+                        return 1;
+                    }
+                    const result *base = find(rs, n + 1, 0, r->page, r->batch, r->context);
+                    double gbps = r->bytes / r->t_paged / 1e9;
+                    printf("%-9s %4d %5d %7d %10.3f %9.1f %7.2f %8.2f %10.2f\n", formats[f].name,
+                           r->page, r->batch, r->context, r->t_paged * 1e3, gbps,
+                           gbps / roofs.read_gbps, base->t_paged / r->t_paged,
+                           r->t_contig / r->t_paged);
+                    fflush(stdout);
+                    n++;
+                }
+    double bw = headline(rs, n, 0, 0, roofs.read_gbps, max_ctx);
+    double s8 = headline(rs, n, 1, 1, roofs.read_gbps, max_ctx);
+    double s4 = headline(rs, n, 2, 1, roofs.read_gbps, max_ctx);
+    double pc = headline(rs, n, 0, 2, roofs.read_gbps, max_ctx);
+    printf("\nheadline (page 32, median over batch 1 and 16 at contexts >= 8k; paged/contig at %dk):\n"
+           "  fp16 %.2f of read bandwidth, int8 %.2fx and int4 %.2fx faster than fp16, "
+           "paged/contiguous %.3f\n", max_ctx / 1024, bw, s8, s4, pc);
+    printf("{\"bench\": \"attention\", \"threads\": %d, \"isa\": \"%s\", \"quick\": %s, "
+           "\"read_gbps\": %.3f, \"fma_per_s\": %.6g, \"fp16_bw_fraction\": %.4f, "
+           "\"int8_speedup\": %.4f, \"int4_speedup\": %.4f, \"paged_vs_contiguous\": %.4f, "
+           "\"fp16_rel_err\": %.3e, \"int8_rel_err\": %.3e, \"int4_rel_err\": %.3e, "
+           "\"int8_rel_err_page16\": %.3e, \"int4_rel_err_page16\": %.3e}\n",
+           o.threads, kvp_isa_name(kvp_ctx_isa(ctx)), o.quick ? "true" : "false", roofs.read_gbps,
+           roofs.fma_per_s, bw, s8, s4, pc, acc[0], acc[1], acc[2], acc16[1], acc16[2]);
+    kvp_ctx_destroy(ctx);
+    return 0;
+}

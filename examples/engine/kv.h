@@ -1,0 +1,110 @@
+/*
+ * The engine's KV-cache interface: everything the model code knows about
+ * where keys and values live.
+ *
+ * The model calls, per forward step:
+ *
+ *     kv->ops->begin_step(kv, &batch)        once: room for the batch's new tokens
+ *     for each layer:
+ *         kv->ops->append(kv, layer, k, v)   K/V rows of every new token
+ *         kv->ops->attend(kv, layer, q, out) causal GQA attention of every new token
+ *     kv->ops->end_step(kv)                  once: the new tokens become part of the sequences
+ *
+ * A batch is ragged, in FlashInfer's qo_indptr style: sequence i brings rows
+ * q_start[i] .. q_start[i+1]-1 (q_len >= 1: a prefill chunk, a decode token,
+ * or several), and every per-row array (tokens, K, V, Q, output) is laid out
+ * in that row order. Append comes before attend in each layer, so a row sees
+ * the rows of its own sequence before it (causal), plus everything stored
+ * earlier.
+ *
+ * Implementations:
+ *   - kv_contig.c: a contiguous fp32 cache, one max-length reservation per
+ *     sequence, attention computed directly (two passes, exact softmax). It
+ *     is the reference the paged implementation is compared against, and it
+ *     stays.
+ *   - (later) a libkvpage-backed cache: begin_step reserves and appends in
+ *     the page table and exports the CSR view and slot mapping once for all
+ *     layers; append quantizes on write through the slot mapping; attend runs
+ *     paged attention over the CSR view; seq_attach_prefix looks the prompt up
+ *     in the prefix cache; seq_fork is the table's fork. It plugs in by
+ *     providing another kv_ops_t; the model code does not change.
+ */
+#ifndef ENGINE_KV_H
+#define ENGINE_KV_H
+
+#include <stdint.h>
+
+#include "pool.h"
+
+typedef struct {
+    int32_t n_layers;
+    int32_t n_q_heads;
+    int32_t n_kv_heads;  /* n_q_heads is a multiple (GQA group size) */
+    int32_t head_dim;
+    int32_t max_seqs;    /* sequences open at once */
+    int32_t max_len;     /* tokens per sequence (contiguous: reserved up front) */
+} kv_shape_t;
+
+/* One step's batch. Rows are this step's new tokens, grouped by sequence. */
+typedef struct {
+    int32_t n_seqs;
+    const int32_t *seq_ids; /* [n_seqs], distinct, open */
+    const int32_t *q_start; /* [n_seqs+1], q_start[0] = 0, strictly increasing */
+    const int32_t *tokens;  /* [rows] token ids (a paged cache hashes full pages) */
+} kv_batch_t;
+
+typedef struct {
+    const char *impl;           /* e.g. "contiguous fp32" */
+    const char *k_format;       /* "fp32", ... */
+    const char *v_format;
+    int32_t live_seqs;
+    int64_t live_tokens;        /* tokens held, all sequences */
+    uint64_t bytes_reserved;    /* bytes the cache has set aside for K/V */
+    uint64_t bytes_live;        /* bytes the live tokens occupy */
+    int64_t prefix_hit_tokens;  /* prompt tokens served from a prefix cache */
+    int64_t prefix_lookups;
+} kv_stats_t;
+
+/* Return codes: 0, or one of these. */
+enum { KV_OK = 0, KV_EINVAL = -1, KV_ENOSPC = -2, KV_ENOMEM = -3, KV_ENOTSUP = -4 };
+
+typedef struct kv_cache kv_cache_t;
+
+typedef struct {
+    const char *name;
+    void (*destroy)(kv_cache_t *kv);
+    /* A new empty sequence; its id is returned in *seq_id. KV_ENOSPC when
+     * max_seqs are open. */
+    int (*seq_open)(kv_cache_t *kv, int32_t *seq_id);
+    /* A new sequence holding a copy of (or sharing) parent's tokens. */
+    int (*seq_fork)(kv_cache_t *kv, int32_t parent, int32_t *child);
+    void (*seq_close)(kv_cache_t *kv, int32_t seq_id);
+    int32_t (*seq_len)(const kv_cache_t *kv, int32_t seq_id);
+    /* For an empty sequence about to be prefilled with tokens[0..n): attach
+     * whatever leading part of it the cache already holds (prefix cache) and
+     * return how many tokens that is; the caller prefills only the rest.
+     * Always a multiple of the cache's page size and < n, so at least one
+     * token is left to compute logits from. A cache without a prefix cache
+     * returns 0. */
+    int32_t (*seq_attach_prefix)(kv_cache_t *kv, int32_t seq_id, const int32_t *tokens, int32_t n);
+    /* Make room for the batch's rows: all of it or nothing (KV_ENOSPC). */
+    int (*begin_step)(kv_cache_t *kv, const kv_batch_t *batch);
+    /* k, v: [rows][n_kv_heads][head_dim] fp32 for this layer, after RoPE. */
+    void (*append)(kv_cache_t *kv, int32_t layer, const float *k, const float *v);
+    /* q: [rows][n_q_heads][head_dim] after RoPE; out: same shape. Causal. */
+    void (*attend)(kv_cache_t *kv, int32_t layer, const float *q, float *out, float scale);
+    /* The rows become part of their sequences (lengths advance). */
+    void (*end_step)(kv_cache_t *kv);
+    void (*stats)(const kv_cache_t *kv, kv_stats_t *out);
+} kv_ops_t;
+
+struct kv_cache {
+    const kv_ops_t *ops;
+    kv_shape_t shape;
+    pool_t *pool; /* threads for attention; owned by the caller */
+};
+
+/* The contiguous fp32 reference cache. NULL on bad shape or no memory. */
+kv_cache_t *kv_contig_create(const kv_shape_t *shape, pool_t *pool);
+
+#endif

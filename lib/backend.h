@@ -1,0 +1,156 @@
+/*
+ * The internal backend interface: what a backend (cpu, later cuda) must
+ * implement so the public store / append / attention API works on it.
+ *
+ * The front end (lib/store.c, lib/attention.c) validates every argument and
+ * owns error text; a backend receives only checked arguments and moves
+ * bytes. All backends produce the same bytes for the same inputs (the block
+ * formats of lib/blockfmt.h), and attention results within the tolerances of
+ * docs/formats.md. The CPU backend is the reference.
+ */
+#ifndef KVPAGE_BACKEND_H
+#define KVPAGE_BACKEND_H
+
+#include "blockfmt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp__backend kvp__backend;
+
+/* Addresses of one layer's blocks (the public kvp_region_t, as offsets). */
+typedef struct {
+    uint64_t k_offset, v_offset;   /* pool K / V region of the layer, from the arena base */
+    uint64_t sk_offset, sv_offset; /* staging K / V region of the layer */
+} kvp__layer_offsets;
+
+/* The store: immutable after creation except the arena's bytes, the
+ * non-finite counter and the error text. */
+struct kvp_store {
+    const kvp__backend *backend;
+    void *backend_state;            /* e.g. a CUDA device and stream */
+    kvp_allocator_t allocator;
+    kvp_layout_t layout;
+    int32_t k_order;
+    int32_t num_pages, num_staging; /* ids: pool 0..num_pages-1, staging after */
+    uint8_t *arena;                 /* kvp_arena_bytes() bytes, KVP_ARENA_ALIGN-aligned */
+    uint64_t arena_bytes;
+    float *fp8_k, *fp8_v;           /* fp8 scale tables [layers][kv_heads] in the arena's
+                                       fixed region (K first when both); NULL if unused */
+    kvp__blockfmt kfmt, vfmt, skfmt, svfmt; /* pool K, pool V, staging K, staging V */
+    uint64_t page_stride_k, page_stride_v;   /* bytes per page in a layer's region */
+    uint64_t spage_stride_k, spage_stride_v;
+    uint64_t layer_bytes, slayer_bytes;      /* one layer's pool / staging regions */
+    uint64_t pool_offset, staging_offset;    /* region starts in the arena */
+    float *scratch;                 /* host: page_size x head_dim fp32 rows for seals */
+    float *scratch2;                /* host: kv_heads x head_dim fp32, one input row */
+    uint64_t nonfinite;
+    char *error;                    /* -> error_text: writable from const-taking getters */
+    char error_text[KVP_ERR_SIZE];
+};
+
+/* Offsets of one layer's regions. */
+static inline kvp__layer_offsets kvp__store_layer(const kvp_store_t *s, int32_t layer) {
+    kvp__layer_offsets o;
+    o.k_offset = s->pool_offset + (uint64_t)layer * s->layer_bytes;
+    o.v_offset = o.k_offset + (uint64_t)s->num_pages * s->page_stride_k;
+    o.sk_offset = s->staging_offset + (uint64_t)layer * s->slayer_bytes;
+    o.sv_offset = o.sk_offset + (uint64_t)s->num_staging * s->spage_stride_k;
+    return o;
+}
+
+/* A block's address: page id p (pool or staging), kv head h. */
+static inline uint8_t *kvp__block_k(const kvp_store_t *s, int32_t layer, int32_t p, int32_t h) {
+    kvp__layer_offsets o = kvp__store_layer(s, layer);
+    if (p < s->num_pages)
+        return s->arena + o.k_offset + (uint64_t)p * s->page_stride_k +
+               (uint64_t)h * s->layout.k_block_bytes;
+    return s->arena + o.sk_offset + (uint64_t)(p - s->num_pages) * s->spage_stride_k +
+           (uint64_t)h * (s->spage_stride_k / (uint64_t)s->layout.kv_heads);
+}
+static inline uint8_t *kvp__block_v(const kvp_store_t *s, int32_t layer, int32_t p, int32_t h) {
+    kvp__layer_offsets o = kvp__store_layer(s, layer);
+    if (p < s->num_pages)
+        return s->arena + o.v_offset + (uint64_t)p * s->page_stride_v +
+               (uint64_t)h * s->layout.v_block_bytes;
+    return s->arena + o.sv_offset + (uint64_t)(p - s->num_pages) * s->spage_stride_v +
+           (uint64_t)h * (s->spage_stride_v / (uint64_t)s->layout.kv_heads);
+}
+static inline const kvp__blockfmt *kvp__fmt_k(const kvp_store_t *s, int32_t p) {
+    return p < s->num_pages ? &s->kfmt : &s->skfmt;
+}
+static inline const kvp__blockfmt *kvp__fmt_v(const kvp_store_t *s, int32_t p) {
+    return p < s->num_pages ? &s->vfmt : &s->svfmt;
+}
+/* fp8 scale of (layer, head), keys (side 0) or values (side 1). */
+static inline float *kvp__fp8_scale(const kvp_store_t *s, int side, int32_t layer, int32_t h) {
+    float *t = side ? s->fp8_v : s->fp8_k;
+    return t == NULL ? NULL : t + (size_t)layer * (size_t)s->layout.kv_heads + (size_t)h;
+}
+
+/* ---- the context ---------------------------------------------------------- */
+
+typedef struct kvp__pool kvp__pool; /* worker threads (lib/cpu/threads.c) */
+
+struct kvp_ctx {
+    const kvp__backend *backend;
+    kvp_allocator_t allocator;
+    int32_t threads;
+    int32_t isa;                 /* resolved: never KVP_ISA_AUTO */
+    kvp__pool *pool;
+    uint8_t *workspace;          /* split-KV partials and the schedule */
+    uint64_t workspace_bytes;
+    uint8_t *scratch;            /* per-thread kernel scratch, threads x scratch_stride */
+    uint64_t scratch_stride;
+    char error[KVP_ERR_SIZE];
+};
+
+/* Size of a store's error buffer. */
+#define KVP__STORE_ERR_SIZE KVP_ERR_SIZE
+
+/* Checked attention arguments, as the backends get them. */
+typedef struct {
+    const kvp_store_t *store;
+    const kvp_kv_view_t *view;
+    const kvp_attention_params_t *p;
+    int32_t group;              /* q_heads / kv_heads */
+    int32_t total_rows;         /* qo_indptr[batch] */
+} kvp__attn_args;
+
+/* ---- the interface ---------------------------------------------------------- */
+
+struct kvp__backend {
+    const char *name;
+    /* Arena memory: allocate s->arena_bytes at KVP_ARENA_ALIGN, zero the
+     * fixed region. */
+    int (*arena_alloc)(kvp_store_t *s, char *err, size_t err_size);
+    void (*arena_free)(kvp_store_t *s);
+    /* Append (seals first, then rows); arguments validated. */
+    int (*append)(kvp_store_t *s, const kvp_append_t *a, char *err, size_t err_size);
+    /* COPY and UNSEAL operations, validated, in order, all layers. */
+    int (*apply_ops)(kvp_store_t *s, const kvp_page_op_t *ops, int32_t n, char *err,
+                     size_t err_size);
+    /* Dequantize tokens of a page to host fp32 rows [count][kv_heads][head_dim]. */
+    int (*read)(const kvp_store_t *s, int32_t layer, int32_t page, int32_t t0, int32_t n,
+                float *k, float *v, char *err, size_t err_size);
+    /* fp8 scale table access (device memory on GPUs). */
+    void (*set_fp8_scale)(kvp_store_t *s, int side, int32_t layer, int32_t h, float scale);
+    float (*get_fp8_scale)(const kvp_store_t *s, int side, int32_t layer, int32_t h);
+    /* Context resources (threads, workspace) and attention. */
+    int (*ctx_init)(kvp_ctx_t *c, char *err, size_t err_size);
+    void (*ctx_fini)(kvp_ctx_t *c);
+    int (*attention)(kvp_ctx_t *c, const kvp__attn_args *a);
+};
+
+extern const kvp__backend kvp__cpu_backend;
+
+/* ISA probing (lib/cpu/isa.c). */
+bool kvp__cpu_has_avx2(void);
+bool kvp__cpu_has_avx512(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,548 @@
+/*
+ * CPU paged attention: schedule (sequence, group of kv heads, row block,
+ * page range) items over the context's threads, run the ISA's kernel stages
+ * on each, and merge split sequences (flash-decoding). No allocation: the
+ * schedule and the split partials live in the context's workspace, tiles in
+ * per-thread scratch.
+ *
+ * An item walks its pages in order and, within a page, its kv heads in
+ * order: a page's K (and V) blocks of consecutive heads are adjacent in the
+ * arena, so each page is read as two long sequential runs rather than
+ * 8 KiB pieces at a 64 KiB stride (measured: paged decode 1.5-2x slower
+ * with one item per kv head).
+ */
+#include "cpu.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+/* A split covers at least this many tokens: shorter ones cost more to merge
+ * than they save. */
+#define MIN_SPLIT_TOKENS 256
+/* Aim for this many items per thread, so uneven sequences still balance. */
+#define ITEMS_PER_THREAD 8
+
+typedef struct {
+    kvp__kprep_fn kprep;
+    kvp__klogits_fn klogits;
+    kvp__vacc_fn vacc;
+    const kvp__blockfmt *kf, *vf;
+} stage_set;
+
+typedef struct {
+    kvp_ctx_t *ctx;
+    /* paged input (NULL for the contiguous baseline) */
+    const kvp_store_t *store;
+    const kvp_kv_view_t *view;
+    const kvp_attention_params_t *params;
+    const kvp__contig *contig;
+    const float *contig_q;
+    float *contig_out;
+    int32_t batch, kv_heads, group, q_heads, D, P, layer;
+    uint64_t kbytes, vbytes;   /* bytes of a pool K / V block (used) */
+    uint64_t kstride, vstride; /* from one kv head's block to the next in a page */
+    float sm_scale;
+    stage_set pool_stages, staging_stages;
+    kvp__softmax_fn softmax;
+    /* schedule, in the workspace */
+    int32_t *item_start; /* [B+1] */
+    int32_t *splits;     /* [B] */
+    int32_t *split_pages;/* [B] pages per split */
+    int64_t *part_off;   /* [B] float offset of the sequence's partials, or -1 */
+    float *partials;
+    atomic_int next_item;
+    atomic_int next_merge;
+} attn_job;
+
+/* ---- sequence geometry ------------------------------------------------------------ */
+
+static int32_t seq_pages(const attn_job *j, int32_t b) {
+    if (j->contig != NULL) return j->contig->pages;
+    return j->view->indptr[b + 1] - j->view->indptr[b];
+}
+static int32_t seq_kv_len(const attn_job *j, int32_t b) {
+    if (j->contig != NULL) return j->contig->kv_len;
+    int32_t n = seq_pages(j, b);
+    return n == 0 ? 0 : (n - 1) * j->P + j->view->last_page_len[b];
+}
+static int32_t seq_q_len(const attn_job *j, int32_t b) {
+    if (j->contig != NULL) return 1;
+    return j->params->qo_indptr[b + 1] - j->params->qo_indptr[b];
+}
+/* How a sequence's query rows are grouped into items: the rows of one kv
+ * head (q_len x group) fill whole tiles of 4; an item holds up to
+ * KVP__ITEM_ROWS rows, several heads when they fit, else one head's rows in
+ * row blocks. */
+typedef struct {
+    int32_t rows_per_head, heads_per_item, head_groups, rowblocks, units;
+} seq_shape;
+
+static seq_shape shape_of(const attn_job *j, int32_t b) {
+    seq_shape sh;
+    sh.rows_per_head = seq_q_len(j, b) * j->group;
+    if (sh.rows_per_head == 0) {
+        sh.heads_per_item = 1;
+        sh.head_groups = sh.rowblocks = sh.units = 0;
+        return sh;
+    }
+    if (sh.rows_per_head <= KVP__ITEM_ROWS) {
+        int32_t tiles = (sh.rows_per_head + KVP__TILE_ROWS - 1) / KVP__TILE_ROWS;
+        sh.heads_per_item = KVP__ITEM_ROWS / KVP__TILE_ROWS / tiles;
+        if (sh.heads_per_item > j->kv_heads) sh.heads_per_item = j->kv_heads;
+        sh.rowblocks = 1;
+    } else {
+        sh.heads_per_item = 1;
+        sh.rowblocks = (sh.rows_per_head + KVP__ITEM_ROWS - 1) / KVP__ITEM_ROWS;
+    }
+    sh.head_groups = (j->kv_heads + sh.heads_per_item - 1) / sh.heads_per_item;
+    sh.units = sh.head_groups * sh.rowblocks;
+    return sh;
+}
+
+/* ---- schedule ------------------------------------------------------------------------ */
+
+static size_t align_up(size_t x) { return (x + 63) & ~(size_t)63; }
+
+static int plan_schedule(attn_job *j) {
+    kvp_ctx_t *c = j->ctx;
+    int32_t B = j->batch;
+    size_t need = align_up((size_t)(B + 1) * 4) + 2 * align_up((size_t)B * 4) +
+                  align_up((size_t)B * 8);
+    if (need > c->workspace_bytes)
+        return kvp__errf(c->error, sizeof c->error, KVP_ENOMEM,
+                         "a batch of %d sequences needs %zu bytes of schedule; the context's "
+                         "workspace has %llu (raise kvp_ctx_params_t::workspace_bytes)",
+                         (int)B, need, (unsigned long long)c->workspace_bytes);
+    uint8_t *w = c->workspace;
+    j->item_start = (int32_t *)(void *)w;
+    w += align_up((size_t)(B + 1) * 4);
+    j->splits = (int32_t *)(void *)w;
+    w += align_up((size_t)B * 4);
+    j->split_pages = (int32_t *)(void *)w;
+    w += align_up((size_t)B * 4);
+    j->part_off = (int64_t *)(void *)w;
+    w += align_up((size_t)B * 8);
+    j->partials = (float *)(void *)w;
+    uint64_t free_floats = (c->workspace_bytes - need) / sizeof(float);
+
+    int64_t base_items = 0;
+    for (int32_t b = 0; b < B; b++) base_items += shape_of(j, b).units;
+    int64_t target = (int64_t)c->threads * ITEMS_PER_THREAD;
+    int32_t factor = (c->threads > 1 && base_items < target && base_items > 0)
+                         ? (int32_t)((target + base_items - 1) / base_items)
+                         : 1;
+    int32_t min_pages = (MIN_SPLIT_TOKENS + j->P - 1) / j->P;
+    size_t part_floats = (size_t)KVP__ITEM_ROWS * (size_t)(j->D + 2);
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t used = 0;
+        for (int32_t b = 0; b < B; b++) {
+            int32_t pages = seq_pages(j, b), s = factor;
+            int32_t most = (pages + min_pages - 1) / min_pages;
+            if (s > most) s = most;
+            if (s < 1) s = 1;
+            int32_t per = pages > 0 ? (pages + s - 1) / s : 1;
+            s = pages > 0 ? (pages + per - 1) / per : 1;
+            j->splits[b] = s;
+            j->split_pages[b] = per;
+            j->part_off[b] = -1;
+            if (s > 1) {
+                j->part_off[b] = (int64_t)used;
+                used += (uint64_t)shape_of(j, b).units * (uint64_t)s * part_floats;
+            }
+        }
+        if (used <= free_floats) break;
+        factor = 1; /* not enough workspace for partials: no splits */
+    }
+    int32_t items = 0;
+    for (int32_t b = 0; b < B; b++) {
+        j->item_start[b] = items;
+        items += shape_of(j, b).units * j->splits[b];
+    }
+    j->item_start[B] = items;
+    return KVP_OK;
+}
+
+/* ---- one item ---------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t b, unit, split;
+    int32_t h0, h1;           /* kv heads [h0, h1) */
+    int32_t r0, r1;           /* rows [r0, r1) of each head (row = i*group + g) */
+    int32_t tiles_per_head;
+} item_id;
+
+static item_id decode_item(const attn_job *j, int32_t item) {
+    int32_t lo = 0, hi = j->batch - 1;
+    while (lo < hi) { /* last b with item_start[b] <= item */
+        int32_t mid = (lo + hi + 1) / 2;
+        if (j->item_start[mid] <= item) lo = mid;
+        else hi = mid - 1;
+    }
+    item_id id;
+    seq_shape sh = shape_of(j, lo);
+    id.b = lo;
+    int32_t local = item - j->item_start[lo], s = j->splits[lo];
+    id.split = local % s;
+    id.unit = local / s;
+    int32_t hg = id.unit / sh.rowblocks, rb = id.unit % sh.rowblocks;
+    id.h0 = hg * sh.heads_per_item;
+    id.h1 = id.h0 + sh.heads_per_item < j->kv_heads ? id.h0 + sh.heads_per_item : j->kv_heads;
+    id.r0 = rb * KVP__ITEM_ROWS;
+    id.r1 = id.r0 + KVP__ITEM_ROWS < sh.rows_per_head ? id.r0 + KVP__ITEM_ROWS : sh.rows_per_head;
+    id.tiles_per_head = (id.r1 - id.r0 + KVP__TILE_ROWS - 1) / KVP__TILE_ROWS;
+    return id;
+}
+
+static void load_q_row(const attn_job *j, int32_t b, int32_t i, int32_t qh, float *dst) {
+    size_t D = (size_t)j->D;
+    if (j->contig != NULL) {
+        memcpy(dst, j->contig_q + ((size_t)b * (size_t)j->q_heads + (size_t)qh) * D,
+               D * sizeof(float));
+    } else {
+        const kvp_attention_params_t *p = j->params;
+        size_t row = ((size_t)(p->qo_indptr[b] + i) * (size_t)j->q_heads + (size_t)qh) * D;
+        kvp__load_f32(p->dtype, (const uint8_t *)p->q + row * kvp__dtype_size(p->dtype), D, dst);
+    }
+    for (size_t d = 0; d < D; d++) dst[d] *= j->sm_scale;
+}
+
+static float fp8_scale_of(const attn_job *j, int side, int32_t h) {
+    if (j->store == NULL) return 0.0f;
+    float *s = kvp__fp8_scale(j->store, side, j->layer, h);
+    return s != NULL ? *s : 0.0f;
+}
+
+/* Set up the item's tiles: heads h0..h1-1 in order, each head's rows
+ * [r0, r1) in tiles of 4 (the last one padded with copies of its last row,
+ * which the kernels compute and nobody reads). Returns the tile count. */
+static int setup_tiles(const attn_job *j, const item_id *id, kvp__tile *tiles, float *o) {
+    int32_t q_len = seq_q_len(j, id->b), kv_len = seq_kv_len(j, id->b);
+    int32_t causal = j->contig != NULL ? 1 : j->params->causal;
+    int32_t window = j->contig != NULL ? -1 : j->params->window_left;
+    int ntiles = (id->h1 - id->h0) * id->tiles_per_head;
+    memset(o, 0, (size_t)ntiles * KVP__TILE_ROWS * (size_t)j->D * sizeof(float));
+    for (int t = 0; t < ntiles; t++) {
+        kvp__tile *tl = &tiles[t];
+        int32_t h = id->h0 + t / id->tiles_per_head;
+        int32_t first = id->r0 + (t % id->tiles_per_head) * KVP__TILE_ROWS;
+        tl->rows = id->r1 - first < KVP__TILE_ROWS ? id->r1 - first : KVP__TILE_ROWS;
+        tl->head = h;
+        tl->row0 = first;
+        tl->D = j->D;
+        tl->P = j->P;
+        tl->o = o + (size_t)t * KVP__TILE_ROWS * (size_t)j->D;
+        tl->soft_cap = j->contig != NULL ? 0.0f : j->params->logit_soft_cap;
+        tl->pf_k = (int32_t)kvp__round_up_u64(j->kbytes, KVP_BLOCK_ALIGN);
+        tl->pf_v = (int32_t)kvp__round_up_u64(j->vbytes, KVP_BLOCK_ALIGN);
+        tl->fp8_k = fp8_scale_of(j, 0, h);
+        tl->fp8_v = fp8_scale_of(j, 1, h);
+        for (int r = 0; r < KVP__TILE_ROWS; r++) {
+            int32_t row = first + (r < tl->rows ? r : tl->rows - 1);
+            int32_t i = row / j->group, g = row % j->group;
+            load_q_row(j, id->b, i, h * j->group + g, tl->q[r]);
+            int32_t pos = kv_len - q_len + i;
+            tl->hi[r] = causal ? pos : kv_len - 1;
+            tl->lo[r] = window >= 0 && pos - window > 0 ? pos - window : 0;
+            tl->m[r] = -INFINITY;
+            tl->l[r] = 0.0f;
+            memset(tl->lvec[r], 0, sizeof tl->lvec[r]);
+        }
+    }
+    return ntiles;
+}
+
+static void resolve_page(const attn_job *j, int32_t b, int32_t h, int32_t page,
+                         const uint8_t **kb, const uint8_t **vb, const stage_set **st) {
+    if (j->contig != NULL) {
+        const kvp__contig *c = j->contig;
+        uint64_t at = ((uint64_t)b * (uint64_t)c->kv_heads + (uint64_t)h) * (uint64_t)c->pages +
+                      (uint64_t)page;
+        *kb = c->k + at * c->k_block;
+        *vb = c->v + at * c->v_block;
+        *st = &j->pool_stages;
+        return;
+    }
+    int32_t id = j->view->indices[j->view->indptr[b] + page];
+    *kb = kvp__block_k(j->store, j->layer, id, h);
+    *vb = kvp__block_v(j->store, j->layer, id, h);
+    *st = id < j->store->num_pages ? &j->pool_stages : &j->staging_stages;
+}
+
+/* The first lines of a block: where the hardware prefetcher has not caught
+ * on yet after a jump to a scattered page. */
+#define PREFETCH_BYTES 512
+
+
+/* Fetch the blocks an item reads next (the next kv head's, or the next
+ * page's first head's). Integer blocks are read out of order (scales first,
+ * values in 32-channel groups at a 256-byte stride), which the prefetchers
+ * do not follow, so they are fetched whole (40-70 lines); plain blocks are
+ * streamed in order and the kernels prefetch ahead along them, so only their
+ * first lines are fetched here. */
+static void prefetch_block(const kvp__blockfmt *f, const uint8_t *b) {
+    uint64_t n = kvp__format_is_plain(f->format) ? PREFETCH_BYTES : kvp__block_used_bytes(f);
+    for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(b + off, 0, 2);
+}
+
+/* One head's tiles over one page. */
+static void run_page(const attn_job *j, kvp__tile *tiles, int ntiles, const uint8_t *kb,
+                     const uint8_t *vb, const stage_set *st, int32_t tok0, int32_t ntok) {
+    for (int t = 0; t < ntiles; t++)
+        if (st->kprep != NULL) st->kprep(&tiles[t], kb, st->kf);
+    for (int32_t c0 = 0; c0 < ntok; c0 += KVP__CHUNK) {
+        int n = ntok - c0 < KVP__CHUNK ? ntok - c0 : KVP__CHUNK;
+        int32_t first = tok0 + c0, last = first + n - 1;
+        for (int t = 0; t < ntiles; t++) {
+            kvp__tile *tl = &tiles[t];
+            bool any = false;
+            for (int r = 0; r < tl->rows; r++) any |= tl->lo[r] <= last && tl->hi[r] >= first;
+            if (!any) continue;
+            st->klogits(tl, kb, st->kf, c0, n);
+            j->softmax(tl, n, first);
+            st->vacc(tl, vb, st->vf, c0, n);
+        }
+    }
+}
+
+static void store_out_row(const attn_job *j, int32_t b, int32_t i, int32_t qh, const float *o,
+                          float m, float l, float *tmp) {
+    size_t D = (size_t)j->D;
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (size_t d = 0; d < D; d++) tmp[d] = o[d] * inv;
+    if (j->contig != NULL) {
+        memcpy(j->contig_out + ((size_t)b * (size_t)j->q_heads + (size_t)qh) * D, tmp,
+               D * sizeof(float));
+        return;
+    }
+    const kvp_attention_params_t *p = j->params;
+    size_t row = (size_t)(p->qo_indptr[b] + i) * (size_t)j->q_heads + (size_t)qh;
+    kvp__store_f32(p->dtype, tmp, D, (uint8_t *)p->out + row * D * kvp__dtype_size(p->dtype));
+    if (p->lse != NULL) p->lse[row] = m + logf(l);
+}
+
+/* Partial result of (item's unit, split) at row slot `slot` (tile*4 + r). */
+static float *partial_at(const attn_job *j, const item_id *id, int32_t split, int32_t slot) {
+    size_t per = (size_t)(j->D + 2);
+    size_t idx = ((size_t)id->unit * (size_t)j->splits[id->b] + (size_t)split) * KVP__ITEM_ROWS +
+                 (size_t)slot;
+    return j->partials + j->part_off[id->b] + idx * per;
+}
+
+static void finish_item(const attn_job *j, const item_id *id, kvp__tile *tiles, int ntiles,
+                        float *tmp) {
+    for (int t = 0; t < ntiles; t++) {
+        kvp__tile *tl = &tiles[t];
+        for (int r = 0; r < tl->rows; r++) {
+            const float *o = tl->o + (size_t)r * (size_t)j->D;
+            float l = tl->l[r];
+            for (int k = 0; k < 16; k++) l += tl->lvec[r][k];
+            int32_t row = tl->row0 + r;
+            if (j->splits[id->b] == 1) {
+                store_out_row(j, id->b, row / j->group, tl->head * j->group + row % j->group, o,
+                              tl->m[r], l, tmp);
+            } else {
+                float *part = partial_at(j, id, id->split, t * KVP__TILE_ROWS + r);
+                part[0] = tl->m[r];
+                part[1] = l;
+                memcpy(part + 2, o, (size_t)j->D * sizeof(float));
+            }
+        }
+    }
+}
+
+typedef struct {
+    kvp__tile tiles[KVP__ITEM_ROWS / KVP__TILE_ROWS];
+    float o[KVP__ITEM_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;
+    float tmp[KVP__ATTN_MAX_D] KVP__ALIGN64;
+} thread_scratch;
+
+static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
+    item_id id = decode_item(j, item);
+    int ntiles = setup_tiles(j, &id, ts->tiles, &ts->o[0][0]);
+    int32_t lo = INT32_MAX, hi = -1;
+    for (int t = 0; t < ntiles; t++)
+        for (int r = 0; r < ts->tiles[t].rows; r++) {
+            if (ts->tiles[t].lo[r] < lo) lo = ts->tiles[t].lo[r];
+            if (ts->tiles[t].hi[r] > hi) hi = ts->tiles[t].hi[r];
+        }
+    int32_t pages = seq_pages(j, id.b), kv_len = seq_kv_len(j, id.b);
+    int32_t first = id.split * j->split_pages[id.b];
+    int32_t end = first + j->split_pages[id.b] < pages ? first + j->split_pages[id.b] : pages;
+    while (first < end && (first + 1) * j->P - 1 < lo) first++; /* before every window */
+    while (end > first && (end - 1) * j->P > hi) end--;         /* after the last row */
+    for (int32_t pg = first; pg < end; pg++) {
+        int32_t tok0 = pg * j->P, ntok = kv_len - tok0 < j->P ? kv_len - tok0 : j->P;
+        if (pg + 1 < end) { /* pages are scattered: start the next one's streams */
+            const uint8_t *nkb, *nvb;
+            const stage_set *nst;
+            resolve_page(j, id.b, id.h0, pg + 1, &nkb, &nvb, &nst);
+            prefetch_block(nst->kf, nkb);
+            prefetch_block(nst->vf, nvb);
+        }
+        for (int32_t h = id.h0; h < id.h1; h++) { /* adjacent blocks: sequential reads */
+            const uint8_t *kb, *vb;
+            const stage_set *st;
+            resolve_page(j, id.b, h, pg, &kb, &vb, &st);
+            if (h + 1 < id.h1) {
+                prefetch_block(st->kf, kb + j->kstride);
+                prefetch_block(st->vf, vb + j->vstride);
+            }
+            run_page(j, &ts->tiles[(h - id.h0) * id.tiles_per_head], id.tiles_per_head, kb, vb,
+                     st, tok0, ntok);
+        }
+    }
+    finish_item(j, &id, ts->tiles, ntiles, ts->tmp);
+}
+
+static void merge_rows(const attn_job *j, const item_id *id, float *tmp, float *acc) {
+    int32_t S = j->splits[id->b];
+    for (int32_t h = id->h0; h < id->h1; h++)
+        for (int32_t row = id->r0; row < id->r1; row++) {
+            int32_t slot = (h - id->h0) * id->tiles_per_head * KVP__TILE_ROWS + (row - id->r0);
+            float M = -INFINITY, L = 0.0f;
+            for (int32_t s = 0; s < S; s++) {
+                float m = partial_at(j, id, s, slot)[0];
+                if (m > M) M = m;
+            }
+            memset(acc, 0, (size_t)j->D * sizeof(float));
+            for (int32_t s = 0; s < S; s++) {
+                const float *part = partial_at(j, id, s, slot);
+                if (part[1] == 0.0f) continue;
+                float w = expf(part[0] - M);
+                L += part[1] * w;
+                for (int32_t d = 0; d < j->D; d++) acc[d] += part[2 + d] * w;
+            }
+            store_out_row(j, id->b, row / j->group, h * j->group + row % j->group, acc, M, L, tmp);
+        }
+}
+
+static void attn_worker(void *arg, int32_t thread) {
+    attn_job *j = (attn_job *)arg;
+    thread_scratch *ts =
+        (thread_scratch *)(void *)(j->ctx->scratch + (size_t)thread * j->ctx->scratch_stride);
+    int32_t total = j->item_start[j->batch];
+    for (;;) {
+        int32_t item = atomic_fetch_add_explicit(&j->next_item, 1, memory_order_relaxed);
+        if (item >= total) break;
+        process_item(j, item, ts);
+    }
+}
+
+static void merge_worker(void *arg, int32_t thread) {
+    attn_job *j = (attn_job *)arg;
+    thread_scratch *ts =
+        (thread_scratch *)(void *)(j->ctx->scratch + (size_t)thread * j->ctx->scratch_stride);
+    int32_t total = j->item_start[j->batch];
+    for (;;) {
+        int32_t item = atomic_fetch_add_explicit(&j->next_merge, 1, memory_order_relaxed);
+        if (item >= total) break;
+        item_id id = decode_item(j, item);
+        if (id.split != 0 || j->splits[id.b] == 1) continue; /* one merge per unit */
+        merge_rows(j, &id, ts->tmp, &ts->o[0][0]);
+    }
+}
+
+static void pick_stages(attn_job *j, const kvp__blockfmt *kf, const kvp__blockfmt *vf,
+                        const kvp__blockfmt *skf, const kvp__blockfmt *svf) {
+    int32_t isa = j->ctx->isa;
+    j->softmax = kvp__pick_softmax(isa);
+    j->pool_stages.kf = kf;
+    j->pool_stages.vf = vf;
+    j->pool_stages.kprep = kvp__pick_kprep(isa, kf->format);
+    j->pool_stages.klogits = kvp__pick_klogits(isa, kf->format, kvp__blockfmt_dim_major(kf));
+    j->pool_stages.vacc = kvp__pick_vacc(isa, vf->format);
+    if (skf != NULL) {
+        j->staging_stages.kf = skf;
+        j->staging_stages.vf = svf;
+        j->staging_stages.kprep = kvp__pick_kprep(isa, skf->format);
+        j->staging_stages.klogits = kvp__pick_klogits(isa, skf->format, kvp__blockfmt_dim_major(skf));
+        j->staging_stages.vacc = kvp__pick_vacc(isa, svf->format);
+    }
+}
+
+static int run_job(attn_job *j) {
+    int rc = plan_schedule(j);
+    if (rc != KVP_OK) return rc;
+    atomic_init(&j->next_item, 0);
+    atomic_init(&j->next_merge, 0);
+    kvp__pool_run(j->ctx->pool, attn_worker, j);
+    bool any_split = false;
+    for (int32_t b = 0; b < j->batch && !any_split; b++) any_split = j->splits[b] > 1;
+    if (any_split) kvp__pool_run(j->ctx->pool, merge_worker, j);
+    return KVP_OK;
+}
+
+int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
+    attn_job j;
+    memset(&j, 0, sizeof j);
+    const kvp_store_t *s = a->store;
+    j.ctx = c;
+    j.store = s;
+    j.view = a->view;
+    j.params = a->p;
+    j.batch = a->view->batch;
+    j.kv_heads = s->layout.kv_heads;
+    j.group = a->group;
+    j.q_heads = a->p->q_heads;
+    j.D = s->layout.head_dim;
+    j.P = s->layout.page_size;
+    j.layer = a->p->layer;
+    j.sm_scale = a->p->sm_scale;
+    j.kbytes = kvp__block_used_bytes(&s->kfmt);
+    j.vbytes = kvp__block_used_bytes(&s->vfmt);
+    j.kstride = s->layout.k_block_bytes;
+    j.vstride = s->layout.v_block_bytes;
+    pick_stages(&j, &s->kfmt, &s->vfmt, &s->skfmt, &s->svfmt);
+    return run_job(&j);
+}
+
+int kvp__cpu_attention_contig(kvp_ctx_t *c, const kvp__contig *kv, int32_t q_heads,
+                              const float *q, float *out, float sm_scale) {
+    attn_job j;
+    memset(&j, 0, sizeof j);
+    j.ctx = c;
+    j.contig = kv;
+    j.contig_q = q;
+    j.contig_out = out;
+    j.batch = kv->batch;
+    j.kv_heads = kv->kv_heads;
+    j.group = q_heads / kv->kv_heads;
+    j.q_heads = q_heads;
+    j.D = kv->kf.head_dim;
+    j.P = kv->kf.page_size;
+    j.sm_scale = sm_scale;
+    j.kbytes = kvp__block_used_bytes(&kv->kf);
+    j.vbytes = kvp__block_used_bytes(&kv->vf);
+    j.kstride = kv->k_block * (uint64_t)kv->pages; /* contiguous: heads are a sequence apart */
+    j.vstride = kv->v_block * (uint64_t)kv->pages;
+    pick_stages(&j, &kv->kf, &kv->vf, NULL, NULL);
+    return run_job(&j);
+}
+
+/* ---- context resources ------------------------------------------------------------------------ */
+
+int kvp__cpu_ctx_init(kvp_ctx_t *c, char *err, size_t err_size) {
+    c->scratch_stride = (sizeof(thread_scratch) + 63) & ~(uint64_t)63;
+    c->scratch = (uint8_t *)kvp__malloc(&c->allocator, (size_t)(c->scratch_stride * (uint64_t)c->threads), 64);
+    c->workspace = (uint8_t *)kvp__malloc(&c->allocator, (size_t)c->workspace_bytes, 64);
+    if (c->scratch == NULL || c->workspace == NULL) {
+        kvp__cpu_ctx_fini(c);
+        return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate %llu bytes of workspace",
+                         (unsigned long long)c->workspace_bytes);
+    }
+    if (kvp__pool_create(&c->allocator, c->threads, &c->pool) != KVP_OK) {
+        kvp__cpu_ctx_fini(c);
+        return kvp__errf(err, err_size, KVP_ENOMEM, "cannot start %d worker threads",
+                         (int)c->threads - 1);
+    }
+    return KVP_OK;
+}
+
+void kvp__cpu_ctx_fini(kvp_ctx_t *c) {
+    kvp__pool_destroy(c->pool);
+    c->pool = NULL;
+    kvp__free(&c->allocator, c->scratch);
+    kvp__free(&c->allocator, c->workspace);
+    c->scratch = NULL;
+    c->workspace = NULL;
+}

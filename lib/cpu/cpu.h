@@ -1,0 +1,112 @@
+/*
+ * CPU backend internals: worker threads, the attention tile, and the kernel
+ * stages each instruction set implements.
+ *
+ * Attention work item = (sequence, group of kv heads, block of up to 32
+ * query rows, range of pages). Its rows are processed in tiles of up to 4
+ * rows of one kv head (the query heads of a GQA group share every K/V load),
+ * page by page in chunks of up to 32 tokens: K stage (logits) -> softmax
+ * stage (mask, soft cap, online softmax) -> V stage (o += p.v).
+ */
+#ifndef KVPAGE_CPU_H
+#define KVPAGE_CPU_H
+
+#include "../backend.h"
+
+#define KVP__TILE_ROWS 4
+#define KVP__ITEM_ROWS 32
+#define KVP__CHUNK 32
+#define KVP__ATTN_MAX_D 256
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVP__ALIGN64 __attribute__((aligned(64)))
+#else
+#define KVP__ALIGN64
+#endif
+
+/* The state of up to 4 query rows of one kv head while they stream a
+ * sequence's pages. Lives in a thread's scratch. */
+typedef struct {
+    float q[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;  /* q * sm_scale */
+    float qf[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* q folded with this page's key scales */
+    int8_t qh[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* integer q, high part */
+    int8_t ql[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* integer q, low part */
+    float logits[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;
+    float p[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;        /* exp(logit - m) */
+    float qstep[KVP__TILE_ROWS];  /* integer q: q' ~= qstep * (128*qh + ql) */
+    float qstep2[KVP__TILE_ROWS]; /* int4 keys: step of the second quad class */
+    uint8_t quads[KVP__ATTN_MAX_D / 4]; /* int4 keys: channel quads, outlier class first */
+    int32_t nbig;                 /* int4 keys: quads in the first class */
+    float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
+    float lvec[KVP__TILE_ROWS][16] KVP__ALIGN64; /* SIMD paths: l = l + sum(lvec), reduced at the end */
+    float m[KVP__TILE_ROWS], l[KVP__TILE_ROWS];
+    float pmax[KVP__TILE_ROWS];   /* largest p of the current chunk (exp(chunk max - m)) */
+    int32_t lo[KVP__TILE_ROWS], hi[KVP__TILE_ROWS]; /* positions each row may attend */
+    float *o;                     /* [rows][D] output accumulators */
+    int32_t rows, D, P;
+    int32_t head, row0;           /* kv head; first row (i*group + g) of the tile */
+    int32_t pf_k, pf_v;           /* prefetch distance in bytes: the K / V block stride */
+    float fp8_k, fp8_v;           /* this layer/head's fp8 scales (0 if unused) */
+    float soft_cap;
+} kvp__tile;
+
+/* Stages. `f` describes the block; tokens [t0, t0+n) of the page, n <= 32. */
+typedef void (*kvp__kprep_fn)(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f);
+typedef void (*kvp__klogits_fn)(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0,
+                                int n);
+/* Mask (absolute position of token 0 of the chunk: pos0), soft cap, online
+ * softmax: rescales o, updates m and l, writes p. */
+typedef void (*kvp__softmax_fn)(kvp__tile *t, int n, int32_t pos0);
+typedef void (*kvp__vacc_fn)(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0,
+                             int n);
+
+typedef struct {
+    const char *name;
+    kvp__kprep_fn kprep[KVP_FORMAT_COUNT];
+    kvp__klogits_fn klogits[KVP_FORMAT_COUNT][2]; /* [format][dim-major] */
+    kvp__softmax_fn softmax;
+    kvp__vacc_fn vacc[KVP_FORMAT_COUNT];
+} kvp__kernels;
+
+/* Each ISA's table; entries it leaves NULL fall back to the portable ones. */
+extern const kvp__kernels kvp__kernels_portable;
+extern const kvp__kernels kvp__kernels_avx2;
+extern const kvp__kernels kvp__kernels_avx512;
+
+/* Stage lookup with fallback. */
+kvp__kprep_fn kvp__pick_kprep(int32_t isa, int32_t format);
+kvp__klogits_fn kvp__pick_klogits(int32_t isa, int32_t format, int dim_major);
+kvp__softmax_fn kvp__pick_softmax(int32_t isa);
+kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format);
+
+/* Shared helpers for the kernels (portable code, used by every ISA). */
+void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f);
+
+/* ---- threads ------------------------------------------------------------------ */
+
+typedef void (*kvp__job_fn)(void *arg, int32_t thread);
+/* Start threads-1 workers; the caller is thread 0 during kvp__pool_run. */
+int kvp__pool_create(const kvp_allocator_t *a, int32_t threads, kvp__pool **out);
+void kvp__pool_destroy(kvp__pool *p);
+/* Run fn(arg, thread) on every thread and wait for all. No allocation. */
+void kvp__pool_run(kvp__pool *p, kvp__job_fn fn, void *arg);
+
+/* ---- backend entry points ------------------------------------------------------ */
+
+int kvp__cpu_ctx_init(kvp_ctx_t *c, char *err, size_t err_size);
+void kvp__cpu_ctx_fini(kvp_ctx_t *c);
+int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a);
+
+/* Contiguous-layout attention for the benchmark's baseline: the same kernels
+ * with page blocks laid end to end per (sequence, kv head). */
+typedef struct {
+    const uint8_t *k, *v;     /* [batch][kv_heads][pages] blocks */
+    uint64_t k_block, v_block;
+    kvp__blockfmt kf, vf;
+    int32_t batch, kv_heads, pages, kv_len;
+} kvp__contig;
+/* q and out: [batch][q_heads][head_dim] fp32, one decode row per sequence. */
+int kvp__cpu_attention_contig(kvp_ctx_t *c, const kvp__contig *kv, int32_t q_heads,
+                              const float *q, float *out, float sm_scale);
+
+#endif

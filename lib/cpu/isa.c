@@ -1,0 +1,30 @@
+/*
+ * Which instruction sets this CPU (and OS) can run, probed at run time so the
+ * library is built without -march flags and runs anywhere.
+ */
+#include "../backend.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+static bool has_f16c(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    return (c & (1u << 29)) != 0;
+}
+
+bool kvp__cpu_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+}
+
+bool kvp__cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return kvp__cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+#else
+bool kvp__cpu_has_avx2(void) { return false; }
+bool kvp__cpu_has_avx512(void) { return false; }
+#endif

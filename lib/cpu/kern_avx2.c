@@ -1,0 +1,422 @@
+/*
+ * AVX2 + FMA + F16C kernel stages. Compiled with target attributes (never
+ * global -march flags) and used only when the CPU has them (lib/cpu/isa.c).
+ *
+ * Float formats: convert 8 elements per instruction and FMA, the tile's 4
+ * query rows sharing each load. int8/int4 keys and values: vpmaddwd on
+ * 16-bit operands (AVX2 has no VNNI, and vpmaddubsw would saturate u8 x s8
+ * pairs): codes widened to 16 bits, the folded query (keys) or the folded
+ * probabilities (values) quantized to 15 bits, sums exact in int32.
+ */
+#include "cpu.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define TGT_INLINE __attribute__((always_inline, target("avx2,fma,f16c"))) inline
+#define R KVP__TILE_ROWS
+#define UNROLL _Pragma("GCC unroll 8")
+/* Loops prefetch one block ahead, the next kv head's block (see kern_avx512.c). */
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+/* 8 plain elements at p (all valid) as fp32; fp8 comes out as value/(256*scale). */
+TGT_INLINE static __m256 load8(int32_t fmt, const uint8_t *p) {
+    switch (fmt) {
+    case KVP_FORMAT_FP32: return _mm256_loadu_ps((const float *)(const void *)p);
+    case KVP_FORMAT_FP16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+    case KVP_FORMAT_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16));
+    default: {
+        __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)p));
+        __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7),
+                                 _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8));
+        return _mm256_cvtph_ps(h);
+    }
+    }
+}
+
+/* The first n (< 8) elements at p, zeros after. */
+TGT_INLINE static __m256 load8_part(int32_t fmt, const uint8_t *p, int n) {
+    uint8_t tmp[32] = {0};
+    memcpy(tmp, p, (size_t)n * (size_t)kvp__plain_size(fmt));
+    return load8(fmt, tmp);
+}
+
+static inline float plain_unit(int32_t fmt, float fp8_scale) {
+    return fmt == KVP_FORMAT_FP8_E4M3 ? 256.0f * fp8_scale : 1.0f;
+}
+
+TGT_INLINE static float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+TGT_INLINE static float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* exp(x) for x <= 0 (-inf -> 0), |rel err| < 2e-7. */
+TGT_INLINE static __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* 2^n for n in [-126, 0]: exponent bits; smaller n already clamped */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* ---- K: plain formats ------------------------------------------------------------------------ */
+
+TGT static void kprep_plain(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    (void)kb;
+    __m256 u = _mm256_set1_ps(plain_unit(f->format, t->fp8_k));
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < t->D; d += 8)
+            _mm256_store_ps(&t->qf[r][d], _mm256_mul_ps(_mm256_load_ps(&t->q[r][d]), u));
+}
+
+/* dim-major [D][P]: 16 tokens per pass, 4 rows x 2 vectors of accumulators. */
+TGT_INLINE static void klogits_dm(int fmt, kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f,
+                                  int t0, int n) {
+    const int es = kvp__plain_size(fmt), P = f->page_size, D = t->D;
+    const size_t row = (size_t)P * (size_t)es;
+    for (int c0 = 0; c0 < n; c0 += 16) {
+        int w = n - c0 < 16 ? n - c0 : 16;
+        const uint8_t *base = kb + (size_t)(t0 + c0) * (size_t)es;
+        __m256 a0[R], a1[R];
+        UNROLL for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d++) {
+            const uint8_t *p = base + (size_t)d * row;
+            _mm_prefetch((const char *)p + t->pf_k, _MM_HINT_T2);
+            __m256 k0 = w >= 8 ? load8(fmt, p) : load8_part(fmt, p, w);
+            __m256 k1 = w >= 16 ? load8(fmt, p + 8 * es) : w > 8 ? load8_part(fmt, p + 8 * es, w - 8)
+                                                                  : _mm256_setzero_ps();
+            UNROLL for (int r = 0; r < R; r++) {
+                __m256 q = _mm256_broadcast_ss(&t->qf[r][d]);
+                a0[r] = _mm256_fmadd_ps(q, k0, a0[r]);
+                a1[r] = _mm256_fmadd_ps(q, k1, a1[r]);
+            }
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            _mm256_storeu_ps(&t->logits[r][c0], a0[r]);
+            _mm256_storeu_ps(&t->logits[r][c0 + 8], a1[r]);
+        }
+    }
+}
+
+/* token-major [P][D]: one dot product per token and row. */
+TGT_INLINE static void klogits_tm(int fmt, kvp__tile *t, const uint8_t *kb, int t0, int n) {
+    const int es = kvp__plain_size(fmt), D = t->D;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = kb + (size_t)(t0 + i) * (size_t)D * (size_t)es;
+        __m256 acc[R];
+        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d += 8) {
+            __m256 k = load8(fmt, p + (size_t)d * (size_t)es);
+            UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_load_ps(&t->qf[r][d]), k, acc[r]);
+        }
+        UNROLL for (int r = 0; r < R; r++) t->logits[r][i] = hsum8(acc[r]);
+    }
+}
+
+/* ---- softmax ------------------------------------------------------------------------------------ */
+
+TGT static void softmax_avx2(kvp__tile *t, int n, int32_t pos0) {
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int r = 0; r < R; r++) {
+        if (t->soft_cap > 0.0f)
+            for (int i = 0; i < n; i++) t->logits[r][i] = t->soft_cap * tanhf(t->logits[r][i] / t->soft_cap);
+        __m256 x[4], cm = ninf;
+        for (int j = 0; j < 4; j++) {
+            __m256i idx = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * j));
+            __m256i pos = _mm256_add_epi32(idx, _mm256_set1_epi32(pos0));
+            __m256i ok = _mm256_and_si256(
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx),
+                _mm256_and_si256(_mm256_cmpgt_epi32(pos, _mm256_set1_epi32(t->lo[r] - 1)),
+                                 _mm256_cmpgt_epi32(_mm256_set1_epi32(t->hi[r] + 1), pos)));
+            x[j] = _mm256_blendv_ps(ninf, _mm256_load_ps(&t->logits[r][8 * j]), _mm256_castsi256_ps(ok));
+            cm = _mm256_max_ps(cm, x[j]);
+        }
+        float cmax = hmax8(cm), m_new = t->m[r] > cmax ? t->m[r] : cmax;
+        if (m_new == -INFINITY) {
+            memset(t->p[r], 0, sizeof t->p[r]);
+            t->pmax[r] = 0.0f;
+            continue;
+        }
+        float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new);
+        t->pmax[r] = cmax == m_new ? 1.0f : expf(cmax - m_new);
+        if (alpha != 1.0f) {
+            float *o = t->o + (size_t)r * (size_t)t->D;
+            for (int d = 0; d < t->D; d += 8)
+                _mm256_store_ps(o + d, _mm256_mul_ps(_mm256_load_ps(o + d), _mm256_set1_ps(alpha)));
+        }
+        __m256 mv = _mm256_set1_ps(m_new), sum = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            __m256 p = exp256(_mm256_sub_ps(x[j], mv));
+            _mm256_store_ps(&t->p[r][8 * j], p);
+            sum = _mm256_add_ps(sum, p);
+        }
+        t->l[r] = t->l[r] * alpha + hsum8(sum);
+        t->m[r] = m_new;
+    }
+}
+
+/* ---- V: plain formats (token-major) --------------------------------------------------------------- */
+
+TGT_INLINE static void vacc_pl(int fmt, kvp__tile *t, const uint8_t *vb, int t0, int n) {
+    const int es = kvp__plain_size(fmt), D = t->D;
+    const __m256 u = _mm256_set1_ps(plain_unit(fmt, t->fp8_v));
+    for (int d0 = 0; d0 < D; d0 += 16) { /* D is a multiple of 16 for attention */
+        __m256 a0[R], a1[R];
+        UNROLL for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+        for (int i = 0; i < n; i++) {
+            const uint8_t *p = vb + ((size_t)(t0 + i) * (size_t)D + (size_t)d0) * (size_t)es;
+            if (d0 == 0) /* the first pass over the tokens fetches whole rows ahead */
+                for (int l = 0; l < D * es; l += 64) _mm_prefetch((const char *)p + t->pf_v + l, _MM_HINT_T2);
+            __m256 v0 = load8(fmt, p), v1 = load8(fmt, p + 8 * es);
+            UNROLL for (int r = 0; r < R; r++) {
+                __m256 pr = _mm256_broadcast_ss(&t->p[r][i]);
+                a0[r] = _mm256_fmadd_ps(pr, v0, a0[r]);
+                a1[r] = _mm256_fmadd_ps(pr, v1, a1[r]);
+            }
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            float *o = t->o + (size_t)r * (size_t)D + (size_t)d0;
+            _mm256_store_ps(o, _mm256_fmadd_ps(a0[r], u, _mm256_load_ps(o)));
+            _mm256_store_ps(o + 8, _mm256_fmadd_ps(a1[r], u, _mm256_load_ps(o + 8)));
+        }
+    }
+}
+
+#define PLAIN_STAGES(name, FMT)                                                                    \
+    TGT static void klogits_dm_##name(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f,   \
+                                      int t0, int n) {                                          \
+        klogits_dm(FMT, t, kb, f, t0, n);                                                        \
+    }                                                                                            \
+    TGT static void klogits_tm_##name(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f,   \
+                                      int t0, int n) {                                          \
+        (void)f;                                                                                 \
+        klogits_tm(FMT, t, kb, t0, n);                                                           \
+    }                                                                                            \
+    TGT static void vacc_##name(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, \
+                                int n) {                                                         \
+        (void)f;                                                                                 \
+        vacc_pl(FMT, t, vb, t0, n);                                                              \
+    }
+PLAIN_STAGES(fp32, KVP_FORMAT_FP32)
+PLAIN_STAGES(fp16, KVP_FORMAT_FP16)
+PLAIN_STAGES(bf16, KVP_FORMAT_BF16)
+PLAIN_STAGES(fp8, KVP_FORMAT_FP8_E4M3)
+
+/* ---- K: int8 / int4 through vpmaddwd ----------------------------------------------------------------- */
+
+/* q' = q * channel scale, quantized to 15 bits (portable helper, split form),
+ * recombined to s16 x = 128*qh + ql. */
+TGT static void kprep_int16(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    kvp__qprep_int(t, kb, f);
+}
+
+static inline int16_t q16(const kvp__tile *t, int r, int d) {
+    return (int16_t)(128 * t->qh[r][d] + t->ql[r][d]);
+}
+
+/* int8 keys, [D/4][P][4]: 4 tokens x 4 channels per 16 bytes. */
+TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
+    const int P = f->page_size, D = t->D;
+    for (int c0 = 0; c0 < n; c0 += 4) {
+        int w = n - c0 < 4 ? n - c0 : 4;
+        __m256i acc[R];
+        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();
+        for (int d = 0; d < D; d += 4) {
+            const uint8_t *p = kb + (size_t)(d / 4) * (size_t)P * 4 + (size_t)(t0 + c0) * 4;
+            uint8_t tmp[16] = {0};
+            memcpy(tmp, p, (size_t)w * 4);
+            __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)tmp));
+            UNROLL for (int r = 0; r < R; r++) {
+                int32_t lo, hi;
+                int16_t qq[2] = {q16(t, r, d), q16(t, r, d + 1)}, qr[2] = {q16(t, r, d + 2), q16(t, r, d + 3)};
+                memcpy(&lo, qq, 4);
+                memcpy(&hi, qr, 4);
+                __m256i q = _mm256_set_epi32(hi, lo, hi, lo, hi, lo, hi, lo);
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(c, q));
+            }
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            /* lanes: t0 (d01, d23), t1 (..), t2, t3 -> add pairs */
+            __m256i s = _mm256_hadd_epi32(acc[r], acc[r]); /* per 128: [t0 t1 t0 t1] / [t2 t3 ..] */
+            int32_t v[8];
+            _mm256_storeu_si256((__m256i *)(void *)v, s);
+            int32_t tok[4] = {v[0], v[1], v[4], v[5]};
+            for (int i = 0; i < w; i++)
+                t->logits[r][c0 + i] = t->qconst[r] + t->qstep[r] * (float)tok[i];
+        }
+    }
+}
+
+/* int4 keys, [D/4][P/2][4] with tokens 2i / 2i+1 in the low / high nibble:
+ * unpacked to the int8 layout 8 tokens at a time. */
+TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
+    const int P = f->page_size, D = t->D;
+    for (int c0 = 0; c0 < n; c0 += 4) {
+        int w = n - c0 < 4 ? n - c0 : 4;
+        __m256i acc[R];
+        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();
+        for (int d = 0; d < D; d += 4) {
+            const uint8_t *p = kb + (size_t)(d / 4) * (size_t)(P / 2) * 4 + (size_t)((t0 + c0) / 2) * 4;
+            uint8_t tmp[16] = {0}, src[8] = {0};
+            memcpy(src, p, (size_t)(w + 1) / 2 * 4);
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++) {
+                    uint8_t b = src[(i / 2) * 4 + j];
+                    tmp[i * 4 + j] = (uint8_t)((i & 1) ? b >> 4 : b & 0x0F);
+                }
+            __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)tmp));
+            UNROLL for (int r = 0; r < R; r++) {
+                int32_t lo, hi;
+                int16_t qq[2] = {q16(t, r, d), q16(t, r, d + 1)}, qr[2] = {q16(t, r, d + 2), q16(t, r, d + 3)};
+                memcpy(&lo, qq, 4);
+                memcpy(&hi, qr, 4);
+                __m256i q = _mm256_set_epi32(hi, lo, hi, lo, hi, lo, hi, lo);
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(c, q));
+            }
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            __m256i s = _mm256_hadd_epi32(acc[r], acc[r]);
+            int32_t v[8];
+            _mm256_storeu_si256((__m256i *)(void *)v, s);
+            int32_t tok[4] = {v[0], v[1], v[4], v[5]};
+            for (int i = 0; i < w; i++)
+                t->logits[r][c0 + i] = t->qconst[r] + t->qstep[r] * (float)tok[i];
+        }
+    }
+}
+
+/* ---- V: int8 / int4, decoded per token group -------------------------------------------------- */
+
+/* 8 channels x 4 tokens of s8 codes ([d][4], 32 bytes) -> 4 vectors, one per
+ * token, of the 8 channels as fp32. */
+TGT_INLINE static void group_codes(__m256i b, __m256 *tok) {
+    const __m256i by_token = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                              0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m256i s = _mm256_shuffle_epi8(b, by_token); /* per 128 bits: token 0..3 x 4 channels */
+    for (int j = 0; j < 4; j++) {
+        __m256i pick = _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(j, 4 + j, 0, 0, 0, 0, 0, 0));
+        tok[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm256_castsi256_si128(pick)));
+    }
+}
+
+/* o[r][d0..d0+8) += sum over token groups of w[r][t] * code(t, d). `codes`
+ * returns the 32 code bytes of token group g. */
+TGT_INLINE static void vacc_groups8(kvp__tile *t, int d0, int groups, const float (*w)[KVP__CHUNK],
+                                    const uint8_t *base, size_t group_stride, int nibble) {
+    __m256 acc[R];
+    UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_load_ps(t->o + (size_t)r * (size_t)t->D + (size_t)d0);
+    for (int g = 0; g < groups; g++) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(base + (size_t)g * group_stride));
+        if (nibble >= 0) /* int4: the low or high nibbles, as non-negative s8 */
+            b = _mm256_and_si256(nibble ? _mm256_srli_epi16(b, 4) : b, _mm256_set1_epi8(0x0F));
+        __m256 tok[4];
+        group_codes(b, tok);
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int j = 0; j < 4; j++)
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&w[r][4 * g + j]), tok[j], acc[r]);
+    }
+    UNROLL for (int r = 0; r < R; r++) _mm256_store_ps(t->o + (size_t)r * (size_t)t->D + (size_t)d0, acc[r]);
+}
+
+/* Tokens of a trailing partial token group (page sizes not a multiple of 4). */
+static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int i0, int n) {
+    for (int i = i0; i < n; i++)
+        for (int r = 0; r < R; r++) {
+            float pr = t->p[r][i];
+            if (pr == 0.0f) continue;
+            float *o = t->o + (size_t)r * (size_t)t->D;
+            for (int d = 0; d < t->D; d++) o[d] += pr * kvp__block_decode_one(f, vb, t0 + i, d, 0.0f);
+        }
+}
+
+static inline float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return kvp__f16_to_f32(h);
+}
+
+/* int8 values: token groups [D][4], one scale per token. */
+TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+    const int D = t->D, n4 = n / 4 * 4;
+    const uint8_t *sc = vb + kvp__block_data_bytes(f);
+    float w[R][KVP__CHUNK] KVP__ALIGN64;
+    for (int i = 0; i < n4; i++) {
+        float s = half_at(sc + 2 * (size_t)(t0 + i));
+        for (int r = 0; r < R; r++) w[r][i] = t->p[r][i] * s;
+    }
+    const uint8_t *base = vb + (size_t)t0 * (size_t)D;
+    for (int d0 = 0; d0 < D; d0 += 8)
+        vacc_groups8(t, d0, n4 / 4, (const float(*)[KVP__CHUNK])w, base + (size_t)d0 * 4, 4 * (size_t)D, -1);
+    if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+}
+
+/* int4 values: per 32-channel group, channel i low nibble, i + W/2 high. */
+TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+    const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4;
+    const uint8_t *sc = vb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
+    const uint8_t *base = vb + (size_t)t0 * (size_t)D / 2;
+    for (int g = 0; g < G; g++) {
+        int width = D - 32 * g < 32 ? D - 32 * g : 32, half = width / 2;
+        float w[R][KVP__CHUNK] KVP__ALIGN64, mterm[R] = {0};
+        for (int i = 0; i < n4; i++) {
+            size_t at = 2 * ((size_t)g * (size_t)P + (size_t)(t0 + i));
+            float s = half_at(sc + at), m = half_at(mn + at);
+            for (int r = 0; r < R; r++) {
+                w[r][i] = t->p[r][i] * s;
+                mterm[r] += t->p[r][i] * m;
+            }
+        }
+        const uint8_t *gb = base + (size_t)g * 64;
+        for (int c = 0; c < half; c += 8) {
+            vacc_groups8(t, 32 * g + c, n4 / 4, (const float(*)[KVP__CHUNK])w, gb + (size_t)c * 4, 2 * (size_t)D, 0);
+            vacc_groups8(t, 32 * g + half + c, n4 / 4, (const float(*)[KVP__CHUNK])w, gb + (size_t)c * 4,
+                         2 * (size_t)D, 1);
+        }
+        for (int r = 0; r < R; r++) {
+            float *o = t->o + (size_t)r * (size_t)D + (size_t)(32 * g);
+            for (int d = 0; d < width; d++) o[d] += mterm[r];
+        }
+    }
+    if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+}
+
+const kvp__kernels kvp__kernels_avx2 = {
+    "avx2",
+    {kprep_plain, kprep_plain, kprep_plain, kprep_plain, kprep_int16, kprep_int16},
+    {{klogits_tm_fp32, klogits_dm_fp32},
+     {klogits_tm_fp16, klogits_dm_fp16},
+     {klogits_tm_bf16, klogits_dm_bf16},
+     {klogits_tm_fp8, klogits_dm_fp8},
+     {klogits_int8, klogits_int8},
+     {klogits_int4, klogits_int4}},
+    softmax_avx2,
+    {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},
+};
+
+#else
+const kvp__kernels kvp__kernels_avx2 = {"avx2", {0}, {{0}}, NULL, {0}};
+#endif

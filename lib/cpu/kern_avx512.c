@@ -1,0 +1,692 @@
+/*
+ * AVX-512 kernel stages (F, BW, VL, VNNI, F16C). Compiled with target
+ * attributes, used only when the CPU has them (lib/cpu/isa.c).
+ *
+ * Floating keys/values: dequantize 16 elements per instruction (fp16/bf16/
+ * fp8 -> fp32) and FMA; the query heads of the tile share every load.
+ * Integer keys/values use VNNI (vpdpbusd: 64 u8 x s8 products per
+ * instruction): keys are unsigned codes, the query is folded with the page's
+ * channel scales and quantized to 15 bits (two s8 halves); for values the
+ * probabilities, folded with the value scales, are quantized to u8 per chunk
+ * and row. See docs/formats.md for the error these add.
+ */
+#include "cpu.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT_INLINE __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c"))) inline
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c")))
+#define R KVP__TILE_ROWS
+#define RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+/* Register blocking needs these small loops unrolled, or the accumulators
+ * live on the stack. */
+#define UNROLL _Pragma("GCC unroll 8")
+/* acc += a(u8) . b(s8) in place. GCC 12 copies the accumulator around every
+ * vpdpbusd intrinsic (tripling the instruction count of these loops); the
+ * one-instruction asm keeps it in its register. */
+/* Expand X(r) for the 4 rows of a tile: named accumulators stay in registers
+ * where arrays of vectors (with the asm below) would live on the stack. */
+#define R4(X) X(0) X(1) X(2) X(3)
+/* DPBUSD_B: the s8 operand is a 32-bit value in memory broadcast to every
+ * lane (embedded {1to16}: no separate broadcast instruction). */
+#if defined(__clang__)
+#define DPBUSD(acc, a, b) ((acc) = _mm512_dpbusd_epi32((acc), (a), (b)))
+#define DPBUSD_B(acc, a, p32) ((acc) = _mm512_dpbusd_epi32((acc), (a), _mm512_set1_epi32(load32(p32))))
+#else
+#define DPBUSD(acc, a, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
+#define DPBUSD_B(acc, a, p32)                                                                      \
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)(const void *)(p32)))
+#endif
+/* Software prefetch, into L2, the same place one block further on: the next
+ * kv head's block of the page, adjacent in the arena, which the item reads
+ * next (dist = the block's bytes, t->pf_k or t->pf_v). Measured with 2
+ * threads, 32k tokens, on a shared machine (best of 15 runs, variants
+ * interleaved): no prefetch vs 2 KiB ahead: fp16 13.1 -> 16.0 GB/s, int8
+ * 10.0 -> 11.8, int4 6.4 -> 9.2; for fp16, 8 KiB (its block) beat 2, 4 and
+ * 6 KiB (7.6-9.6 -> 11.8-17.9 GB/s), while a fixed 8 KiB slowed int4 (its
+ * blocks are 2.5 KiB: it fetched other pages). */
+#define PF_AHEAD_BY(p, dist, lines)                                                                \
+    do {                                                                                           \
+        for (int pf_ = 0; pf_ < (lines); pf_++)                                                    \
+            _mm_prefetch((const char *)(p) + (dist) + 64 * pf_, _MM_HINT_T2);                      \
+    } while (0)
+/* 16 int32 lanes to 16 bytes (truncating), kept in a register: compilers
+ * fuse the intrinsic with a following store into vpmovdb-to-memory, which is
+ * microcoded and slow on AMD Zen 4 (it dominated the query preparation). */
+#if defined(__clang__)
+#define PACK_S8(x) _mm512_cvtepi32_epi8(x)
+#else
+TGT_INLINE static __m128i pack_s8_reg(__m512i x) {
+    __m128i r;
+    __asm__("vpmovdb %1, %0" : "=v"(r) : "v"(x));
+    return r;
+}
+#define PACK_S8(x) pack_s8_reg(x)
+#endif
+static inline int32_t load32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* ---- small helpers -------------------------------------------------------------------- */
+
+TGT_INLINE static __mmask16 mask16(int n) {
+    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
+
+/* exp(x) for x <= 0 (and -inf -> 0): 2^n * poly(r), |rel err| < 2e-7. */
+TGT static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* 16 plain elements (fp32/fp16/bf16/fp8 bits) at p, first n valid, as fp32.
+ * fp8 comes out as value / (256 * scale): the caller folds 256*scale into q. */
+TGT_INLINE static __m512 load_plain(int32_t fmt, const uint8_t *p, int n) {
+    __mmask16 m = mask16(n);
+    switch (fmt) {
+    case KVP_FORMAT_FP32: return _mm512_maskz_loadu_ps(m, p);
+    case KVP_FORMAT_FP16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+    case KVP_FORMAT_BF16:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+    default: { /* e4m3 -> fp16 bits: sign to bit 15, exponent+mantissa to bits 7..13 */
+        __m256i b = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, p));
+        __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7),
+                                    _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+        return _mm512_cvtph_ps(h);
+    }
+    }
+}
+
+/* Multiplier that turns load_plain()'s value into the stored value. */
+static inline float plain_unit(int32_t fmt, float fp8_scale) {
+    return fmt == KVP_FORMAT_FP8_E4M3 ? 256.0f * fp8_scale : 1.0f;
+}
+
+/* ---- K: plain formats, dim-major ([D][P]) ----------------------------------------------------- */
+
+TGT static void kprep_plain(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    (void)kb;
+    float u = plain_unit(f->format, t->fp8_k);
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < t->D; d += 16)
+            _mm512_store_ps(&t->qf[r][d], _mm512_mul_ps(_mm512_load_ps(&t->q[r][d]), _mm512_set1_ps(u)));
+}
+
+TGT_INLINE static void klogits_dm(int fmt, kvp__tile *t, const uint8_t *kb,
+                                  const kvp__blockfmt *f, int t0, int n) {
+    const int es = kvp__plain_size(fmt), P = f->page_size, D = t->D;
+    const uint8_t *base = kb + (size_t)t0 * (size_t)es;
+    const size_t row = (size_t)P * (size_t)es;
+    __m512 a0[R], a1[R]; /* n > 16: tokens 0-15 / 16-31; else even / odd channels */
+    UNROLL for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+    if (n > 16) {
+        for (int d = 0; d < D; d++) {
+            const uint8_t *p = base + (size_t)d * row;
+            PF_AHEAD_BY(p, t->pf_k, row >= 128 ? (int)(row / 64) : 1);
+            __m512 k0 = load_plain(fmt, p, 16), k1 = load_plain(fmt, p + 16 * es, n - 16);
+            UNROLL for (int r = 0; r < R; r++) {
+                __m512 q = _mm512_set1_ps(t->qf[r][d]);
+                a0[r] = _mm512_fmadd_ps(q, k0, a0[r]);
+                a1[r] = _mm512_fmadd_ps(q, k1, a1[r]);
+            }
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            _mm512_store_ps(&t->logits[r][0], a0[r]);
+            _mm512_store_ps(&t->logits[r][16], a1[r]);
+        }
+    } else {
+        for (int d = 0; d < D; d += 2) {
+            const uint8_t *p = base + (size_t)d * row;
+            PF_AHEAD_BY(p, t->pf_k, row >= 128 ? (int)(row / 64) : 1);
+            __m512 k0 = load_plain(fmt, p, n), k1 = load_plain(fmt, p + row, n);
+            UNROLL for (int r = 0; r < R; r++) {
+                a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(t->qf[r][d]), k0, a0[r]);
+                a1[r] = _mm512_fmadd_ps(_mm512_set1_ps(t->qf[r][d + 1]), k1, a1[r]);
+            }
+        }
+        UNROLL for (int r = 0; r < R; r++) _mm512_store_ps(&t->logits[r][0], _mm512_add_ps(a0[r], a1[r]));
+    }
+}
+
+/* ---- K: plain formats, token-major ([P][D], FlashInfer HND) ------------------------------------- */
+
+TGT_INLINE static void klogits_tm(int fmt, kvp__tile *t, const uint8_t *kb,
+                                  const kvp__blockfmt *f, int t0, int n) {
+    (void)f;
+    const int es = kvp__plain_size(fmt), D = t->D;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = kb + (size_t)(t0 + i) * (size_t)D * (size_t)es;
+        __m512 acc[R];
+        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+        for (int d = 0; d < D; d += 16) {
+            __m512 k = load_plain(fmt, p + (size_t)d * (size_t)es, 16);
+            UNROLL for (int r = 0; r < R; r++)
+                acc[r] = _mm512_fmadd_ps(_mm512_load_ps(&t->qf[r][d]), k, acc[r]);
+        }
+        UNROLL for (int r = 0; r < R; r++) t->logits[r][i] = _mm512_reduce_add_ps(acc[r]);
+    }
+}
+
+/* ---- K: int8 / int4, integer dot products ----------------------------------------------------------- */
+
+/* Vector version of kvp__qprep_int (int8 keys): fold the page's channel
+ * scales into q and quantize it to 15 bits as two s8 halves. */
+TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    const int D = t->D;
+    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
+    __m512 amax[R], cst[R];
+    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 16) {
+        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d)));
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 q = _mm512_load_ps(&t->q[r][d]), qf = _mm512_mul_ps(q, s);
+            _mm512_store_ps(&t->qf[r][d], qf);
+            cst[r] = _mm512_fmadd_ps(q, m, cst[r]);
+            amax[r] = _mm512_max_ps(amax[r], _mm512_abs_ps(qf));
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) {
+        float am = _mm512_reduce_max_ps(amax[r]), step = am / 16256.0f;
+        __m512 vinv = _mm512_set1_ps(am > 0.0f ? 1.0f / step : 0.0f);
+        for (int d = 0; d < D; d += 16) {
+            /* x = rne(q' / step) in -16256..16256 (MXCSR: nearest-even), split
+             * exactly as x = 128*hi + lo, hi = (x + 64) >> 7, lo in -64..63 */
+            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qf[r][d]), vinv));
+            __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(64)), 7);
+            __m512i lo = _mm512_sub_epi32(x, _mm512_slli_epi32(hi, 7));
+            _mm_store_si128((__m128i *)(void *)&t->qh[r][d], PACK_S8(hi));
+            _mm_store_si128((__m128i *)(void *)&t->ql[r][d], PACK_S8(lo));
+        }
+        t->qstep[r] = step;
+        t->qconst[r] = _mm512_reduce_add_ps(cst[r]); /* 15 bits: the residual is fp32 noise */
+    }
+}
+
+/* int4 keys: q' = q * scale quantized to 8 bits per *class* of channel
+ * quads — quads holding an outlier channel (scale >= max/4) and the rest —
+ * each with its own step. One vpdpbusd per quad and row (half the two-part
+ * 15-bit form), and no loss: against centred 4-bit codes an 8-bit query adds
+ * ~0.1x the keys' own error, once the outliers no longer set everyone's
+ * step. The rounding error times the middle code (7.5) goes to the constant. */
+TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    const int D = t->D, nq = D / 4;
+    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
+    __mmask16 big[KVP__ATTN_MAX_D / 16];
+    __m512 quadmax[KVP__ATTN_MAX_D / 16], smax = _mm512_setzero_ps(), cst[R];
+    UNROLL for (int r = 0; r < R; r++) cst[r] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 16) {
+        __m512 sv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
+        __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d)));
+        __m512 m2 = _mm512_max_ps(sv, _mm512_permute_ps(sv, 0xB1)); /* quads = 128-bit lanes */
+        quadmax[d / 16] = _mm512_max_ps(m2, _mm512_permute_ps(m2, 0x4E));
+        smax = _mm512_max_ps(smax, sv);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 q = _mm512_load_ps(&t->q[r][d]);
+            _mm512_store_ps(&t->qf[r][d], _mm512_mul_ps(q, sv));
+            cst[r] = _mm512_fmadd_ps(q, mv, cst[r]);
+        }
+    }
+    /* classes come from the page's scales, so every row of the tile shares them */
+    __m512 thr = _mm512_set1_ps(_mm512_reduce_max_ps(smax) * 0.25f);
+    int nb = 0, ns = nq - 1;
+    for (int c = 0; c < D / 16; c++) {
+        big[c] = _mm512_cmp_ps_mask(quadmax[c], thr, _CMP_GE_OQ);
+        for (int k = 0; k < 4; k++) { /* branch-free: classes are mixed */
+            int is_big = (big[c] >> (4 * k)) & 1;
+            t->quads[is_big ? nb : ns] = (uint8_t)(4 * c + k);
+            nb += is_big;
+            ns -= !is_big;
+        }
+    }
+    t->nbig = nb;
+    /* rows interleaved, so the per-row reductions do not run back to back */
+    __m512 ab[R], as[R], resid[R], vb[R], vs[R], stb[R], sts[R];
+    UNROLL for (int r = 0; r < R; r++) ab[r] = as[r] = resid[r] = _mm512_setzero_ps();
+    for (int c = 0; c < D / 16; c++)
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 a = _mm512_abs_ps(_mm512_load_ps(&t->qf[r][16 * c]));
+            ab[r] = _mm512_mask_max_ps(ab[r], big[c], ab[r], a);
+            as[r] = _mm512_mask_max_ps(as[r], (__mmask16)~big[c], as[r], a);
+        }
+    UNROLL for (int r = 0; r < R; r++) {
+        float sb = _mm512_reduce_max_ps(ab[r]) / 127.0f, ss = _mm512_reduce_max_ps(as[r]) / 127.0f;
+        vb[r] = _mm512_set1_ps(sb > 0.0f ? 1.0f / sb : 0.0f);
+        vs[r] = _mm512_set1_ps(ss > 0.0f ? 1.0f / ss : 0.0f);
+        stb[r] = _mm512_set1_ps(sb);
+        sts[r] = _mm512_set1_ps(ss);
+        t->qstep[r] = sb;
+        t->qstep2[r] = ss;
+    }
+    for (int c = 0; c < D / 16; c++)
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 qf = _mm512_load_ps(&t->qf[r][16 * c]);
+            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(qf, _mm512_mask_blend_ps(big[c], vs[r], vb[r])));
+            _mm_store_si128((__m128i *)(void *)&t->qh[r][16 * c], PACK_S8(x));
+            resid[r] = _mm512_add_ps(resid[r], _mm512_fnmadd_ps(_mm512_mask_blend_ps(big[c], sts[r], stb[r]),
+                                                                _mm512_cvtepi32_ps(x), qf));
+        }
+    UNROLL for (int r = 0; r < R; r++)
+        t->qconst[r] = _mm512_reduce_add_ps(cst[r]) + 7.5f * _mm512_reduce_add_ps(resid[r]);
+}
+
+
+/* logits = qconst + qstep * (128*hi + lo), hi/lo int32 dot products. */
+TGT static inline __m512 int_logits(const kvp__tile *t, int r, __m512i hi, __m512i lo) {
+    __m512 x = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(hi, 7), lo));
+    return _mm512_fmadd_ps(x, _mm512_set1_ps(t->qstep[r]), _mm512_set1_ps(t->qconst[r]));
+}
+
+/* int8 keys: [D/4][P][4] u8 codes; 16 tokens x 4 channels per 64 bytes. */
+TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
+    const int P = f->page_size, D = t->D;
+    const __mmask64 m0 = n >= 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * n)) - 1);
+    const __mmask64 m1 = n >= 32 ? ~(__mmask64)0 : n <= 16 ? 0 : (((__mmask64)1 << (4 * (n - 16))) - 1);
+#define K8_DECL(r) __m512i h0_##r = _mm512_setzero_si512(), h1_##r = h0_##r, l0_##r = h0_##r, l1_##r = h0_##r;
+    R4(K8_DECL)
+    const uint8_t *base = kb + (size_t)t0 * 4;
+    if (n <= 16) { /* pages of 16 tokens or fewer: one 16-token slab */
+        for (int d = 0; d < D; d += 4) {
+            __m512i k0 = _mm512_maskz_loadu_epi8(m0, base + (size_t)(d / 4) * (size_t)P * 4);
+#define K8_STEP1(r)                                                                                \
+    DPBUSD_B(h0_##r, k0, &t->qh[r][d]);                                                            \
+    DPBUSD_B(l0_##r, k0, &t->ql[r][d]);
+            R4(K8_STEP1)
+        }
+#define K8_OUT1(r) _mm512_store_ps(&t->logits[r][0], int_logits(t, r, h0_##r, l0_##r));
+        R4(K8_OUT1)
+        return;
+    }
+    for (int d = 0; d < D; d += 4) {
+        const uint8_t *p = base + (size_t)(d / 4) * (size_t)P * 4;
+        PF_AHEAD_BY(p, t->pf_k, 2);
+        __m512i k0 = _mm512_maskz_loadu_epi8(m0, p), k1 = _mm512_maskz_loadu_epi8(m1, p + 64);
+#define K8_STEP(r)                                                                                 \
+    DPBUSD_B(h0_##r, k0, &t->qh[r][d]);                                                            \
+    DPBUSD_B(l0_##r, k0, &t->ql[r][d]);                                                            \
+    DPBUSD_B(h1_##r, k1, &t->qh[r][d]);                                                            \
+    DPBUSD_B(l1_##r, k1, &t->ql[r][d]);
+        R4(K8_STEP)
+    }
+#define K8_OUT(r)                                                                                  \
+    _mm512_store_ps(&t->logits[r][0], int_logits(t, r, h0_##r, l0_##r));                          \
+    _mm512_store_ps(&t->logits[r][16], int_logits(t, r, h1_##r, l1_##r));
+    R4(K8_OUT)
+}
+
+/* int4 keys: [D/4][P/2][4] bytes, token 2i in the low nibble and 2i+1 in
+ * the high nibble: one 64-byte load holds 32 tokens x 4 channels. Quads in
+ * kprep_int4's class order, one accumulator set per class. */
+TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
+    const int P = f->page_size, nq = t->D / 4, pairs = (n + 1) / 2;
+    const __mmask64 m = pairs >= 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * pairs)) - 1);
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const uint8_t *base = kb + (size_t)(t0 / 2) * 4;
+    const size_t row = (size_t)(P / 2) * 4;
+#define K4_DECL(r) __m512i eb_##r = _mm512_setzero_si512(), ob_##r = eb_##r, es_##r = eb_##r, os_##r = eb_##r;
+    R4(K4_DECL)
+#define K4_LOOP(E, O, k0, k1)                                                                      \
+    for (int k = (k0); k < (k1); k++) {                                                            \
+        int d = 4 * t->quads[k];                                                                   \
+        const uint8_t *p = base + (size_t)(d / 4) * row;                                           \
+        PF_AHEAD_BY(p, t->pf_k, 1);                                                                \
+        __m512i b = _mm512_maskz_loadu_epi8(m, p);                                                 \
+        __m512i ke = _mm512_and_si512(b, low), ko = _mm512_and_si512(_mm512_srli_epi16(b, 4), low); \
+        DPBUSD_B(E##_0, ke, &t->qh[0][d]);                                                         \
+        DPBUSD_B(O##_0, ko, &t->qh[0][d]);                                                         \
+        DPBUSD_B(E##_1, ke, &t->qh[1][d]);                                                         \
+        DPBUSD_B(O##_1, ko, &t->qh[1][d]);                                                         \
+        DPBUSD_B(E##_2, ke, &t->qh[2][d]);                                                         \
+        DPBUSD_B(O##_2, ko, &t->qh[2][d]);                                                         \
+        DPBUSD_B(E##_3, ke, &t->qh[3][d]);                                                         \
+        DPBUSD_B(O##_3, ko, &t->qh[3][d]);                                                         \
+    }
+    K4_LOOP(eb, ob, 0, t->nbig)
+    K4_LOOP(es, os, t->nbig, nq)
+    /* lanes are tokens 0,2,..,30 and 1,3,..,31: interleave into token order */
+    const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi_idx = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+#define K4_CLASSES(r, B, S)                                                                        \
+    _mm512_fmadd_ps(_mm512_cvtepi32_ps(B), _mm512_set1_ps(t->qstep[r]),                             \
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(t->qstep2[r]),            \
+                                    _mm512_set1_ps(t->qconst[r])))
+#define K4_OUT(r)                                                                                  \
+    {                                                                                              \
+        __m512 e = K4_CLASSES(r, eb_##r, es_##r), o = K4_CLASSES(r, ob_##r, os_##r);               \
+        _mm512_store_ps(&t->logits[r][0], _mm512_permutex2var_ps(e, lo_idx, o));                  \
+        _mm512_store_ps(&t->logits[r][16], _mm512_permutex2var_ps(e, hi_idx, o));                 \
+    }
+    R4(K4_OUT)
+}
+
+/* ---- softmax ---------------------------------------------------------------------------------------- */
+
+TGT static void softmax_avx512(kvp__tile *t, int n, int32_t pos0) {
+    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 x[R][2];
+    float cmax[R], m_new[R], e[16] KVP__ALIGN64;
+    for (int r = 0; r < R; r++) {
+        if (t->soft_cap > 0.0f)
+            for (int i = 0; i < n; i++) t->logits[r][i] = t->soft_cap * tanhf(t->logits[r][i] / t->soft_cap);
+        __m512 cm = ninf;
+        for (int j = 0; j < 2; j++) {
+            __m512i pos = _mm512_add_epi32(iota, _mm512_set1_epi32(pos0 + 16 * j));
+            __mmask16 ok = mask16(n - 16 * j) &
+                           _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(t->lo[r])) &
+                           _mm512_cmple_epi32_mask(pos, _mm512_set1_epi32(t->hi[r]));
+            x[r][j] = _mm512_mask_blend_ps(ok, ninf, _mm512_load_ps(&t->logits[r][16 * j]));
+            cm = _mm512_max_ps(cm, x[r][j]);
+        }
+        cmax[r] = _mm512_reduce_max_ps(cm);
+        m_new[r] = t->m[r] > cmax[r] ? t->m[r] : cmax[r];
+        /* one vector exp for every row's rescale factor and chunk maximum */
+        e[r] = m_new[r] == -INFINITY || t->m[r] == m_new[r] ? 0.0f : t->m[r] - m_new[r];
+        e[R + r] = m_new[r] == -INFINITY || cmax[r] == m_new[r] ? 0.0f : cmax[r] - m_new[r];
+    }
+    for (int k = 2 * R; k < 16; k++) e[k] = 0.0f;
+    _mm512_store_ps(e, exp512(_mm512_load_ps(e)));
+    for (int r = 0; r < R; r++) {
+        if (m_new[r] == -INFINITY) { /* nothing visible yet */
+            memset(t->p[r], 0, sizeof t->p[r]);
+            t->pmax[r] = 0.0f;
+            continue;
+        }
+        float alpha = e[r];
+        __m512 lv = _mm512_load_ps(t->lvec[r]);
+        if (alpha != 1.0f) {
+            __m512 a = _mm512_set1_ps(alpha);
+            float *o = t->o + (size_t)r * (size_t)t->D;
+            for (int d = 0; d < t->D; d += 16) _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_load_ps(o + d), a));
+            lv = _mm512_mul_ps(lv, a);
+            t->l[r] *= alpha;
+        }
+        __m512 mv = _mm512_set1_ps(m_new[r]);
+        __m512 p0 = exp512(_mm512_sub_ps(x[r][0], mv)), p1 = exp512(_mm512_sub_ps(x[r][1], mv));
+        _mm512_store_ps(&t->p[r][0], p0);
+        _mm512_store_ps(&t->p[r][16], p1);
+        _mm512_store_ps(t->lvec[r], _mm512_add_ps(lv, _mm512_add_ps(p0, p1)));
+        t->pmax[r] = e[R + r];
+        t->m[r] = m_new[r];
+    }
+}
+
+/* ---- V: plain formats, token-major --------------------------------------------------------------------- */
+
+/* o[:, d0 .. d0+16*NZ) += p . v for NZ full 16-channel vectors (NZ constant
+ * after inlining: 4 rows x NZ accumulators stay in registers). */
+TGT_INLINE static void vacc_pl_chunk(int fmt, int NZ, kvp__tile *t, const uint8_t *vb, int d0,
+                                     int t0, int n, float u) {
+    const int es = kvp__plain_size(fmt), D = t->D;
+    __m512 acc[R][4];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < NZ; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = vb + ((size_t)(t0 + i) * (size_t)D + (size_t)d0) * (size_t)es;
+        PF_AHEAD_BY(p, t->pf_v, NZ * es / 4);
+        __m512 v[4];
+        UNROLL for (int c = 0; c < NZ; c++) v[c] = load_plain(fmt, p + (size_t)(16 * c * es), 16);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 pr = _mm512_set1_ps(t->p[r][i]);
+            UNROLL for (int c = 0; c < NZ; c++) acc[r][c] = _mm512_fmadd_ps(pr, v[c], acc[r][c]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) {
+        float *o = t->o + (size_t)r * (size_t)D + (size_t)d0;
+        UNROLL for (int c = 0; c < NZ; c++)
+            _mm512_store_ps(o + 16 * c, _mm512_fmadd_ps(acc[r][c], _mm512_set1_ps(u), _mm512_load_ps(o + 16 * c)));
+    }
+}
+
+TGT_INLINE static void vacc_pl(int fmt, kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f,
+                               int t0, int n) {
+    (void)f;
+    const int D = t->D;
+    const float u = plain_unit(fmt, t->fp8_v);
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) vacc_pl_chunk(fmt, 4, t, vb, d0, t0, n, u);
+    for (; d0 < D; d0 += 16) vacc_pl_chunk(fmt, 1, t, vb, d0, t0, n, u);
+}
+
+/* ---- V: int8 / int4, integer dot products ------------------------------------------------------------- */
+
+/* Quantize p' = p * vscale (n tokens of one row) to u8 codes packed 4 per
+ * token group, against the bound pmax * smax >= p' (no reduction needed);
+ * returns the step (p' ~= step * code). */
+TGT_INLINE static float quantize_probs(const float *p, const float *vs, int n, float pmax, float smax,
+                                       uint32_t *groups) {
+    float top = pmax * smax;
+    float inv = top > 0.0f ? 255.0f / top : 0.0f;
+    __m512 vinv = _mm512_set1_ps(inv);
+    for (int j = 0; j < 2; j++) {
+        __mmask16 m = mask16(n - 16 * j);
+        __m512 pv = _mm512_mul_ps(_mm512_maskz_load_ps(m, p + 16 * j), _mm512_maskz_load_ps(m, vs + 16 * j));
+        __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(pv, vinv));
+        _mm_storeu_si128((__m128i *)(void *)(groups + 4 * j),
+                         PACK_S8(_mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), _mm512_set1_epi32(255))));
+    }
+    return top / 255.0f;
+}
+
+/* Scale data of n tokens as fp32 (fp16 values at src, one per token);
+ * returns their maximum. */
+TGT_INLINE static float load_scales(const uint8_t *src, int n, float *dst) {
+    __m512 mx = _mm512_setzero_ps();
+    for (int j = 0; j < 2; j++) {
+        __mmask16 m = mask16(n - 16 * j);
+        __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + 32 * j));
+        _mm512_store_ps(dst + 16 * j, v);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* Tokens of a trailing partial token group (page sizes not a multiple of 4). */
+static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int i0, int n) {
+    for (int i = i0; i < n; i++)
+        for (int r = 0; r < R; r++) {
+            float pr = t->p[r][i];
+            if (pr == 0.0f) continue;
+            float *o = t->o + (size_t)r * (size_t)t->D;
+            for (int d = 0; d < t->D; d++) o[d] += pr * kvp__block_decode_one(f, vb, t0 + i, d, 0.0f);
+        }
+}
+
+/* Probabilities for int8 values get 16 bits, as two u8 halves (p' ~= step *
+ * (256*hi + lo)): 8 bits would add ~0.4% to the output error, as much as
+ * the values' own quantization. */
+TGT_INLINE static float quantize_probs16(const float *p, const float *vs, int n, float pmax,
+                                         float smax, uint32_t *hi, uint32_t *lo) {
+    float top = pmax * smax;
+    __m512 vinv = _mm512_set1_ps(top > 0.0f ? 65535.0f / top : 0.0f);
+    for (int j = 0; j < 2; j++) {
+        __mmask16 m = mask16(n - 16 * j);
+        __m512 pv = _mm512_mul_ps(_mm512_maskz_load_ps(m, p + 16 * j), _mm512_maskz_load_ps(m, vs + 16 * j));
+        __m512i x = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(pv, vinv)), _mm512_set1_epi32(65535));
+        _mm_storeu_si128((__m128i *)(void *)(hi + 4 * j), PACK_S8(_mm512_srli_epi32(x, 8)));
+        _mm_storeu_si128((__m128i *)(void *)(lo + 4 * j),
+                         PACK_S8(_mm512_and_si512(x, _mm512_set1_epi32(255))));
+    }
+    return top / 65535.0f;
+}
+
+typedef struct {
+    uint32_t hi[R][KVP__CHUNK / 4 + 4], lo[R][KVP__CHUNK / 4 + 4];
+    float step[R];
+} probs16;
+
+/* int8 values: o[:, d0 .. d0+32) (VNNI over token groups, 16-bit p). */
+TGT static void vacc_i8_chunk2(kvp__tile *t, const uint8_t *base, int d0, int groups, const probs16 *pq) {
+    const int D = t->D;
+#define V8_DECL(r) __m512i h0_##r = _mm512_setzero_si512(), h1_##r = h0_##r, l0_##r = h0_##r, l1_##r = h0_##r;
+    R4(V8_DECL)
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *p = base + (size_t)g * 4 * (size_t)D + (size_t)d0 * 4;
+        PF_AHEAD_BY(p, t->pf_v, 2);
+        __m512i v0 = _mm512_loadu_si512((const void *)p), v1 = _mm512_loadu_si512((const void *)(p + 64));
+#define V8_STEP(r)                                                                                 \
+    {                                                                                              \
+        __m512i ph = _mm512_set1_epi32((int)pq->hi[r][g]), pl = _mm512_set1_epi32((int)pq->lo[r][g]); \
+        DPBUSD(h0_##r, ph, v0);                                                                    \
+        DPBUSD(h1_##r, ph, v1);                                                                    \
+        DPBUSD(l0_##r, pl, v0);                                                                    \
+        DPBUSD(l1_##r, pl, v1);                                                                    \
+    }
+        R4(V8_STEP)
+    }
+#define V8_ONE(r, c, h, l)                                                                         \
+    _mm512_store_ps(o + 16 * c,                                                                    \
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l)), \
+                                    _mm512_set1_ps(pq->step[r]), _mm512_load_ps(o + 16 * c)));
+#define V8_OUT(r)                                                                                  \
+    {                                                                                              \
+        float *o = t->o + (size_t)r * (size_t)D + (size_t)d0;                                      \
+        V8_ONE(r, 0, h0_##r, l0_##r) V8_ONE(r, 1, h1_##r, l1_##r)                                  \
+    }
+    R4(V8_OUT)
+}
+
+/* int8 values: o[:, d0 .. d0+16). */
+TGT static void vacc_i8_chunk1(kvp__tile *t, const uint8_t *base, int d0, int groups, const probs16 *pq) {
+    const int D = t->D;
+#define V8S_DECL(r) __m512i h0_##r = _mm512_setzero_si512(), l0_##r = h0_##r;
+    R4(V8S_DECL)
+    for (int g = 0; g < groups; g++) {
+        __m512i v0 = _mm512_loadu_si512((const void *)(base + (size_t)g * 4 * (size_t)D + (size_t)d0 * 4));
+#define V8S_STEP(r)                                                                                \
+    DPBUSD(h0_##r, _mm512_set1_epi32((int)pq->hi[r][g]), v0);                                      \
+    DPBUSD(l0_##r, _mm512_set1_epi32((int)pq->lo[r][g]), v0);
+        R4(V8S_STEP)
+    }
+#define V8S_OUT(r)                                                                                 \
+    {                                                                                              \
+        float *o = t->o + (size_t)r * (size_t)D + (size_t)d0;                                      \
+        V8_ONE(r, 0, h0_##r, l0_##r)                                                               \
+    }
+    R4(V8S_OUT)
+}
+
+/* int8 values: token groups [D][4] (s8), one fp16 scale per token. */
+TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+    const int D = t->D, n4 = n / 4 * 4;
+    float vs[KVP__CHUNK] KVP__ALIGN64;
+    probs16 pq KVP__ALIGN64;
+    float smax = load_scales(vb + kvp__block_data_bytes(f) + 2 * (size_t)t0, n4, vs);
+    UNROLL for (int r = 0; r < R; r++)
+        pq.step[r] = quantize_probs16(t->p[r], vs, n4, t->pmax[r], smax, pq.hi[r], pq.lo[r]);
+    const uint8_t *base = vb + (size_t)t0 * (size_t)D;
+    int d0 = 0;
+    for (; d0 + 32 <= D; d0 += 32) vacc_i8_chunk2(t, base, d0, n4 / 4, &pq);
+    for (; d0 < D; d0 += 16) vacc_i8_chunk1(t, base, d0, n4 / 4, &pq);
+    if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+}
+
+/* int4 values: token groups of [D/2][4] bytes; in each 32-channel scale
+ * group, channel i is the low nibble and i + W/2 the high nibble. */
+TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+    const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4;
+    const uint8_t *sc = vb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
+    const uint8_t *base = vb + (size_t)t0 * (size_t)D / 2;
+    const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+    for (int g = 0; g < G; g++) {
+        int w = D - 32 * g < 32 ? D - 32 * g : 32, half = w / 2;
+        float vs[KVP__CHUNK] KVP__ALIGN64, vm[KVP__CHUNK] KVP__ALIGN64, step[R], mterm[R];
+        uint32_t pq[R][KVP__CHUNK / 4 + 4] KVP__ALIGN64;
+        float smax = load_scales(sc + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, vs);
+        for (int j = 0; j < 2; j++)
+            _mm512_store_ps(vm + 16 * j, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                                             mask16(n4 - 16 * j), mn + 2 * ((size_t)g * (size_t)P + (size_t)t0) + 32 * j)));
+        UNROLL for (int r = 0; r < R; r++) {
+            step[r] = quantize_probs(t->p[r], vs, n4, t->pmax[r], smax, pq[r]);
+            __m512 s = _mm512_setzero_ps();
+            for (int j = 0; j < 2; j++) /* v = s*(c-8) + (m + 8s): see the codes below */
+                s = _mm512_fmadd_ps(_mm512_maskz_load_ps(mask16(n4 - 16 * j), &t->p[r][16 * j]),
+                                    _mm512_fmadd_ps(_mm512_load_ps(vs + 16 * j), _mm512_set1_ps(8.0f),
+                                                    _mm512_load_ps(vm + 16 * j)), s);
+            mterm[r] = _mm512_reduce_add_ps(s);
+        }
+        const __mmask64 m = half == 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * half)) - 1);
+#define V4_DECL(r) __m512i lo_##r = _mm512_setzero_si512(), hi_##r = lo_##r;
+        R4(V4_DECL)
+        for (int tg = 0; tg < n4 / 4; tg++) {
+            PF_AHEAD_BY(base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64, t->pf_v, 1);
+            __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64);
+            /* codes centred on 0 (c - 8): the rounding error of the u8
+             * probabilities then does not add up coherently over tokens, as
+             * it would with codes averaging 7.5 */
+            __m512i vlo = _mm512_sub_epi8(_mm512_and_si512(b, low), eight);
+            __m512i vhi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(b, 4), low), eight);
+#define V4_STEP(r)                                                                                 \
+    {                                                                                              \
+        __m512i pr = _mm512_set1_epi32((int)pq[r][tg]);                                            \
+        DPBUSD(lo_##r, pr, vlo);                                                                   \
+        DPBUSD(hi_##r, pr, vhi);                                                                   \
+    }
+            R4(V4_STEP)
+        }
+        const __mmask16 mh = mask16(half);
+#define V4_OUT(r)                                                                                  \
+    {                                                                                              \
+        float *o = t->o + (size_t)r * (size_t)D + (size_t)(32 * g);                                \
+        __m512 st = _mm512_set1_ps(step[r]), mt = _mm512_set1_ps(mterm[r]);                        \
+        __m512 c0 = _mm512_maskz_loadu_ps(mh, o), c1 = _mm512_maskz_loadu_ps(mh, o + half);        \
+        c0 = _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_##r), st, c0), mt);               \
+        c1 = _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_##r), st, c1), mt);               \
+        _mm512_mask_storeu_ps(o, mh, c0);                                                          \
+        _mm512_mask_storeu_ps(o + half, mh, c1);                                                   \
+    }
+        R4(V4_OUT)
+    }
+    if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+}
+
+/* One copy of each plain-format stage per format, so loads are branch-free. */
+#define PLAIN_STAGES(name, FMT)                                                                    \
+    TGT static void klogits_dm_##name(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f,   \
+                                      int t0, int n) {                                          \
+        klogits_dm(FMT, t, kb, f, t0, n);                                                        \
+    }                                                                                            \
+    TGT static void klogits_tm_##name(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f,   \
+                                      int t0, int n) {                                          \
+        klogits_tm(FMT, t, kb, f, t0, n);                                                        \
+    }                                                                                            \
+    TGT static void vacc_##name(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, \
+                                int n) {                                                         \
+        vacc_pl(FMT, t, vb, f, t0, n);                                                           \
+    }
+PLAIN_STAGES(fp32, KVP_FORMAT_FP32)
+PLAIN_STAGES(fp16, KVP_FORMAT_FP16)
+PLAIN_STAGES(bf16, KVP_FORMAT_BF16)
+PLAIN_STAGES(fp8, KVP_FORMAT_FP8_E4M3)
+
+const kvp__kernels kvp__kernels_avx512 = {
+    "avx512",
+    {kprep_plain, kprep_plain, kprep_plain, kprep_plain, kprep_int8, kprep_int4},
+    {{klogits_tm_fp32, klogits_dm_fp32},
+     {klogits_tm_fp16, klogits_dm_fp16},
+     {klogits_tm_bf16, klogits_dm_bf16},
+     {klogits_tm_fp8, klogits_dm_fp8},
+     {klogits_int8, klogits_int8},
+     {klogits_int4, klogits_int4}},
+    softmax_avx512,
+    {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},
+};
+
+#else
+const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}};
+#endif

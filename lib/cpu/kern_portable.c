@@ -1,0 +1,153 @@
+/*
+ * Portable kernel stages (plain C): the reference the SIMD paths are tested
+ * against. Each token's K or V vector is decoded as it is used (fused; no
+ * page-sized temporary) and accumulated in fp32 with exact float arithmetic
+ * (no integer approximation of q or p).
+ */
+#include "cpu.h"
+
+#include <string.h>
+
+static void klogits_portable(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0,
+                             int n) {
+    float k[KVP__ATTN_MAX_D];
+    for (int i = 0; i < n; i++) {
+        for (int d = 0; d < t->D; d++) k[d] = kvp__block_decode_one(f, kb, t0 + i, d, t->fp8_k);
+        for (int r = 0; r < KVP__TILE_ROWS; r++) {
+            float acc = 0.0f;
+            for (int d = 0; d < t->D; d++) acc += t->q[r][d] * k[d];
+            t->logits[r][i] = acc;
+        }
+    }
+}
+
+static void softmax_portable(kvp__tile *t, int n, int32_t pos0) {
+    for (int r = 0; r < KVP__TILE_ROWS; r++) {
+        float cm = -INFINITY;
+        for (int i = 0; i < n; i++) {
+            float x = t->logits[r][i];
+            if (t->soft_cap > 0.0f) x = t->soft_cap * tanhf(x / t->soft_cap);
+            int32_t pos = pos0 + i;
+            if (pos < t->lo[r] || pos > t->hi[r]) x = -INFINITY;
+            t->logits[r][i] = x;
+            if (x > cm) cm = x;
+        }
+        float m_new = t->m[r] > cm ? t->m[r] : cm;
+        if (m_new == -INFINITY) {
+            memset(t->p[r], 0, sizeof t->p[r]);
+            t->pmax[r] = 0.0f;
+            continue;
+        }
+        float alpha = t->m[r] == m_new ? 1.0f : expf(t->m[r] - m_new); /* 0 when m was -inf */
+        t->pmax[r] = cm == m_new ? 1.0f : expf(cm - m_new);
+        float *o = t->o + (size_t)r * (size_t)t->D;
+        if (alpha != 1.0f)
+            for (int d = 0; d < t->D; d++) o[d] *= alpha;
+        float l = t->l[r] * alpha;
+        for (int i = 0; i < n; i++) {
+            float p = expf(t->logits[r][i] - m_new);
+            t->p[r][i] = p;
+            l += p;
+        }
+        t->l[r] = l;
+        t->m[r] = m_new;
+    }
+}
+
+static void vacc_portable(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0,
+                          int n) {
+    float v[KVP__ATTN_MAX_D];
+    for (int i = 0; i < n; i++) {
+        for (int d = 0; d < t->D; d++) v[d] = kvp__block_decode_one(f, vb, t0 + i, d, t->fp8_v);
+        for (int r = 0; r < KVP__TILE_ROWS; r++) {
+            float p = t->p[r][i];
+            if (p == 0.0f) continue;
+            float *o = t->o + (size_t)r * (size_t)t->D;
+            for (int d = 0; d < t->D; d++) o[d] += p * v[d];
+        }
+    }
+}
+
+const kvp__kernels kvp__kernels_portable = {
+    "portable",
+    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {{klogits_portable, klogits_portable},
+     {klogits_portable, klogits_portable},
+     {klogits_portable, klogits_portable},
+     {klogits_portable, klogits_portable},
+     {klogits_portable, klogits_portable},
+     {klogits_portable, klogits_portable}},
+    softmax_portable,
+    {vacc_portable, vacc_portable, vacc_portable, vacc_portable, vacc_portable, vacc_portable},
+};
+
+/* ---- helpers shared by the SIMD paths ----------------------------------------------------- */
+
+
+/* Fold a page's per-channel key scales into q and quantize it for integer
+ * dot products (the AVX2 path; AVX-512 has its own copy of this):
+ *   q.k = sum q*m + sum (q*s) * code,  q*s ~= step * (128*qh + ql),
+ * 15 bits, since q*s inherits the outlier channels' 10x scales and an 8-bit
+ * q would cost more accuracy than the keys' own quantization. */
+void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    int D = t->D;
+    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
+    float s[KVP__ATTN_MAX_D], m[KVP__ATTN_MAX_D];
+    for (int d = 0; d < D; d++) {
+        uint16_t a, b;
+        memcpy(&a, sc + 2 * (size_t)d, 2);
+        memcpy(&b, mn + 2 * (size_t)d, 2);
+        s[d] = kvp__f16_to_f32(a);
+        m[d] = kvp__f16_to_f32(b);
+    }
+    for (int r = 0; r < KVP__TILE_ROWS; r++) {
+        float amax = 0.0f, cst = 0.0f;
+        for (int d = 0; d < D; d++) {
+            float qf = t->q[r][d] * s[d];
+            t->qf[r][d] = qf;
+            cst += t->q[r][d] * m[d];
+            if (fabsf(qf) > amax) amax = fabsf(qf);
+        }
+        float step = amax / 16256.0f, inv = amax > 0.0f ? 1.0f / step : 0.0f;
+        for (int d = 0; d < D; d++) { /* x = 128*hi + lo, hi = (x + 64) >> 7, lo in -64..63 */
+            float x = kvp__rne(t->qf[r][d] * inv);
+            float hi = floorf((x + 64.0f) * (1.0f / 128.0f));
+            t->qh[r][d] = (int8_t)hi;
+            t->ql[r][d] = (int8_t)(x - 128.0f * hi);
+        }
+        t->qstep[r] = step;
+        t->qconst[r] = cst; /* with 15 bits the rounding residual is fp32 noise */
+    }
+}
+
+/* ---- stage lookup --------------------------------------------------------------------------- */
+
+static const kvp__kernels *table_of(int32_t isa) {
+    switch (isa) {
+    case KVP_ISA_AVX512: return &kvp__kernels_avx512;
+    case KVP_ISA_AVX2: return &kvp__kernels_avx2;
+    default: return &kvp__kernels_portable;
+    }
+}
+
+kvp__kprep_fn kvp__pick_kprep(int32_t isa, int32_t format) {
+    const kvp__kernels *k = table_of(isa);
+    /* a SIMD klogits that needs a prep has it in the same table */
+    return k->klogits[format][0] != NULL || k->klogits[format][1] != NULL ? k->kprep[format]
+                                                                          : NULL;
+}
+
+kvp__klogits_fn kvp__pick_klogits(int32_t isa, int32_t format, int dim_major) {
+    kvp__klogits_fn f = table_of(isa)->klogits[format][dim_major ? 1 : 0];
+    return f != NULL ? f : kvp__kernels_portable.klogits[format][dim_major ? 1 : 0];
+}
+
+kvp__softmax_fn kvp__pick_softmax(int32_t isa) {
+    kvp__softmax_fn f = table_of(isa)->softmax;
+    return f != NULL ? f : kvp__kernels_portable.softmax;
+}
+
+kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format) {
+    kvp__vacc_fn f = table_of(isa)->vacc[format];
+    return f != NULL ? f : kvp__kernels_portable.vacc[format];
+}

@@ -1,0 +1,264 @@
+/*
+ * CPU backend, storage half: the arena in host memory, append (with seals),
+ * page operations and reads. Arguments arrive validated (lib/store.c).
+ */
+#define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
+#include "../backend.h"
+#include "cpu.h"
+
+#include <string.h>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#define HUGE_PAGE (2u << 20)
+
+/* Attention reads pages in table order, not address order: with 4 KiB
+ * pages every block is a TLB miss and a cold prefetch stream. Ask Linux for
+ * transparent huge pages on arenas we allocated ourselves (libc). */
+static void advise_huge_pages(uint8_t *p, uint64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    uintptr_t a = ((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+    uintptr_t e = ((uintptr_t)p + (uintptr_t)bytes) & ~(uintptr_t)(HUGE_PAGE - 1);
+    if (e > a) (void)madvise((void *)a, (size_t)(e - a), MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+static int cpu_arena_alloc(kvp_store_t *s, char *err, size_t err_size) {
+    bool libc = s->allocator.alloc == NULL;
+    size_t align = libc && s->arena_bytes >= 4 * (uint64_t)HUGE_PAGE ? HUGE_PAGE : KVP_ARENA_ALIGN;
+    s->arena = (uint8_t *)kvp__malloc(&s->allocator, (size_t)s->arena_bytes, align);
+    if (s->arena != NULL && libc) advise_huge_pages(s->arena, s->arena_bytes);
+    if (s->arena == NULL)
+        return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate an arena of %llu bytes",
+                         (unsigned long long)s->arena_bytes);
+    memset(s->arena, 0, (size_t)s->layout.fixed_bytes); /* fp8 scales: 0 = not calibrated */
+    size_t table = (size_t)s->layout.layers * (size_t)s->layout.kv_heads;
+    float *next = (float *)(void *)s->arena;
+    if (s->layout.k_format == KVP_FORMAT_FP8_E4M3) {
+        s->fp8_k = next;
+        next += table;
+    }
+    if (s->layout.v_format == KVP_FORMAT_FP8_E4M3) s->fp8_v = next;
+    return KVP_OK;
+}
+
+static void cpu_arena_free(kvp_store_t *s) {
+    kvp__free(&s->allocator, s->arena);
+    s->arena = NULL;
+}
+
+static void cpu_set_fp8_scale(kvp_store_t *s, int side, int32_t layer, int32_t h, float scale) {
+    *kvp__fp8_scale(s, side, layer, h) = scale;
+}
+
+static float cpu_get_fp8_scale(const kvp_store_t *s, int side, int32_t layer, int32_t h) {
+    return *kvp__fp8_scale(s, side, layer, h);
+}
+
+/* fp8 scale of a block's side, or 0 when the side is not fp8. */
+static float block_fp8_scale(const kvp_store_t *s, const kvp__blockfmt *f, int32_t layer,
+                             int32_t h) {
+    if (f->format != KVP_FORMAT_FP8_E4M3) return 0.0f;
+    return *kvp__fp8_scale(s, f->is_key ? 0 : 1, layer, h);
+}
+
+/* ---- append ------------------------------------------------------------------ */
+
+typedef struct {
+    const uint8_t *base;
+    int64_t row_stride; /* elements */
+    size_t esize;
+    int32_t dtype;
+} row_source;
+
+static row_source source_of(const kvp_store_t *s, const kvp_append_t *a, bool value) {
+    row_source r;
+    r.base = (const uint8_t *)(value ? a->v : a->k);
+    int64_t st = value ? a->v_row_stride : a->k_row_stride;
+    r.row_stride = st != 0 ? st : (int64_t)s->layout.kv_heads * s->layout.head_dim;
+    r.esize = kvp__dtype_size(a->dtype);
+    r.dtype = a->dtype;
+    return r;
+}
+
+/* fp32 copy of head h of row r. */
+static void load_head(const row_source *src, int64_t r, int32_t h, int32_t D, float *dst) {
+    const uint8_t *p = src->base + ((size_t)r * (size_t)src->row_stride + (size_t)h * (size_t)D) *
+                                       src->esize;
+    kvp__load_f32(src->dtype, p, (size_t)D, dst);
+}
+
+/* Calibrate still-unset fp8 scales of this layer from this call's rows. */
+static void calibrate_fp8(kvp_store_t *s, const kvp_append_t *a, const row_source *src,
+                          int side) {
+    int32_t H = s->layout.kv_heads, D = s->layout.head_dim;
+    for (int32_t h = 0; h < H; h++) {
+        float *scale = kvp__fp8_scale(s, side, a->layer, h);
+        if (*scale != 0.0f) continue;
+        float amax = 0.0f;
+        for (int64_t r = 0; r < a->rows; r++) {
+            if (a->slots[r] < 0) continue;
+            load_head(src, r, h, D, s->scratch);
+            for (int32_t d = 0; d < D; d++)
+                if (isfinite(s->scratch[d]) && fabsf(s->scratch[d]) > amax)
+                    amax = fabsf(s->scratch[d]);
+        }
+        bool any = false;
+        for (int64_t r = 0; r < a->rows && !any; r++) any = a->slots[r] >= 0;
+        if (any) *scale = kvp__fp8_calibrated_scale(amax);
+    }
+}
+
+/* Quantize pool page op->dst of this layer, one side, from staging + rows. */
+static void seal_side(kvp_store_t *s, const kvp_append_t *a, const kvp_page_op_t *op,
+                      const row_source *src, bool value) {
+    int32_t H = s->layout.kv_heads, D = s->layout.head_dim, P = s->layout.page_size;
+    const kvp__blockfmt *pf = value ? &s->vfmt : &s->kfmt;
+    const kvp__blockfmt *sf = value ? &s->svfmt : &s->skfmt;
+    for (int32_t h = 0; h < H; h++) {
+        float *rows = s->scratch; /* [P][D] */
+        if (op->count > 0) {
+            const uint8_t *sb = value ? kvp__block_v(s, a->layer, op->src, h)
+                                      : kvp__block_k(s, a->layer, op->src, h);
+            kvp__block_decode(sf, sb, 0, op->count, rows, (size_t)D, 0.0f);
+        }
+        for (int32_t t = op->count; t < P; t++)
+            load_head(src, op->row + (t - op->count), h, D, rows + (size_t)t * (size_t)D);
+        uint8_t *db = value ? kvp__block_v(s, a->layer, op->dst, h)
+                            : kvp__block_k(s, a->layer, op->dst, h);
+        kvp__block_encode(pf, db, 0, P, rows, (size_t)D, block_fp8_scale(s, pf, a->layer, h));
+    }
+}
+
+static bool in_seal(const kvp_append_t *a, int64_t r, int32_t P) {
+    for (int i = 0; i < a->num_ops; i++) {
+        const kvp_page_op_t *op = &a->ops[i];
+        if (op->kind == KVP_OP_SEAL && r >= op->row && r < (int64_t)op->row + (P - op->count))
+            return true;
+    }
+    return false;
+}
+
+static uint64_t count_nonfinite_rows(const kvp_store_t *s, const kvp_append_t *a,
+                                     const row_source *src) {
+    int32_t H = s->layout.kv_heads, D = s->layout.head_dim;
+    uint64_t bad = 0;
+    for (int64_t r = 0; r < a->rows; r++) {
+        if (a->slots[r] < 0) continue;
+        for (int32_t h = 0; h < H; h++) {
+            load_head(src, r, h, D, s->scratch2);
+            for (int32_t d = 0; d < D; d++) bad += !isfinite(s->scratch2[d]);
+        }
+    }
+    return bad;
+}
+
+static void write_rows(kvp_store_t *s, const kvp_append_t *a, const row_source *src, bool value) {
+    int32_t H = s->layout.kv_heads, D = s->layout.head_dim, P = s->layout.page_size;
+    for (int64_t r = 0; r < a->rows; r++) {
+        int64_t slot = a->slots[r];
+        if (slot < 0 || in_seal(a, r, P)) continue;
+        int32_t page = (int32_t)(slot / P), t = (int32_t)(slot % P);
+        const kvp__blockfmt *f = value ? kvp__fmt_v(s, page) : kvp__fmt_k(s, page);
+        for (int32_t h = 0; h < H; h++) {
+            load_head(src, r, h, D, s->scratch2);
+            uint8_t *b = value ? kvp__block_v(s, a->layer, page, h)
+                               : kvp__block_k(s, a->layer, page, h);
+            kvp__block_encode(f, b, t, 1, s->scratch2, (size_t)D,
+                              block_fp8_scale(s, f, a->layer, h));
+        }
+    }
+}
+
+static int cpu_append(kvp_store_t *s, const kvp_append_t *a, char *err, size_t err_size) {
+    (void)err;
+    (void)err_size;
+    row_source ks = source_of(s, a, false), vs = source_of(s, a, true);
+    if (s->layout.k_format == KVP_FORMAT_FP8_E4M3) calibrate_fp8(s, a, &ks, 0);
+    if (s->layout.v_format == KVP_FORMAT_FP8_E4M3) calibrate_fp8(s, a, &vs, 1);
+    s->nonfinite += count_nonfinite_rows(s, a, &ks) + count_nonfinite_rows(s, a, &vs);
+    /* Seals first: a seal's staging page may receive this step's later rows. */
+    for (int i = 0; i < a->num_ops; i++) {
+        if (a->ops[i].kind != KVP_OP_SEAL) continue;
+        seal_side(s, a, &a->ops[i], &ks, false);
+        seal_side(s, a, &a->ops[i], &vs, true);
+    }
+    write_rows(s, a, &ks, false);
+    write_rows(s, a, &vs, true);
+    return KVP_OK;
+}
+
+/* ---- page operations ------------------------------------------------------------ */
+
+static void copy_page(kvp_store_t *s, int32_t src, int32_t dst) {
+    for (int32_t l = 0; l < s->layout.layers; l++) {
+        bool pool = src < s->num_pages;
+        size_t kb = (size_t)(pool ? s->page_stride_k : s->spage_stride_k);
+        size_t vb = (size_t)(pool ? s->page_stride_v : s->spage_stride_v);
+        memmove(kvp__block_k(s, l, dst, 0), kvp__block_k(s, l, src, 0), kb);
+        memmove(kvp__block_v(s, l, dst, 0), kvp__block_v(s, l, src, 0), vb);
+    }
+}
+
+static void unseal_page(kvp_store_t *s, const kvp_page_op_t *op) {
+    int32_t D = s->layout.head_dim;
+    for (int32_t l = 0; l < s->layout.layers; l++)
+        for (int32_t h = 0; h < s->layout.kv_heads; h++) {
+            kvp__block_decode(&s->kfmt, kvp__block_k(s, l, op->src, h), 0, op->count, s->scratch,
+                              (size_t)D, block_fp8_scale(s, &s->kfmt, l, h));
+            kvp__block_encode(&s->skfmt, kvp__block_k(s, l, op->dst, h), 0, op->count, s->scratch,
+                              (size_t)D, 0.0f);
+            kvp__block_decode(&s->vfmt, kvp__block_v(s, l, op->src, h), 0, op->count, s->scratch,
+                              (size_t)D, block_fp8_scale(s, &s->vfmt, l, h));
+            kvp__block_encode(&s->svfmt, kvp__block_v(s, l, op->dst, h), 0, op->count, s->scratch,
+                              (size_t)D, 0.0f);
+        }
+}
+
+static int cpu_apply_ops(kvp_store_t *s, const kvp_page_op_t *ops, int32_t n, char *err,
+                         size_t err_size) {
+    (void)err;
+    (void)err_size;
+    for (int32_t i = 0; i < n; i++) {
+        if (ops[i].kind == KVP_OP_COPY && ops[i].src != ops[i].dst) copy_page(s, ops[i].src, ops[i].dst);
+        else if (ops[i].kind == KVP_OP_UNSEAL) unseal_page(s, &ops[i]);
+    }
+    return KVP_OK;
+}
+
+static int cpu_read(const kvp_store_t *s, int32_t layer, int32_t page, int32_t t0, int32_t n,
+                    float *k, float *v, char *err, size_t err_size) {
+    (void)err;
+    (void)err_size;
+    int32_t H = s->layout.kv_heads, D = s->layout.head_dim;
+    size_t stride = (size_t)H * (size_t)D;
+    for (int32_t h = 0; h < H; h++) {
+        const kvp__blockfmt *kf = kvp__fmt_k(s, page), *vf = kvp__fmt_v(s, page);
+        if (k != NULL)
+            kvp__block_decode(kf, kvp__block_k(s, layer, page, h), t0, n, k + (size_t)h * (size_t)D,
+                              stride, block_fp8_scale(s, kf, layer, h));
+        if (v != NULL)
+            kvp__block_decode(vf, kvp__block_v(s, layer, page, h), t0, n, v + (size_t)h * (size_t)D,
+                              stride, block_fp8_scale(s, vf, layer, h));
+    }
+    return KVP_OK;
+}
+
+const kvp__backend kvp__cpu_backend = {
+    "cpu",
+    cpu_arena_alloc,
+    cpu_arena_free,
+    cpu_append,
+    cpu_apply_ops,
+    cpu_read,
+    cpu_set_fp8_scale,
+    cpu_get_fp8_scale,
+    kvp__cpu_ctx_init,
+    kvp__cpu_ctx_fini,
+    kvp__cpu_attention,
+};

@@ -1,0 +1,653 @@
+/*
+ * The engine's parts without the model: GGUF parsing (hand-made files, every
+ * truncation, refused types), fp16 conversion, the matmul kernels of every
+ * ISA against a double-precision reference (and batch/thread invariance),
+ * the thread pool, the contiguous KV cache's attention against a naive
+ * reference, the tokenizer on a hand-made vocabulary, eval's windows and KL.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eval.h"
+#include "gguf.h"
+#include "kv.h"
+#include "pool.h"
+#include "quant.h"
+#include "serve.h"
+#include "tokenizer.h"
+#include "vec.h"
+
+/* ---- a tiny GGUF writer ------------------------------------------------------------ */
+
+typedef struct {
+    uint8_t *p;
+    size_t n, cap;
+} buf_t;
+
+static void put(buf_t *b, const void *src, size_t n) {
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+static void put_u32(buf_t *b, uint32_t v) { put(b, &v, 4); }
+static void put_u64(buf_t *b, uint64_t v) { put(b, &v, 8); }
+static void put_str(buf_t *b, const char *s) {
+    put_u64(b, strlen(s));
+    put(b, s, strlen(s));
+}
+static void put_key(buf_t *b, const char *key, uint32_t type) {
+    put_str(b, key);
+    put_u32(b, type);
+}
+static void pad_to(buf_t *b, size_t align) {
+    static const uint8_t zero[64];
+    while (b->n % align) put(b, zero, 1);
+}
+
+/* A file with every scalar type, two arrays, an F32 and a Q8_0 tensor. */
+static buf_t make_small_gguf(uint32_t tensor1_type, uint64_t tensor1_offset) {
+    buf_t b = {0};
+    put_u32(&b, 0x46554747u);
+    put_u32(&b, 3);
+    put_u64(&b, 2);  /* tensors */
+    put_u64(&b, 7);  /* kv */
+    put_key(&b, "general.architecture", GGUF_STRING);
+    put_str(&b, "llama");
+    put_key(&b, "x.u32", GGUF_U32);
+    put_u32(&b, 4000000000u);
+    put_key(&b, "x.i8", GGUF_I8);
+    int8_t i8 = -5;
+    put(&b, &i8, 1);
+    put_key(&b, "x.f32", GGUF_F32);
+    float f = 1e-5f;
+    put(&b, &f, 4);
+    put_key(&b, "x.strs", GGUF_ARRAY);
+    put_u32(&b, GGUF_STRING);
+    put_u64(&b, 3);
+    put_str(&b, "a");
+    put_str(&b, "");
+    put_str(&b, "ccc");
+    put_key(&b, "x.ints", GGUF_ARRAY);
+    put_u32(&b, GGUF_I32);
+    put_u64(&b, 2);
+    put_u32(&b, 7);
+    put_u32(&b, (uint32_t)-9);
+    put_key(&b, "general.alignment", GGUF_U32);
+    put_u32(&b, 64);
+    /* tensor infos */
+    put_str(&b, "vec");
+    put_u32(&b, 1);
+    put_u64(&b, 8);
+    put_u32(&b, GGML_F32);
+    put_u64(&b, 0);
+    put_str(&b, "mat");
+    put_u32(&b, 2);
+    put_u64(&b, 32);
+    put_u64(&b, 2);
+    put_u32(&b, tensor1_type);
+    put_u64(&b, tensor1_offset);
+    pad_to(&b, 64);
+    for (int i = 0; i < 8; i++) {
+        float v = (float)i;
+        put(&b, &v, 4);
+    }
+    pad_to(&b, 64);
+    for (int r = 0; r < 2; r++) { /* two Q8_0 rows of one block: d = 0.5, q = r+1 */
+        uint16_t d = fp32_to_fp16(0.5f);
+        put(&b, &d, 2);
+        for (int i = 0; i < 32; i++) {
+            int8_t q = (int8_t)(r + 1);
+            put(&b, &q, 1);
+        }
+    }
+    return b;
+}
+
+static void test_gguf_parse(void **state) {
+    (void)state;
+    buf_t b = make_small_gguf(GGML_Q8_0, 64);
+    char err[256];
+    gguf_file *f = gguf_parse(b.p, b.n, err, sizeof err);
+    assert_non_null(f);
+    assert_int_equal(f->alignment, 64);
+    int64_t v;
+    double d;
+    gguf_str s;
+    assert_int_equal(gguf_get_i64(f, "x.u32", &v), 0);
+    assert_int_equal(v, 4000000000ll);
+    assert_int_equal(gguf_get_i64(f, "x.i8", &v), 0);
+    assert_int_equal(v, -5);
+    assert_int_equal(gguf_get_f64(f, "x.f32", &d), 0);
+    assert_true(fabs(d - 1e-5) < 1e-12);
+    assert_int_equal(gguf_get_str(f, "general.architecture", &s), 0);
+    assert_int_equal(s.len, 5);
+    assert_memory_equal(s.ptr, "llama", 5);
+    assert_int_equal(gguf_get_i64(f, "missing", &v), -1);
+    assert_int_equal(gguf_get_i64(f, "x.f32", &v), -1); /* no lossy conversion */
+    const gguf_kv *a = gguf_find(f, "x.strs");
+    assert_non_null(a);
+    assert_int_equal(a->arr_len, 3);
+    assert_int_equal(a->strs[2].len, 3);
+    assert_int_equal(a->strs[1].len, 0);
+    const gguf_kv *ints = gguf_find(f, "x.ints");
+    int32_t second;
+    memcpy(&second, ints->data + 4, 4);
+    assert_int_equal(second, -9);
+    const gguf_tensor *t = gguf_tensor_find(f, "mat");
+    assert_non_null(t);
+    assert_int_equal(t->nbytes, 68);
+    assert_int_equal(((uintptr_t)t->data - (uintptr_t)b.p) % 64, 0);
+    const float *vec = gguf_tensor_find(f, "vec")->data;
+    assert_true(vec[7] == 7.0f);
+    qmat_t m = {t->data, t->type, 32, 2, ggml_row_bytes(t->type, 32)};
+    float row[32];
+    qmat_row(&m, 1, row);
+    assert_true(row[31] == 1.0f); /* 0.5 * 2 */
+    gguf_close(f);
+    free(b.p);
+}
+
+/* Every strict prefix of a valid file is refused with a message, never read past. */
+static void test_gguf_truncated(void **state) {
+    (void)state;
+    buf_t b = make_small_gguf(GGML_Q8_0, 64);
+    char err[256];
+    for (size_t n = 0; n < b.n; n++) {
+        uint8_t *copy = malloc(n ? n : 1); /* exact size: ASan catches any overread */
+        memcpy(copy, b.p, n);
+        err[0] = 0;
+        gguf_file *f = gguf_parse(copy, n, err, sizeof err);
+        assert_null(f);
+        assert_true(strlen(err) > 0);
+        free(copy);
+    }
+    free(b.p);
+}
+
+static void test_gguf_refusals(void **state) {
+    (void)state;
+    char err[256];
+    buf_t b = make_small_gguf(13 /* Q5_K */, 64);
+    assert_null(gguf_parse(b.p, b.n, err, sizeof err));
+    assert_non_null(strstr(err, "Q5_K"));
+    assert_non_null(strstr(err, "'mat'"));
+    free(b.p);
+    b = make_small_gguf(GGML_Q8_0, 65); /* misaligned */
+    assert_null(gguf_parse(b.p, b.n, err, sizeof err));
+    free(b.p);
+    b = make_small_gguf(GGML_Q8_0, 1 << 20); /* beyond the file */
+    assert_null(gguf_parse(b.p, b.n, err, sizeof err));
+    assert_non_null(strstr(err, "outside"));
+    free(b.p);
+    b = make_small_gguf(GGML_Q8_0, 64);
+    b.p[0] = 'X';
+    assert_null(gguf_parse(b.p, b.n, err, sizeof err));
+    assert_non_null(strstr(err, "magic"));
+    free(b.p);
+    assert_null(gguf_open("/nonexistent/model.gguf", err, sizeof err));
+    assert_non_null(strstr(err, "/nonexistent/model.gguf"));
+    assert_string_equal(ggml_type_name(14), "Q6_K");
+    assert_false(ggml_type_supported(GGML_Q4_0));
+}
+
+/* ---- fp16 ------------------------------------------------------------------------ */
+
+static void test_fp16(void **state) {
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = fp16_to_fp32((uint16_t)h);
+        if (isnan(f)) {
+            assert_true(isnan(fp16_to_fp32(fp32_to_fp16(f))));
+            continue;
+        }
+        assert_int_equal(fp32_to_fp16(f), h); /* every half survives the round trip */
+    }
+    assert_true(fp16_to_fp32(0x3c00) == 1.0f);
+    assert_true(fp16_to_fp32(0x0001) == ldexpf(1, -24));
+    assert_int_equal(fp32_to_fp16(1.0f + ldexpf(1, -11)), 0x3c00); /* tie: to even */
+    assert_int_equal(fp32_to_fp16(1.0f + 3 * ldexpf(1, -11)), 0x3c02);
+    assert_int_equal(fp32_to_fp16(70000.0f), 0x7c00);
+    assert_int_equal(fp32_to_fp16(-1e-9f), 0x8000);
+}
+
+/* ---- matmul kernels ------------------------------------------------------------- */
+
+static uint64_t rng_state = 12345;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rndf(void) { return (float)rnd() / 4294967296.0f * 2 - 1; }
+
+/* Random weights in `type`, n_out rows of n_in. */
+static void *random_matrix(uint32_t type, int64_t n_in, int64_t n_out) {
+    size_t rb = ggml_row_bytes(type, (uint64_t)n_in);
+    uint8_t *p = malloc(rb * (size_t)n_out);
+    for (size_t i = 0; i < rb * (size_t)n_out; i++) p[i] = (uint8_t)rnd();
+    /* keep scales finite and small: rewrite every fp16 scale field */
+    for (int64_t r = 0; r < n_out; r++) {
+        uint8_t *row = p + (size_t)r * rb;
+        if (type == GGML_F32)
+            for (int64_t i = 0; i < n_in; i++) ((float *)(void *)row)[i] = rndf();
+        if (type == GGML_F16)
+            for (int64_t i = 0; i < n_in; i++) {
+                uint16_t h = fp32_to_fp16(rndf());
+                memcpy(row + 2 * i, &h, 2);
+            }
+        for (int64_t blk = 0; blk < n_in / 32 && (type == GGML_Q4_1 || type == GGML_Q8_0); blk++) {
+            uint8_t *bp = row + blk * (type == GGML_Q4_1 ? 20 : 34);
+            uint16_t d = fp32_to_fp16(rndf() * 0.1f), m = fp32_to_fp16(rndf());
+            memcpy(bp, &d, 2);
+            if (type == GGML_Q4_1) memcpy(bp + 2, &m, 2);
+        }
+    }
+    return p;
+}
+
+static void check_matmul_type(uint32_t type, int isa) {
+    const int64_t n_in = 96, n_out = 37;
+    const int T = 13;
+    void *w = random_matrix(type, n_in, n_out);
+    qmat_t m = {w, type, n_in, n_out, ggml_row_bytes(type, n_in)};
+    float *x = malloc(sizeof(float) * T * n_in), *y = malloc(sizeof(float) * T * n_out),
+          *y1 = malloc(sizeof(float) * n_out), *row = malloc(sizeof(float) * n_in);
+    for (int64_t i = 0; i < T * n_in; i++) x[i] = rndf();
+    pool_t *pools[2] = {pool_create(1), pool_create(2)};
+    const qmat_t *wp = &m;
+    for (int pi = 0; pi < 2; pi++) {
+        qmat_matmul(pools[pi], 1, &wp, x, T, &y);
+        for (int t = 0; t < T; t++) {
+            qmat_matmul(pools[pi], 1, &wp, x + t * n_in, 1, &y1);
+            for (int64_t r = 0; r < n_out; r++) {
+                /* batch invariance: one token alone gives the very same bits */
+                assert_memory_equal(&y1[r], &y[t * n_out + r], sizeof(float));
+                qmat_row(&m, r, row);
+                double ref = 0, mag = 0;
+                for (int64_t i = 0; i < n_in; i++) {
+                    ref += (double)row[i] * x[t * n_in + i];
+                    mag += fabs((double)row[i] * x[t * n_in + i]);
+                }
+                if (fabs(y[t * n_out + r] - ref) > 1e-5 * mag + 1e-6)
+                    fail_msg("%s isa %s row %lld token %d: %g vs %g", ggml_type_name(type), qmat_isa_name(isa),
+                             (long long)r, t, y[t * n_out + r], ref);
+            }
+        }
+    }
+    pool_destroy(pools[0]);
+    pool_destroy(pools[1]);
+    free(w);
+    free(x);
+    free(y);
+    free(y1);
+    free(row);
+}
+
+static void test_matmul_all_isas(void **state) {
+    (void)state;
+    const uint32_t types[] = {GGML_F32, GGML_F16, GGML_Q8_0, GGML_Q4_1};
+    int best = qmat_set_isa(-1);
+    for (int isa = ISA_PORTABLE; isa <= best; isa++) {
+        assert_int_equal(qmat_set_isa(isa), isa);
+        for (size_t k = 0; k < sizeof types / sizeof *types; k++) check_matmul_type(types[k], isa);
+    }
+    qmat_set_isa(-1);
+    print_message("matmul checked on ISAs up to %s\n", qmat_isa_name(best));
+}
+
+/* Several matrices in one dispatch give what separate dispatches give. */
+static void test_matmul_fused(void **state) {
+    (void)state;
+    void *a = random_matrix(GGML_Q4_1, 64, 40), *b = random_matrix(GGML_Q8_0, 64, 9);
+    qmat_t ma = {a, GGML_Q4_1, 64, 40, ggml_row_bytes(GGML_Q4_1, 64)};
+    qmat_t mb = {b, GGML_Q8_0, 64, 9, ggml_row_bytes(GGML_Q8_0, 64)};
+    float x[3 * 64], ya[3 * 40], yb[3 * 9], za[3 * 40], zb[3 * 9];
+    for (int i = 0; i < 3 * 64; i++) x[i] = rndf();
+    pool_t *p = pool_create(2);
+    const qmat_t *both[2] = {&ma, &mb}, *one;
+    float *ys[2] = {ya, yb}, *z;
+    qmat_matmul(p, 2, both, x, 3, ys);
+    one = &ma, z = za;
+    qmat_matmul(p, 1, &one, x, 3, &z);
+    one = &mb, z = zb;
+    qmat_matmul(p, 1, &one, x, 3, &z);
+    assert_memory_equal(ya, za, sizeof ya);
+    assert_memory_equal(yb, zb, sizeof yb);
+    pool_destroy(p);
+    free(a);
+    free(b);
+}
+
+/* ---- pool ---------------------------------------------------------------------- */
+
+typedef struct {
+    _Atomic long runs[1000];
+    _Atomic int by_thread[8];
+    int n_threads;
+} pool_probe;
+
+static void probe_fn(void *arg, long chunk, int tid) {
+    pool_probe *p = arg;
+    assert_true(tid >= 0 && tid < p->n_threads);
+    p->runs[chunk]++;
+    p->by_thread[tid]++;
+}
+
+/* Every chunk runs exactly once, on a valid thread, job after job. */
+static void test_pool(void **state) {
+    (void)state;
+    for (int n = 1; n <= 4; n++) {
+        pool_t *p = pool_create(n);
+        assert_non_null(p);
+        assert_int_equal(pool_threads(p), n);
+        for (int rep = 0; rep < 300; rep++) {
+            static pool_probe pr;
+            memset(&pr, 0, sizeof pr);
+            pr.n_threads = n;
+            long chunks = 1 + rep % 997;
+            pool_run(p, probe_fn, &pr, chunks);
+            for (long i = 0; i < 1000; i++) assert_int_equal(pr.runs[i], i < chunks ? 1 : 0);
+        }
+        pool_run(p, probe_fn, NULL, 0); /* nothing to do: fn is not called */
+        pool_destroy(p);
+    }
+    assert_null(pool_create(0));
+}
+
+/* ---- the contiguous KV cache ------------------------------------------------------- */
+
+/* Naive attention in double for row (seq history + new rows), head h. */
+static void ref_attention(const float *keys, const float *vals, int n, int kvh, int n_kv, int hd, const float *q,
+                          float scale, double *out) {
+    double *s = malloc(sizeof(double) * n), mx = -INFINITY, sum = 0;
+    for (int j = 0; j < n; j++) {
+        double d = 0;
+        for (int i = 0; i < hd; i++) d += (double)q[i] * keys[((size_t)j * n_kv + kvh) * hd + i];
+        s[j] = d * scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    for (int j = 0; j < n; j++) sum += (s[j] = exp(s[j] - mx));
+    for (int i = 0; i < hd; i++) {
+        out[i] = 0;
+        for (int j = 0; j < n; j++) out[i] += s[j] / sum * vals[((size_t)j * n_kv + kvh) * hd + i];
+    }
+    free(s);
+}
+
+static void test_kv_contig_attention(void **state) {
+    (void)state;
+    enum { L = 2, QH = 6, KVH = 2, HD = 32, MAXLEN = 40 };
+    pool_t *pool = pool_create(2);
+    kv_shape_t sh = {L, QH, KVH, HD, 3, MAXLEN};
+    kv_cache_t *kv = kv_contig_create(&sh, pool);
+    assert_non_null(kv);
+    int32_t ids[3];
+    for (int i = 0; i < 3; i++) assert_int_equal(kv->ops->seq_open(kv, &ids[i]), KV_OK);
+    int32_t extra;
+    assert_int_equal(kv->ops->seq_open(kv, &extra), KV_ENOSPC);
+    /* history of every (seq, layer) kept here for the reference */
+    float *hk = calloc((size_t)3 * L * MAXLEN * KVH * HD, sizeof(float));
+    float *hv = calloc((size_t)3 * L * MAXLEN * KVH * HD, sizeof(float));
+    int len[3] = {0, 0, 0};
+    const int steps[][3] = {{5, 1, 3}, {1, 7, 1}, {2, 1, 1}};
+    for (int st = 0; st < 3; st++) {
+        int32_t q_start[4] = {0}, tokens[32] = {0};
+        for (int i = 0; i < 3; i++) q_start[i + 1] = q_start[i] + steps[st][i];
+        int rows = q_start[3];
+        kv_batch_t b = {3, ids, q_start, tokens};
+        assert_int_equal(kv->ops->begin_step(kv, &b), KV_OK);
+        for (int l = 0; l < L; l++) {
+            float *k = malloc(sizeof(float) * rows * KVH * HD), *v = malloc(sizeof(float) * rows * KVH * HD);
+            float *q = malloc(sizeof(float) * rows * QH * HD), *o = malloc(sizeof(float) * rows * QH * HD);
+            for (int i = 0; i < rows * KVH * HD; i++) k[i] = rndf() * 3, v[i] = rndf();
+            for (int i = 0; i < rows * QH * HD; i++) q[i] = rndf();
+            for (int s = 0; s < 3; s++)
+                for (int r = q_start[s]; r < q_start[s + 1]; r++) {
+                    size_t at = (((size_t)s * L + l) * MAXLEN + len[s] + (r - q_start[s])) * KVH * HD;
+                    memcpy(hk + at, k + (size_t)r * KVH * HD, sizeof(float) * KVH * HD);
+                    memcpy(hv + at, v + (size_t)r * KVH * HD, sizeof(float) * KVH * HD);
+                }
+            kv->ops->append(kv, l, k, v);
+            kv->ops->attend(kv, l, q, o, 0.25f);
+            for (int s = 0; s < 3; s++)
+                for (int r = q_start[s]; r < q_start[s + 1]; r++)
+                    for (int h = 0; h < QH; h++) {
+                        double ref[32];
+                        int n = len[s] + (r - q_start[s]) + 1; /* causal */
+                        ref_attention(hk + ((size_t)s * L + l) * MAXLEN * KVH * HD,
+                                      hv + ((size_t)s * L + l) * MAXLEN * KVH * HD, n, h / (QH / KVH), KVH, HD,
+                                      q + ((size_t)r * QH + h) * HD, 0.25f, ref);
+                        for (int i = 0; i < HD; i++)
+                            assert_true(fabs(o[((size_t)r * QH + h) * HD + i] - ref[i]) < 1e-5);
+                    }
+            free(k), free(v), free(q), free(o);
+        }
+        kv->ops->end_step(kv);
+        for (int s = 0; s < 3; s++) {
+            len[s] += steps[st][s];
+            assert_int_equal(kv->ops->seq_len(kv, ids[s]), len[s]);
+        }
+    }
+    kv_stats_t ks;
+    kv->ops->stats(kv, &ks);
+    assert_int_equal(ks.live_seqs, 3);
+    assert_int_equal(ks.live_tokens, len[0] + len[1] + len[2]);
+    assert_int_equal(ks.bytes_reserved, (uint64_t)3 * MAXLEN * L * KVH * HD * 2 * 4);
+    /* too long: nothing changes */
+    int32_t q_start[2] = {0, MAXLEN}, tokens[MAXLEN] = {0};
+    kv_batch_t b = {1, ids, q_start, tokens};
+    assert_int_equal(kv->ops->begin_step(kv, &b), KV_ENOSPC);
+    assert_int_equal(kv->ops->seq_len(kv, ids[0]), len[0]);
+    /* a closed id is refused */
+    kv->ops->seq_close(kv, ids[2]);
+    int32_t bad[1] = {ids[2]}, q1[2] = {0, 1};
+    kv_batch_t b2 = {1, bad, q1, tokens};
+    assert_int_equal(kv->ops->begin_step(kv, &b2), KV_EINVAL);
+    assert_int_equal(kv->ops->seq_len(kv, ids[2]), -1);
+    kv->ops->destroy(kv);
+    pool_destroy(pool);
+    free(hk);
+    free(hv);
+}
+
+/* A fork holds the parent's tokens: attention over it gives the parent's result. */
+static void test_kv_contig_fork(void **state) {
+    (void)state;
+    pool_t *pool = pool_create(1);
+    kv_shape_t sh = {1, 2, 1, 16, 2, 8};
+    kv_cache_t *kv = kv_contig_create(&sh, pool);
+    int32_t a, c, q_start[2] = {0, 3}, tokens[3] = {0};
+    assert_int_equal(kv->ops->seq_open(kv, &a), KV_OK);
+    /* 3 rows: K/V [3][1 head][16], Q and output [3][2 heads][16] */
+    float k[3 * 16], v[3 * 16], q[3 * 2 * 16], o0[3 * 2 * 16], o1[2 * 16], o2[2 * 16];
+    for (int i = 0; i < 48; i++) k[i] = rndf(), v[i] = rndf();
+    for (int i = 0; i < 96; i++) q[i] = rndf();
+    kv_batch_t b = {1, &a, q_start, tokens};
+    kv->ops->begin_step(kv, &b);
+    kv->ops->append(kv, 0, k, v);
+    kv->ops->attend(kv, 0, q, o0, 0.5f);
+    kv->ops->end_step(kv);
+    assert_int_equal(kv->ops->seq_fork(kv, a, &c), KV_OK);
+    assert_int_equal(kv->ops->seq_len(kv, c), 3);
+    int32_t one[2] = {0, 1};
+    float kn[16], vn[16];
+    for (int i = 0; i < 16; i++) kn[i] = rndf(), vn[i] = rndf();
+    for (int who = 0; who < 2; who++) {
+        int32_t id = who ? c : a;
+        kv_batch_t bb = {1, &id, one, tokens};
+        assert_int_equal(kv->ops->begin_step(kv, &bb), KV_OK);
+        kv->ops->append(kv, 0, kn, vn);
+        kv->ops->attend(kv, 0, q, who ? o2 : o1, 0.5f);
+        kv->ops->end_step(kv);
+    }
+    assert_memory_equal(o1, o2, sizeof(float) * 32);
+    assert_int_equal(kv->ops->seq_attach_prefix(kv, a, tokens, 3), 0);
+    kv->ops->destroy(kv);
+    pool_destroy(pool);
+}
+
+/* ---- tokenizer on a hand-made vocabulary ----------------------------------------- */
+
+static uint32_t gpt2_cp(int b) {
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) return (uint32_t)b;
+    int n = 0;
+    for (int i = 0; i < b; i++)
+        if (!((i >= 33 && i <= 126) || (i >= 161 && i <= 172) || (i >= 174 && i <= 255))) n++;
+    return 256u + (uint32_t)n;
+}
+
+static void utf8(uint32_t cp, char *out) {
+    if (cp < 0x80) out[0] = (char)cp, out[1] = 0;
+    else out[0] = (char)(0xC0 | cp >> 6), out[1] = (char)(0x80 | (cp & 63)), out[2] = 0;
+}
+
+/* 256 byte tokens, then "he", "ll", "hell", "Ġw" (merges in that order), then
+ * two control tokens "<s>" and "<|im_end|>". */
+static buf_t make_tok_gguf(void) {
+    buf_t b = {0};
+    const char *extra[] = {"he", "ll", "hell", "\xc4\xa0w", "<s>", "<|im_end|>"};
+    const int n_vocab = 256 + 6;
+    put_u32(&b, 0x46554747u);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 7);
+    put_key(&b, "tokenizer.ggml.model", GGUF_STRING);
+    put_str(&b, "gpt2");
+    put_key(&b, "tokenizer.ggml.pre", GGUF_STRING);
+    put_str(&b, "smollm");
+    put_key(&b, "tokenizer.ggml.tokens", GGUF_ARRAY);
+    put_u32(&b, GGUF_STRING);
+    put_u64(&b, (uint64_t)n_vocab);
+    for (int i = 0; i < 256; i++) {
+        char s[4];
+        utf8(gpt2_cp(i), s);
+        put_str(&b, s);
+    }
+    for (int i = 0; i < 6; i++) put_str(&b, extra[i]);
+    put_key(&b, "tokenizer.ggml.token_type", GGUF_ARRAY);
+    put_u32(&b, GGUF_I32);
+    put_u64(&b, (uint64_t)n_vocab);
+    for (int i = 0; i < n_vocab; i++) put_u32(&b, i >= 260 ? TOK_CONTROL : TOK_NORMAL);
+    put_key(&b, "tokenizer.ggml.merges", GGUF_ARRAY);
+    put_u32(&b, GGUF_STRING);
+    put_u64(&b, 4);
+    put_str(&b, "h e");
+    put_str(&b, "l l");
+    put_str(&b, "he ll");
+    put_str(&b, "\xc4\xa0 w");
+    put_key(&b, "tokenizer.ggml.eos_token_id", GGUF_U32);
+    put_u32(&b, 261);
+    put_key(&b, "tokenizer.chat_template", GGUF_STRING);
+    put_str(&b, "{{ '<|im_start|>system\\nDefault system.<|im_end|>' }}");
+    return b;
+}
+
+static void test_tokenizer_synthetic(void **state) {
+    (void)state;
+    buf_t b = make_tok_gguf();
+    char err[256];
+    gguf_file *f = gguf_parse(b.p, b.n, err, sizeof err);
+    if (!f) fail_msg("gguf: %s", err);
+    tokenizer_t *t = tokenizer_load(f, err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    int32_t ids[64], n;
+    n = tokenizer_encode(t, "hello world", 11, 0, ids, 64, NULL);
+    /* "hello" -> hell + o ; " world" -> Ġw + o r l d */
+    const int32_t want[] = {258, 'o', 259, 'o', 'r', 'l', 'd'};
+    assert_int_equal(n, 7);
+    assert_memory_equal(ids, want, sizeof want);
+    /* specials only with parse_special */
+    n = tokenizer_encode(t, "a<|im_end|>b", 12, 1, ids, 64, NULL);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[1], 261);
+    n = tokenizer_encode(t, "a<|im_end|>b", 12, 0, ids, 64, NULL);
+    assert_true(n > 3);
+    /* too small a buffer: -1 and the size needed */
+    int32_t need = 0;
+    assert_int_equal(tokenizer_encode(t, "hello world", 11, 0, ids, 2, &need), -1);
+    assert_int_equal(need, 7);
+    /* random bytes (invalid UTF-8 included) round-trip exactly */
+    char text[300], back[1200];
+    int32_t many[400];
+    for (int rep = 0; rep < 200; rep++) {
+        size_t len = rnd() % 300;
+        for (size_t i = 0; i < len; i++) text[i] = rep % 2 ? (char)rnd() : " \n\thel0123'sdw\xc3\xa9!"[rnd() % 17];
+        n = tokenizer_encode(t, text, len, 0, many, 400, NULL);
+        assert_true(n >= 0);
+        long k = tokenizer_decode(t, many, n, 0, back, sizeof back);
+        assert_int_equal(k, (long)len);
+        assert_memory_equal(back, text, len);
+    }
+    /* digits always alone (smollm pre-tokenizer) */
+    n = tokenizer_encode(t, "12", 2, 0, ids, 64, NULL);
+    assert_int_equal(n, 2);
+    char *chat = tokenizer_chat_prompt(t, NULL, "hi", err, sizeof err);
+    assert_non_null(chat);
+    assert_string_equal(chat, "<|im_start|>system\nDefault system.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                              "<|im_start|>assistant\n");
+    free(chat);
+    tokenizer_free(t);
+    gguf_close(f);
+    free(b.p);
+}
+
+static void test_unicode_classes(void **state) {
+    (void)state;
+    assert_true(unicode_is_letter('a') && unicode_is_letter(0xE9) && unicode_is_letter(0x6771)); /* é 東 */
+    assert_false(unicode_is_letter('1') || unicode_is_letter(' ') || unicode_is_letter(0x1F916));
+    assert_true(unicode_is_number('7') && unicode_is_number(0x0663) && unicode_is_number(0x2163)); /* ٣ Ⅳ */
+    assert_false(unicode_is_number('x'));
+    assert_true(unicode_is_space(' ') && unicode_is_space('\n') && unicode_is_space(0x3000) &&
+                unicode_is_space(0xA0));
+    assert_false(unicode_is_space(0x200B)); /* zero width space is not White_Space */
+}
+
+/* ---- eval and sampling ------------------------------------------------------------- */
+
+static void test_eval_math(void **state) {
+    (void)state;
+    float p[3] = {1, 2, 3}, q[3] = {1, 2, 3}, r[3] = {0, 0, 0};
+    assert_true(eval_kl(p, q, 3) == 0);
+    /* KL(softmax(p) || uniform) = sum p log(3p) */
+    double lse = log(exp(1.0) + exp(2.0) + exp(3.0)), want = 0;
+    for (int i = 0; i < 3; i++) want += exp(p[i] - lse) * ((p[i] - lse) + log(3.0));
+    assert_true(fabs(eval_kl(p, r, 3) - want) < 1e-9);
+    assert_true(fabs(eval_logsumexp(p, 3) - lse) < 1e-9);
+    assert_int_equal(eval_windows(100, 512, 256), 1);
+    assert_int_equal(eval_windows(512, 512, 256), 1);
+    assert_int_equal(eval_windows(513, 512, 256), 2);
+    assert_int_equal(eval_windows(1024, 512, 256), 3);
+    float tie[4] = {1, 5, 5, 0};
+    assert_int_equal(sample_argmax(tie, 4), 1);
+    uint64_t s1 = 7, s2 = 7;
+    float lg[50];
+    for (int i = 0; i < 50; i++) lg[i] = rndf();
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(sample_temperature(lg, 50, 0.8f, &s1), sample_temperature(lg, 50, 0.8f, &s2));
+    assert_int_equal(sample_temperature(lg, 50, 0, &s1), sample_argmax(lg, 50));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gguf_parse),          cmocka_unit_test(test_gguf_truncated),
+        cmocka_unit_test(test_gguf_refusals),       cmocka_unit_test(test_fp16),
+        cmocka_unit_test(test_matmul_all_isas),     cmocka_unit_test(test_matmul_fused),
+        cmocka_unit_test(test_pool),                cmocka_unit_test(test_kv_contig_attention),
+        cmocka_unit_test(test_kv_contig_fork),      cmocka_unit_test(test_tokenizer_synthetic),
+        cmocka_unit_test(test_unicode_classes),     cmocka_unit_test(test_eval_math),
+    };
+    return cmocka_run_group_tests_name("engine (no model)", tests, NULL, NULL);
+}

@@ -1,0 +1,376 @@
+/*
+ * Layer: cache — the façade over pool + table + store + context, driven the
+ * way an engine's decode loop drives it, and checked against a float64
+ * attention over each sequence's own K/V history (kept by the test).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+
+#include "../bench/kvdist.h"
+#include "kvpage.h"
+#include "testutil.h"
+
+#define L 2
+#define H 2
+#define QH 4
+#define D 64
+#define ROW (H * D)
+
+/* K/V of token `id` at position `pos`: a deterministic function, so a page
+ * found in the prefix cache holds exactly what the sequence would write. */
+static void kv_of(int32_t id, int64_t pos, int layer, float *k, float *v) {
+    kvd_rng r;
+    kvd_seed(&r, (uint64_t)id * 1000003u + (uint64_t)pos * 7919u + (uint64_t)layer);
+    for (int i = 0; i < ROW; i++) {
+        k[i] = (float)(kvd_normal(&r) + ((i % 32) == 3 ? 4.0 : 0.0));
+        v[i] = (float)kvd_normal(&r);
+    }
+}
+
+typedef struct {
+    int32_t seq;
+    int64_t len;
+    int32_t tokens[4096];
+} hist;
+
+typedef struct {
+    kvp_cache_t *c;
+    double tol;
+    int checks;
+} fixture;
+
+static kvp_cache_t *make_cache(int32_t kf, int32_t vf, int64_t pages, int32_t P, int32_t max_seqs) {
+    kvp_cache_params_t p;
+    kvp_cache_params_init(&p);
+    p.layers = L;
+    p.kv_heads = H;
+    p.head_dim = D;
+    p.page_size = P;
+    p.k_format = kf;
+    p.v_format = vf;
+    p.num_pages = pages;
+    p.max_seqs = max_seqs;
+    p.threads = 2;
+    kvp_cache_t *c = NULL;
+    char err[KVP_ERR_SIZE] = "";
+    int rc = kvp_cache_create(&p, &c, err, sizeof err);
+    if (rc != KVP_OK) print_error("create: %s\n", err);
+    assert_int_equal(rc, KVP_OK);
+    return c;
+}
+
+/* One step: append the given new tokens of each sequence, write K/V, attend,
+ * and compare every row with the float64 reference over its history. */
+static void step(fixture *f, hist **hs, int batch, const int32_t *num_new, const int32_t *toks) {
+    int32_t seqs[16];
+    int rows = 0;
+    for (int b = 0; b < batch; b++) {
+        seqs[b] = hs[b]->seq;
+        rows += num_new[b];
+    }
+    int rc = kvp_cache_begin_step(f->c, seqs, batch, num_new, toks);
+    if (rc != KVP_OK) print_error("begin_step: %s\n", kvp_cache_last_error(f->c));
+    assert_int_equal(rc, KVP_OK);
+    float *k = malloc(sizeof(float) * (size_t)rows * ROW), *v = malloc(sizeof(float) * (size_t)rows * ROW);
+    float *q = malloc(sizeof(float) * (size_t)rows * QH * D), *out = malloc(sizeof(float) * (size_t)rows * QH * D);
+    int row = 0;
+    for (int b = 0; b < batch; b++)
+        for (int i = 0; i < num_new[b]; i++, row++) {
+            hs[b]->tokens[hs[b]->len + i] = toks[row];
+        }
+    kvd_rng qr;
+    kvd_seed(&qr, 99 + (uint64_t)rows);
+    for (int layer = 0; layer < L; layer++) {
+        row = 0;
+        for (int b = 0; b < batch; b++)
+            for (int i = 0; i < num_new[b]; i++, row++)
+                kv_of(toks[row], hs[b]->len + i, layer, k + (size_t)row * ROW, v + (size_t)row * ROW);
+        assert_int_equal(kvp_cache_write(f->c, layer, KVP_FORMAT_FP32, k, v, 0, 0), KVP_OK);
+        kvd_fill_normal(&qr, (size_t)rows * QH * D, q);
+        for (size_t i = 0; i < (size_t)rows * QH * D; i++) out[i] = NAN; /* poisoned */
+        kvp_attention_params_t ap;
+        kvp_attention_params_init(&ap);
+        ap.layer = layer;
+        ap.q_heads = QH;
+        ap.sm_scale = 0.125f;
+        ap.q = q;
+        ap.out = out;
+        rc = kvp_cache_attend(f->c, &ap);
+        if (rc != KVP_OK) print_error("attend: %s\n", kvp_cache_last_error(f->c));
+        assert_int_equal(rc, KVP_OK);
+        /* the reference: each sequence's full history */
+        row = 0;
+        for (int b = 0; b < batch; b++) {
+            int64_t n = hs[b]->len + num_new[b];
+            float *hk = malloc(sizeof(float) * (size_t)n * ROW), *hv = malloc(sizeof(float) * (size_t)n * ROW);
+            for (int64_t t = 0; t < n; t++)
+                kv_of(hs[b]->tokens[t], t, layer, hk + (size_t)t * ROW, hv + (size_t)t * ROW);
+            double *ref = malloc(sizeof(double) * (size_t)num_new[b] * QH * D);
+            kvd_attn a = {QH, H, D, 0.125, 0.0, 1, -1};
+            kvd_reference(&a, q + (size_t)row * QH * D, num_new[b], hk, hv, (int)n, ref);
+            double e = kvd_rel_l2(out + (size_t)row * QH * D, ref, (size_t)num_new[b] * QH * D);
+            if (!(e <= f->tol)) print_error("seq %d layer %d: rel err %.3g > %.3g\n", (int)hs[b]->seq, layer, e, f->tol);
+            assert_true(e <= f->tol);
+            f->checks++;
+            free(hk);
+            free(hv);
+            free(ref);
+            row += num_new[b];
+        }
+    }
+    for (int b = 0; b < batch; b++) {
+        hs[b]->len += num_new[b];
+        int64_t len = -1;
+        assert_int_equal(kvp_cache_seq_length(f->c, hs[b]->seq, &len), KVP_OK);
+        assert_int_equal(len, hs[b]->len);
+    }
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+}
+
+static void run_decode_loop(int32_t kf, int32_t vf, int32_t P, double tol) {
+    fixture f = {make_cache(kf, vf, 400, P, 8), tol, 0};
+    hist *h[3];
+    for (int i = 0; i < 3; i++) {
+        h[i] = calloc(1, sizeof(hist));
+        assert_int_equal(kvp_cache_seq_create(f.c, 0, 0, &h[i]->seq), KVP_OK);
+    }
+    /* ragged prefill (one sequence within a page, two across several) */
+    int32_t nn[3] = {5, 3 * P + 1, 2 * P};
+    int32_t toks[4096];
+    int total = nn[0] + nn[1] + nn[2];
+    for (int i = 0; i < total; i++) toks[i] = 1000 + i;
+    step(&f, h, 3, nn, toks);
+    /* decode steps, one joins late via a chunk */
+    for (int s = 0; s < 2 * P + 3; s++) {
+        int32_t one[3] = {1, 1, s == P ? 7 : 1};
+        for (int i = 0; i < 9; i++) toks[i] = 5000 + s * 10 + i;
+        step(&f, h, 3, one, toks);
+    }
+    /* fork the second sequence; both continue differently */
+    hist *child = calloc(1, sizeof(hist));
+    assert_int_equal(kvp_cache_seq_fork(f.c, h[1]->seq, &child->seq), KVP_OK);
+    child->len = h[1]->len;
+    memcpy(child->tokens, h[1]->tokens, sizeof child->tokens);
+    hist *pair[2] = {h[1], child};
+    for (int s = 0; s < P + 2; s++) {
+        int32_t one[2] = {1, 1}, t2[2] = {7000 + s, 8000 + s};
+        step(&f, pair, 2, one, t2);
+    }
+    /* speculative tokens rejected: append 5, truncate back by 4 across a page edge */
+    int32_t five[1] = {5}, t5[5] = {1, 2, 3, 4, 5};
+    step(&f, &child, 1, five, t5);
+    assert_int_equal(kvp_cache_seq_truncate(f.c, child->seq, child->len - 4), KVP_OK);
+    child->len -= 4;
+    for (int s = 0; s < 3; s++) {
+        int32_t one[1] = {1}, t1[1] = {9000 + s};
+        step(&f, &child, 1, one, t1);
+    }
+    assert_true(f.checks > 100);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(kvp_cache_seq_release(f.c, h[i]->seq), KVP_OK);
+        free(h[i]);
+    }
+    assert_int_equal(kvp_cache_seq_release(f.c, child->seq), KVP_OK);
+    free(child);
+    kvp_pool_stats_t st = {.struct_size = sizeof st};
+    assert_int_equal(kvp_pool_stats(kvp_cache_pool(f.c), &st), KVP_OK);
+    assert_int_equal(st.used_pages, 0); /* everything released or cached */
+    kvp_cache_destroy(f.c);
+}
+
+/* Bounds: fp32 is exact up to summation order; fp16 rounds K/V to 11 bits;
+ * int8/int4 bounds are the format errors measured on this data (keys with a
+ * +4 offset channel) times about 2. */
+static void test_decode_loop_fp32(void **state) { (void)state; run_decode_loop(KVP_FORMAT_FP32, KVP_FORMAT_FP32, 16, 2e-5); }
+static void test_decode_loop_fp16(void **state) { (void)state; run_decode_loop(KVP_FORMAT_FP16, KVP_FORMAT_FP16, 8, 2e-3); }
+static void test_decode_loop_int8(void **state) { (void)state; run_decode_loop(KVP_FORMAT_INT8, KVP_FORMAT_INT8, 16, 3e-2); }
+static void test_decode_loop_k8v4(void **state) { (void)state; run_decode_loop(KVP_FORMAT_INT8, KVP_FORMAT_INT4, 32, 2.5e-1); }
+
+/* A prompt found in the prefix cache gives the same attention as one
+ * prefilled again. */
+static void test_prefix_reuse(void **state) {
+    (void)state;
+    fixture f = {make_cache(KVP_FORMAT_FP16, KVP_FORMAT_FP16, 200, 8, 4), 2e-3, 0};
+    hist *a = calloc(1, sizeof(hist)), *b = calloc(1, sizeof(hist));
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = 300 + i;
+    assert_int_equal(kvp_cache_seq_create(f.c, 0, 0, &a->seq), KVP_OK);
+    int32_t n40[1] = {40};
+    step(&f, &a, 1, n40, prompt);
+    assert_int_equal(kvp_cache_seq_release(f.c, a->seq), KVP_OK);
+    assert_int_equal(kvp_cache_seq_create(f.c, 0, 0, &b->seq), KVP_OK);
+    int64_t matched = 0;
+    /* 39: the last prompt token is computed again, for its logits */
+    assert_int_equal(kvp_cache_seq_attach_prefix(f.c, b->seq, prompt, 39, &matched), KVP_OK);
+    assert_int_equal(matched, 32);
+    memcpy(b->tokens, prompt, sizeof prompt);
+    b->len = matched;
+    int32_t rest[1] = {(int32_t)(40 - matched)};
+    step(&f, &b, 1, rest, prompt + matched);
+    kvp_pool_stats_t st = {.struct_size = sizeof st};
+    kvp_pool_stats(kvp_cache_pool(f.c), &st);
+    assert_int_equal((int64_t)st.prefix_hit_tokens, matched);
+    free(a);
+    free(b);
+    kvp_cache_destroy(f.c);
+}
+
+/* Out of pages: the whole batch fails and nothing changes. */
+static void test_enospc_is_all_or_nothing(void **state) {
+    (void)state;
+    kvp_cache_t *c = make_cache(KVP_FORMAT_FP16, KVP_FORMAT_FP16, 4, 16, 4);
+    int32_t s[2];
+    assert_int_equal(kvp_cache_seq_create(c, 0, 0, &s[0]), KVP_OK);
+    assert_int_equal(kvp_cache_seq_create(c, 0, 0, &s[1]), KVP_OK);
+    int32_t nn[2] = {32, 40}; /* 2 + 3 pages > 4 */
+    kvp_pool_stats_t before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
+    kvp_pool_stats(kvp_cache_pool(c), &before);
+    assert_int_equal(kvp_cache_begin_step(c, s, 2, nn, NULL), KVP_ENOSPC);
+    assert_non_null(strstr(kvp_cache_last_error(c), "batch index 1"));
+    kvp_pool_stats(kvp_cache_pool(c), &after);
+    assert_int_equal(after.available_pages, before.available_pages);
+    assert_int_equal(after.reserved_pages, before.reserved_pages);
+    int64_t len = -1;
+    assert_int_equal(kvp_cache_seq_length(c, s[0], &len), KVP_OK);
+    assert_int_equal(len, 0);
+    /* no step is open after a failure */
+    float kv[ROW];
+    memset(kv, 0, sizeof kv);
+    assert_int_equal(kvp_cache_write(c, 0, KVP_FORMAT_FP32, kv, kv, 0, 0), KVP_ESTATE);
+    nn[1] = 16;
+    assert_int_equal(kvp_cache_begin_step(c, s, 2, nn, NULL), KVP_OK);
+    kvp_cache_destroy(c);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    char err[KVP_ERR_SIZE];
+    kvp_cache_params_t p;
+    kvp_cache_params_init(&p);
+    kvp_cache_t *c = NULL;
+    assert_int_equal(kvp_cache_create(&p, &c, err, sizeof err), KVP_EINVAL);
+    p.layers = L;
+    p.kv_heads = H;
+    p.head_dim = D;
+    assert_int_equal(kvp_cache_create(&p, &c, err, sizeof err), KVP_EINVAL);
+    assert_non_null(strstr(err, "num_pages or kv_budget_bytes"));
+    p.num_pages = 10;
+    p.kv_budget_bytes = 1 << 20;
+    assert_int_equal(kvp_cache_create(&p, &c, err, sizeof err), KVP_EINVAL);
+    p.num_pages = 0;
+    p.kv_budget_bytes = 100;
+    assert_int_equal(kvp_cache_create(&p, &c, err, sizeof err), KVP_EINVAL);
+    assert_non_null(strstr(err, "smaller than one page"));
+    p.kv_budget_bytes = 1 << 20;
+    p.max_seqs = 0;
+    assert_int_equal(kvp_cache_create(&p, &c, err, sizeof err), KVP_EINVAL);
+    p.max_seqs = 4;
+    assert_int_equal(kvp_cache_create(&p, NULL, err, sizeof err), KVP_EINVAL);
+    assert_null(c);
+    assert_int_equal(kvp_cache_create(&p, &c, err, sizeof err), KVP_OK);
+
+    int32_t s = -1, s2 = -1;
+    assert_int_equal(kvp_cache_seq_create(c, 0, 0, &s), KVP_OK);
+    assert_int_equal(kvp_cache_seq_create(c, 0, 0, &s2), KVP_OK);
+    int32_t one[2] = {1, 1}, zero[1] = {0}, dup[2] = {s, s}, bad[1] = {12345};
+    assert_int_equal(kvp_cache_begin_step(c, NULL, 1, one, NULL), KVP_EINVAL);
+    assert_int_equal(kvp_cache_begin_step(c, &s, 0, one, NULL), KVP_EINVAL);
+    assert_int_equal(kvp_cache_begin_step(c, &s, 1, zero, NULL), KVP_EINVAL);
+    assert_int_equal(kvp_cache_begin_step(c, dup, 2, one, NULL), KVP_EINVAL);
+    assert_non_null(strstr(kvp_cache_last_error(c), "twice"));
+    assert_int_equal(kvp_cache_begin_step(c, bad, 1, one, NULL), KVP_ENOENT);
+    kvp_attention_params_t ap;
+    kvp_attention_params_init(&ap);
+    assert_int_equal(kvp_cache_attend(c, &ap), KVP_ESTATE);
+    kvp_kv_view_t view;
+    assert_int_equal(kvp_cache_step_view(c, &view, NULL, NULL, NULL), KVP_ESTATE);
+    assert_int_equal(kvp_cache_begin_step(c, &s, 1, one, NULL), KVP_OK);
+    int32_t rows = 0;
+    const int64_t *slots = NULL;
+    assert_int_equal(kvp_cache_step_view(c, &view, &slots, NULL, &rows), KVP_OK);
+    assert_int_equal(rows, 1);
+    assert_int_equal(view.batch, 1);
+    float kv[ROW];
+    memset(kv, 0, sizeof kv);
+    assert_int_equal(kvp_cache_write(c, L, KVP_FORMAT_FP32, kv, kv, 0, 0), KVP_EINVAL); /* layer */
+    assert_int_equal(kvp_cache_seq_fork(c, bad[0], &s2), KVP_ENOENT);
+    assert_int_equal(kvp_cache_seq_truncate(c, s, 5), KVP_EINVAL);
+    assert_int_equal(kvp_cache_seq_release(c, bad[0]), KVP_ENOENT);
+    kvp_cache_destroy(c);
+    kvp_cache_destroy(NULL);
+    assert_string_equal(kvp_cache_last_error(NULL), "cache is NULL");
+}
+
+/* Sized by a budget: the arena fits it; every allocation can fail cleanly. */
+static void test_budget_and_allocation_failures(void **state) {
+    (void)state;
+    kvp_cache_params_t p;
+    kvp_cache_params_init(&p);
+    p.layers = L;
+    p.kv_heads = H;
+    p.head_dim = D;
+    p.k_format = KVP_FORMAT_INT8;
+    p.max_seqs = 3;
+    p.kv_budget_bytes = 1 << 20;
+    test_alloc_state st = {0, -1, 0, 0};
+    p.allocator = test_allocator(&st);
+    kvp_cache_t *c = NULL;
+    assert_int_equal(kvp_cache_create(&p, &c, NULL, 0), KVP_OK);
+    void *base;
+    uint64_t bytes;
+    assert_int_equal(kvp_store_arena(kvp_cache_store(c), &base, &bytes), KVP_OK);
+    assert_true(bytes <= p.kv_budget_bytes);
+    kvp_layout_t l = {.struct_size = sizeof l};
+    assert_int_equal(kvp_store_layout(kvp_cache_store(c), &l), KVP_OK);
+    assert_true(bytes + l.page_bytes > p.kv_budget_bytes); /* one more page would not fit */
+    long calls = st.calls;
+    kvp_cache_destroy(c);
+    assert_int_equal(st.live, 0);
+    for (long k = 0; k < calls; k++) {
+        st.calls = 0;
+        st.fail_at = k;
+        c = NULL;
+        int rc = kvp_cache_create(&p, &c, NULL, 0);
+        assert_int_equal(rc, KVP_ENOMEM);
+        assert_null(c);
+        assert_int_equal(st.live, 0);
+    }
+    /* a step whose buffers cannot grow fails and changes nothing */
+    st.fail_at = -1;
+    assert_int_equal(kvp_cache_create(&p, &c, NULL, 0), KVP_OK);
+    int32_t s;
+    assert_int_equal(kvp_cache_seq_create(c, 0, 0, &s), KVP_OK);
+    st.calls = 0;
+    st.fail_at = 0;
+    int32_t n[1] = {20};
+    assert_int_equal(kvp_cache_begin_step(c, &s, 1, n, NULL), KVP_ENOMEM);
+    int64_t len = -1;
+    assert_int_equal(kvp_cache_seq_length(c, s, &len), KVP_OK);
+    assert_int_equal(len, 0);
+    st.fail_at = -1;
+    assert_int_equal(kvp_cache_begin_step(c, &s, 1, n, NULL), KVP_OK);
+    kvp_cache_destroy(c);
+    assert_int_equal(st.live, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decode_loop_fp32),
+        cmocka_unit_test(test_decode_loop_fp16),
+        cmocka_unit_test(test_decode_loop_int8),
+        cmocka_unit_test(test_decode_loop_k8v4),
+        cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_enospc_is_all_or_nothing),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_budget_and_allocation_failures),
+    };
+    return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
+}
