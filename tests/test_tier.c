@@ -10,6 +10,8 @@
  *     another user; cached pages found unchanged are attached, not copied;
  *   - a full host tier, a failing page I/O, an allocation failure and bad
  *     input get a clear status and change nothing;
+ *   - behind the real CPU store (page I/O over its regions), quantized pages,
+ *     scales and staging pages come back bit for bit;
  *   - a random differential test (table + tier + storage) against a model
  *     of every sequence's token values, with the invariant checks after
  *     every operation.
@@ -1061,6 +1063,224 @@ static void test_destroy_with_swapped(void **state) {
     free(f.st.mem);
 }
 
+/* ---- the real CPU store behind the page I/O ------------------------------------------ */
+
+/* Page I/O over the store's public region API: a page is serialized as, for
+ * each layer, its K blocks (all kv heads, `page_stride` bytes) then its V
+ * blocks; staging pages the same with the fp16 staging regions. This is the
+ * interface the store implements (the lead wires it into lib/store.c). */
+typedef struct {
+    kvp_store_t *s;
+    int32_t layers, num_pages;
+} store_io_t;
+
+static int store_copy(store_io_t *x, int32_t page, uint64_t off, uint8_t *host, uint64_t n,
+                      bool to_host) {
+    bool staging = page >= x->num_pages;
+    uint64_t at = 0;
+    for (int32_t l = 0; l < x->layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            kvp_region_t r = {.struct_size = sizeof r};
+            int32_t kind = staging ? (kv ? KVP_REGION_STAGING_V : KVP_REGION_STAGING_K)
+                                   : (kv ? KVP_REGION_V : KVP_REGION_K);
+            int rc = kvp_store_region(x->s, l, kind, &r);
+            if (rc != KVP_OK) return rc;
+            uint8_t *blocks = (uint8_t *)r.base + (uint64_t)(page - r.first_page) * r.page_stride;
+            uint64_t lo = at > off ? at : off;
+            uint64_t hi = at + r.page_stride < off + n ? at + r.page_stride : off + n;
+            if (lo < hi) {
+                if (to_host) memcpy(host + (lo - off), blocks + (lo - at), hi - lo);
+                else memcpy(blocks + (lo - at), host + (lo - off), hi - lo);
+            }
+            at += r.page_stride;
+        }
+    return KVP_OK;
+}
+
+static int store_out(void *o, int32_t page, uint64_t off, void *dst, uint64_t n) {
+    return store_copy(o, page, off, dst, n, true);
+}
+
+static int store_in(void *o, int32_t page, uint64_t off, const void *src, uint64_t n) {
+    return store_copy(o, page, off, (uint8_t *)(uintptr_t)src, n, false);
+}
+
+/* Append `n` random rows to `seq` in the table and the store (every layer). */
+static void store_rows(kvp_store_t *s, kvp_table_t *t, int32_t seq, int32_t layers, int32_t HD,
+                       const int32_t *tok, int32_t n, uint64_t *rng) {
+    int64_t slots[64];
+    kvp_page_op_t ops[16];
+    int32_t nops = 0;
+    float k[64 * 128], v[64 * 128];
+    assert_true(n <= 64 && HD <= 128);
+    assert_int_equal(kvp_table_append(t, seq, n, tok, slots, ops, 16, &nops), KVP_OK);
+    assert_int_equal(kvp_store_apply_ops(s, ops, nops), KVP_OK); /* COPY/UNSEAL; SEAL skipped */
+    for (int32_t l = 0; l < layers; l++) {
+        for (int32_t i = 0; i < n * HD; i++) {
+            k[i] = (float)((int64_t)(xs(rng) % 2001) - 1000) / 250.0f;
+            v[i] = (float)((int64_t)(xs(rng) % 2001) - 1000) / 500.0f;
+        }
+        kvp_append_t a;
+        kvp_append_init(&a);
+        a.layer = l;
+        a.rows = n;
+        a.dtype = KVP_FORMAT_FP32;
+        a.k = k;
+        a.v = v;
+        a.slots = slots;
+        a.ops = ops;
+        a.num_ops = nops;
+        int rc = kvp_store_append(s, &a);
+        if (rc != KVP_OK) print_error("append: %s\n", kvp_store_last_error(s));
+        assert_int_equal(rc, KVP_OK);
+    }
+}
+
+typedef struct {
+    uint8_t *bytes;   /* every page serialized, in page-list order */
+    float *kv;        /* every token dequantized, every layer */
+    size_t nbytes, nkv;
+} store_snap_t;
+
+static void store_snapshot(store_io_t *x, kvp_table_t *t, int32_t seq, const kvp_layout_t *l,
+                           store_snap_t *out) {
+    kvp_seq_info_t info = {.struct_size = sizeof info};
+    assert_int_equal(kvp_table_seq_info(t, seq, &info), KVP_OK);
+    int32_t pages[64];
+    assert_int_equal(kvp_table_seq_pages(t, seq, pages, 64), KVP_OK);
+    size_t HD = (size_t)l->kv_heads * (size_t)l->head_dim;
+    out->nbytes = 0;
+    for (int32_t i = 0; i < info.num_pages; i++)
+        out->nbytes += pages[i] < x->num_pages ? l->page_bytes : l->staging_page_bytes;
+    out->nkv = (size_t)info.length * HD * 2 * (size_t)l->layers;
+    out->bytes = malloc(out->nbytes);
+    out->kv = malloc(out->nkv * sizeof *out->kv);
+    assert_non_null(out->bytes);
+    assert_non_null(out->kv);
+    size_t at = 0, f = 0;
+    for (int32_t i = 0; i < info.num_pages; i++) {
+        uint64_t n = pages[i] < x->num_pages ? l->page_bytes : l->staging_page_bytes;
+        assert_int_equal(store_out(x, pages[i], 0, out->bytes + at, n), KVP_OK);
+        at += n;
+        int32_t count = i + 1 < info.num_pages ? l->page_size : info.last_page_len;
+        for (int32_t layer = 0; layer < l->layers; layer++) {
+            assert_int_equal(kvp_store_read(x->s, layer, pages[i], 0, count, out->kv + f,
+                                            out->kv + f + (size_t)count * HD),
+                             KVP_OK);
+            f += 2 * (size_t)count * HD;
+        }
+    }
+    assert_int_equal(f, out->nkv);
+}
+
+static void store_same(store_io_t *x, kvp_table_t *t, int32_t seq, const kvp_layout_t *l,
+                       store_snap_t *before) {
+    store_snap_t now;
+    store_snapshot(x, t, seq, l, &now);
+    assert_int_equal(now.nbytes, before->nbytes);
+    assert_int_equal(now.nkv, before->nkv);
+    assert_memory_equal(now.bytes, before->bytes, now.nbytes);
+    assert_memory_equal(now.kv, before->kv, now.nkv * sizeof *now.kv);
+    free(now.bytes);
+    free(now.kv);
+    free(before->bytes);
+    free(before->kv);
+}
+
+/* The tier behind the real CPU store: quantized pages, scales, staging pages
+ * and a fork come back bit for bit after their device pages were reused. */
+static void test_real_store_round_trip(void **state) {
+    (void)state;
+    setup_tokens();
+    static const int32_t fm[][2] = {{KVP_FORMAT_FP16, KVP_FORMAT_FP16},
+                                    {KVP_FORMAT_BF16, KVP_FORMAT_FP8_E4M3},
+                                    {KVP_FORMAT_INT8, KVP_FORMAT_INT8},
+                                    {KVP_FORMAT_INT4, KVP_FORMAT_INT4},
+                                    {KVP_FORMAT_INT8, KVP_FORMAT_INT4}};
+    const int32_t L = 2, H = 2, D = 64, P = 8, N = 24;
+    for (size_t f = 0; f < sizeof fm / sizeof fm[0]; f++) {
+        uint64_t rng = 0x5eed + f;
+        kvp_layout_t l = {.struct_size = sizeof l};
+        assert_int_equal(kvp_layout_compute(L, H, D, P, fm[f][0], fm[f][1], &l, NULL, 0), KVP_OK);
+        int32_t S = l.needs_staging ? 4 : 0;
+        kvp_store_params_t sp;
+        kvp_store_params_init(&sp);
+        sp.layers = L;
+        sp.kv_heads = H;
+        sp.head_dim = D;
+        sp.page_size = P;
+        sp.k_format = fm[f][0];
+        sp.v_format = fm[f][1];
+        sp.num_pages = N;
+        sp.num_staging = (uint64_t)S;
+        store_io_t x = {NULL, L, N};
+        char err[KVP_ERR_SIZE];
+        assert_int_equal(kvp_store_create(&sp, &x.s, err, sizeof err), KVP_OK);
+        if (fm[f][1] == KVP_FORMAT_FP8_E4M3)
+            for (int32_t layer = 0; layer < L; layer++)
+                for (int32_t h = 0; h < H; h++)
+                    assert_int_equal(kvp_store_set_fp8_scale(x.s, layer, h, 1, 0.01f), KVP_OK);
+        kvp_pool_params_t pp;
+        kvp_pool_params_init(&pp);
+        pp.page_size = P;
+        pp.num_pages = N;
+        pp.num_staging = S;
+        kvp_pool_t *pool;
+        kvp_table_t *t;
+        kvp_tier_t *tier;
+        assert_int_equal(kvp_pool_create(&pp, &pool, NULL, 0), KVP_OK);
+        assert_int_equal(kvp_table_create(pool, NULL, &t, NULL, 0), KVP_OK);
+        kvp_page_io_t io = {.struct_size = sizeof io};
+        io.copy_to_host = store_out;
+        io.copy_from_host = store_in;
+        io.opaque = &x;
+        kvp_tier_params_t tp;
+        kvp_tier_params_init(&tp);
+        tp.layout = &l;
+        tp.page_io = &io;
+        tp.host_bytes = 64 * kvp__round_up_u64(l.page_bytes, KVP_ARENA_ALIGN);
+        assert_int_equal(kvp_tier_create(t, &tp, &tier, err, sizeof err), KVP_OK);
+        /* the serialization covers exactly a page's bytes */
+        uint64_t covered = 0;
+        for (int32_t layer = 0; layer < L; layer++)
+            for (int32_t kind = KVP_REGION_K; kind <= KVP_REGION_V; kind++) {
+                kvp_region_t r = {.struct_size = sizeof r};
+                assert_int_equal(kvp_store_region(x.s, layer, kind, &r), KVP_OK);
+                covered += r.page_stride;
+            }
+        assert_int_equal(covered, l.page_bytes);
+
+        int32_t a, b, c, nops;
+        assert_int_equal(kvp_table_seq_create(t, NULL, &a), KVP_OK);
+        store_rows(x.s, t, a, L, H * D, toks, 5, &rng);
+        store_rows(x.s, t, a, L, H * D, toks + 5, 9, &rng);
+        store_rows(x.s, t, a, L, H * D, toks + 14, 7, &rng); /* 21: 2 pages + 5 in the tail */
+        kvp_page_op_t op;
+        assert_int_equal(kvp_table_fork(t, a, &b, &op, 1, &nops), KVP_OK);
+        assert_int_equal(kvp_store_apply_ops(x.s, &op, nops), KVP_OK);
+        store_rows(x.s, t, b, L, H * D, toks + 300, 6, &rng);
+        store_snap_t sa, sb;
+        store_snapshot(&x, t, a, &l, &sa);
+        store_snapshot(&x, t, b, &l, &sb);
+        assert_int_equal(kvp_tier_swap_out(tier, a, NULL, 0, &nops), KVP_OK);
+        /* other work overwrites the pages a gave back */
+        assert_int_equal(kvp_table_seq_create(t, NULL, &c), KVP_OK);
+        for (int k = 0; k < 4; k++) store_rows(x.s, t, c, L, H * D, toks + 400 + 10 * k, 10, &rng);
+        assert_int_equal(kvp_table_seq_release(t, c), KVP_OK);
+        assert_int_equal(kvp_pool_evict(pool, INT32_MAX, &nops), KVP_OK);
+        assert_int_equal(kvp_tier_swap_in(tier, a, NULL, 0, &nops), KVP_OK);
+        store_same(&x, t, a, &l, &sa);
+        store_same(&x, t, b, &l, &sb);
+        store_rows(x.s, t, a, L, H * D, toks + 21, 3, &rng); /* it goes on */
+        char msg[KVP_ERR_SIZE];
+        assert_int_equal(kvp__tier_check(tier, msg, sizeof msg), KVP_OK);
+        kvp_tier_destroy(tier);
+        kvp_table_destroy(t);
+        kvp_pool_destroy(pool);
+        kvp_store_destroy(x.s);
+    }
+}
+
 /* ---- random differential test ----------------------------------------------------- */
 
 enum { R_FREE, R_RES, R_SWAP };
@@ -1209,6 +1429,7 @@ int main(void) {
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_allocation_failures),
         cmocka_unit_test(test_destroy_with_swapped),
+        cmocka_unit_test(test_real_store_round_trip),
         cmocka_unit_test(test_random),
     };
     return cmocka_run_group_tests_name("tier", tests, NULL, NULL);
