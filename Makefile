@@ -121,16 +121,18 @@ endif
 LIB_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o) $(CU_SRCS:%.cu=$(OBJ)/%.o)
 
 TOOL_COMMON := tools/cli.c
-TOOL_NAMES := kvpage-plan kvpage-bench
+TOOL_NAMES := kvpage-plan kvpage-bench kvpage-sim
 TOOLS := $(TOOL_NAMES:%=$(BIN)/%)
 # extra sources per tool
 kvpage-plan_SRCS := tools/kvpage-plan.c tools/plan_cli.c
 kvpage-bench_SRCS := tools/kvpage-bench.c $(wildcard bench/*.c)
+kvpage-sim_SRCS := tools/kvpage-sim.c tools/sim.c tools/sim_cli.c
 
 TEST_SRCS := $(wildcard tests/test_*.c)
 TESTS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 # extra sources per test
 test_plan_cli_EXTRA := tools/plan_cli.c
+test_sim_EXTRA := tools/sim.c tools/sim_cli.c
 
 # The kernel simulator (tests/cudasim): CUDA sources compiled as C++ against
 # a host runtime, so CI executes kernels without a GPU. Needs the toolkit's
@@ -297,10 +299,15 @@ endef
 
 # The Python bindings' pytest suite, against this build's shared library.
 VENV ?= build/venv
+# With SAN=1 the suite runs against build/san's library, with the compiler's
+# AddressSanitizer runtime preloaded into Python (leak checks off: Python's own).
+ifeq ($(SAN),1)
+PY_SAN_ENV = ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$$($(CC) -print-file-name=libasan.so)
+endif
 .PHONY: test-python
 test-python: $(SHARED_LIBS)
 	@KVP_VENV=$(VENV) scripts/ensure-deps.sh python
-	@KVPAGE_LIBRARY=$(abspath $(SHARED_REAL)) CC="$(CC)" \
+	@$(PY_SAN_ENV) KVPAGE_LIBRARY=$(abspath $(SHARED_REAL)) CC="$(CC)" \
 	    $(VENV)/bin/python -m pytest -q -p no:cacheprovider bindings/python/tests
 
 test-unit: deps-test

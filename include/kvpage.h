@@ -133,7 +133,8 @@ KVP_API const char *kvp_version_string(void);
     X(KVP_ENODEV, -6, "no usable device")                                     \
     X(KVP_ECUDA, -7, "CUDA runtime error")                                    \
     X(KVP_ESTATE, -8, "object is in the wrong state for this call")           \
-    X(KVP_EINTERNAL, -9, "internal error in libkvpage (please report)")
+    X(KVP_EINTERNAL, -9, "internal error in libkvpage (please report)")        \
+    X(KVP_EHOSTFULL, -10, "the host tier has no room for this sequence")
 
 /** @brief Internal: expands one row of #KVP_STATUS_TABLE into an enumerator. */
 #define KVP__STATUS_ENUM(name, value, msg) name = value,
@@ -168,6 +169,10 @@ enum kvp_status { KVP_STATUS_TABLE(KVP__STATUS_ENUM) };
 /** @var KVP_EINTERNAL
  *  @brief An internal invariant failed: a bug in libkvpage. Please report it
  *         with the detail text. */
+/** @var KVP_EHOSTFULL
+ *  @brief The host tier has too few free slots for a swap-out (see
+ *         kvp_tier_swap_out()). Nothing was changed: the sequence stays on
+ *         the device, whole. */
 
 /** @brief Recommended size of an error-detail buffer (`char err[KVP_ERR_SIZE]`). */
 #define KVP_ERR_SIZE 256
@@ -787,8 +792,10 @@ typedef struct kvp_pool_stats {
     int64_t available_pages;   /**< free + cached - reserved: what kvp_pool_alloc() can get. */
     int64_t total_staging;     /**< Staging pages (num_staging). */
     int64_t used_staging;      /**< Staging pages in use. */
-    int64_t live_seqs;         /**< Live sequences of all tables on this pool. */
-    int64_t live_tokens;       /**< Sum of their lengths. */
+    int64_t live_seqs;         /**< Live sequences of all tables on this pool (swapped-out
+                                    ones included: their ids stay valid). */
+    int64_t live_tokens;       /**< Sum of their lengths, except sequences swapped out to a
+                                    host tier (their tokens are not on the device). */
     double utilization;        /**< live_tokens / ((used_pages + used_staging) x page_size);
                                     0 when nothing is used. Above 1 when sequences share
                                     pages (fork, prefix cache): memory saved by sharing. */
@@ -921,7 +928,8 @@ KVP_API int kvp_table_create(kvp_pool_t *pool, const kvp_table_params_t *params,
 
 /**
  * @brief Destroy a table, releasing every live sequence's pages to the pool
- *        (full pages stay in the prefix cache). NULL is a no-op.
+ *        (full pages stay in the prefix cache). NULL is a no-op. Destroy its
+ *        host tier (kvp_tier_destroy()) first.
  * @param[in] table The table.
  */
 KVP_API void kvp_table_destroy(kvp_table_t *table);
@@ -981,7 +989,8 @@ KVP_API int kvp_table_seq_create(kvp_table_t *table, const kvp_seq_params_t *par
  * @param[in,out] table The table.
  * @param[in]     seq   A live sequence.
  * @return #KVP_OK, #KVP_EINVAL (NULL table) or #KVP_ENOENT (unknown or
- *         already released id; nothing changed). O(pages of the sequence).
+ *         already released id; nothing changed); #KVP_ESTATE (swapped out to
+ *         a host tier: drop it with kvp_tier_drop()). O(pages of the sequence).
  */
 KVP_API int kvp_table_seq_release(kvp_table_t *table, int32_t seq);
 
@@ -1000,9 +1009,10 @@ KVP_API int kvp_table_seq_release(kvp_table_t *table, int32_t seq);
  * @param[in]     seq   A live sequence.
  * @param[in]     n     Tokens, >= 0; `length + n <= 2^31-1`.
  * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0, too long); #KVP_ENOENT;
- *         #KVP_ENOSPC if the pages are not available (free + cached minus
- *         other reservations); #KVP_ENOMEM (growing the page list). Nothing
- *         changed on error. O(1) amortised.
+ *         #KVP_ESTATE (swapped out to a host tier); #KVP_ENOSPC if the pages
+ *         are not available (free + cached minus other reservations);
+ *         #KVP_ENOMEM (growing the page list). Nothing changed on error.
+ *         O(1) amortised.
  */
 KVP_API int kvp_table_reserve(kvp_table_t *table, int32_t seq, int64_t n);
 
@@ -1036,9 +1046,9 @@ KVP_API int kvp_table_reserve(kvp_table_t *table, int32_t seq, int64_t n);
  * @param[out]    num_ops      Operations written (required).
  * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0, length over 2^31-1,
  *         `ops_capacity` too small: the detail says how many are needed);
- *         #KVP_ENOENT; #KVP_ENOSPC (pages beyond the reservation not
- *         available); #KVP_ENOMEM (growing the page list). Nothing changed on
- *         error. Within a reservation it cannot fail for lack of pages or
+ *         #KVP_ENOENT; #KVP_ESTATE (swapped out to a host tier); #KVP_ENOSPC
+ *         (pages beyond the reservation not available); #KVP_ENOMEM (growing
+ *         the page list). Nothing changed on error. Within a reservation it cannot fail for lack of pages or
  *         memory, and allocates nothing. O(n + pages filled).
  */
 KVP_API int kvp_table_append(kvp_table_t *table, int32_t seq, int64_t n,
@@ -1066,8 +1076,9 @@ KVP_API int kvp_table_append(kvp_table_t *table, int32_t seq, int64_t n,
  * @param[in]     ops_capacity Size of `ops`.
  * @param[out]    num_ops      Operations written, 0 or 1 (required).
  * @return #KVP_OK; #KVP_EINVAL (NULL, length < 0 or past the end, no room
- *         for the operation); #KVP_ENOENT. Nothing changed on error. Never
- *         fails for lack of pages or memory. O(pages dropped).
+ *         for the operation); #KVP_ENOENT; #KVP_ESTATE (swapped out to a host
+ *         tier). Nothing changed on error. Never fails for lack of pages or
+ *         memory. O(pages dropped).
  */
 KVP_API int kvp_table_truncate(kvp_table_t *table, int32_t seq, int64_t length,
                                struct kvp_page_op *ops, int32_t ops_capacity,
@@ -1093,7 +1104,8 @@ KVP_API int kvp_table_truncate(kvp_table_t *table, int32_t seq, int64_t length,
  * @param[in]     ops_capacity Size of `ops`.
  * @param[out]    num_ops      Operations written, 0 or 1 (required).
  * @return #KVP_OK; #KVP_EINVAL (NULL, no room for the operation);
- *         #KVP_ENOENT (unknown or released parent); #KVP_ENOSPC (no sequence
+ *         #KVP_ENOENT (unknown or released parent); #KVP_ESTATE (the parent is
+ *         swapped out to a host tier); #KVP_ENOSPC (no sequence
  *         slot, no staging page, or no page for the parent's reserved
  *         copy-on-write); #KVP_ENOMEM. Nothing changed on error.
  *         O(pages of the parent).
@@ -1120,7 +1132,7 @@ KVP_API int kvp_table_fork(kvp_table_t *table, int32_t parent, int32_t *child,
  * @param[in]     n       Prompt length, >= 0.
  * @param[out]    matched Tokens attached (0 .. n, a multiple of the page size).
  * @return #KVP_OK; #KVP_EINVAL (NULL, n < 0 or over 2^31-1); #KVP_ENOENT;
- *         #KVP_ESTATE (the sequence is not empty); #KVP_ENOMEM. Nothing
+ *         #KVP_ESTATE (the sequence is not empty, or swapped out); #KVP_ENOMEM. Nothing
  *         changed on error. O(n) plus O(1) expected per page looked up.
  */
 KVP_API int kvp_table_attach_prefix(kvp_table_t *table, int32_t seq,
@@ -1173,7 +1185,8 @@ KVP_API int kvp_table_set_priority(kvp_table_t *table, int32_t seq, int32_t prio
  * @param[in]     begin    First token, >= 0.
  * @param[in]     end      One past the last token, begin .. length.
  * @param[in]     priority Any int32.
- * @return #KVP_OK, #KVP_EINVAL (bad range) or #KVP_ENOENT. O(pages in range).
+ * @return #KVP_OK, #KVP_EINVAL (bad range), #KVP_ENOENT or #KVP_ESTATE
+ *         (swapped out to a host tier). O(pages in range).
  */
 KVP_API int kvp_table_set_range_priority(kvp_table_t *table, int32_t seq,
                                          int64_t begin, int64_t end,
@@ -1190,6 +1203,10 @@ typedef struct kvp_seq_info {
     int32_t reserved_pages; /**< Pages set aside for that room. */
     int32_t priority;       /**< Its priority. */
     uint64_t salt;          /**< Its prefix-cache salt. */
+    int32_t swapped;        /**< 1 while swapped out to a host tier (#kvp_tier_t): it then
+                                 holds only the pages it shares, no staging page, and
+                                 refuses appends, reservations, forks and exports. */
+    int32_t reserved_;      /**< Padding; 0. */
 } kvp_seq_info_t;
 
 /**
@@ -1208,8 +1225,8 @@ KVP_API int kvp_table_seq_info(kvp_table_t *table, int32_t seq, kvp_seq_info_t *
  * @param[in]     seq      A live sequence.
  * @param[out]    pages    `capacity` entries.
  * @param[in]     capacity At least kvp_seq_info_t::num_pages.
- * @return #KVP_OK, #KVP_EINVAL (NULL, capacity too small) or #KVP_ENOENT.
- *         O(pages).
+ * @return #KVP_OK, #KVP_EINVAL (NULL, capacity too small), #KVP_ENOENT or
+ *         #KVP_ESTATE (swapped out to a host tier). O(pages).
  */
 KVP_API int kvp_table_seq_pages(kvp_table_t *table, int32_t seq, int32_t *pages,
                                 int32_t capacity);
@@ -1243,8 +1260,9 @@ typedef struct kvp_batch_buffers {
  *                            (this step's tokens), or NULL for none.
  * @param[out]    num_indices Entries `indices` needs.
  * @param[out]    num_slots   Entries `slot_mapping` needs (sum of num_new).
- * @return #KVP_OK, #KVP_EINVAL (NULL, num_new[b] outside 0..length) or
- *         #KVP_ENOENT (the detail names the batch index). O(batch).
+ * @return #KVP_OK, #KVP_EINVAL (NULL, num_new[b] outside 0..length),
+ *         #KVP_ENOENT (the detail names the batch index) or #KVP_ESTATE (a
+ *         sequence is swapped out to a host tier). O(batch).
  */
 KVP_API int kvp_table_export_size(kvp_table_t *table, const int32_t *seqs,
                                   int32_t batch, const int32_t *num_new,
@@ -1266,7 +1284,8 @@ KVP_API int kvp_table_export_size(kvp_table_t *table, const int32_t *seqs,
  * @param[in]     buffers Where to write (see #kvp_batch_buffers_t).
  * @param[out]    view    Optional: a view pointing at the buffers.
  * @return #KVP_OK; #KVP_EINVAL (NULL, buffers too small, more than 2^31-1
- *         entries); #KVP_ENOENT. Buffers are untouched on error.
+ *         entries); #KVP_ENOENT; #KVP_ESTATE (a sequence is swapped out).
+ *         Buffers are untouched on error.
  *         O(batch + pages + rows); never allocates.
  */
 KVP_API int kvp_table_export(kvp_table_t *table, const int32_t *seqs, int32_t batch,
@@ -1326,26 +1345,313 @@ enum kvp_page_op_kind {
     /** Dequantize the first `count` tokens of pool page `src` into staging
      *  page `dst` (staging layouts only): a truncation reopened a sealed page.
      *  Lossy by nature: the tokens come back as their quantized values. */
-    KVP_OP_UNSEAL = 2
+    KVP_OP_UNSEAL = 2,
+    /** Copy device page `src` (pool or staging) to host slot `dst` of the
+     *  host tier (kvp_tier_swap_out()): bytes `[row x slot_bytes, row x
+     *  slot_bytes + n)` of the page, `n = min(slot_bytes, its size - row x
+     *  slot_bytes)`, where its size is `page_bytes` or `staging_page_bytes`
+     *  (#kvp_tier_stats_t::slot_bytes; `row` is 0 for pool pages). `count` is
+     *  the tokens of the sequence the page holds. Execute before any later
+     *  call allocates pages: `src` is already free in the pool. */
+    KVP_OP_SWAP_OUT = 3,
+    /** Copy host slot `src` of the host tier back into device page `dst`
+     *  (kvp_tier_swap_in()): the same byte range as #KVP_OP_SWAP_OUT, with
+     *  `row` the chunk index and `count` the tokens. Execute before kernels
+     *  read `dst`, and before a later swap-out writes host slot `src` (it is
+     *  free again). */
+    KVP_OP_SWAP_IN = 4
 };
 
 /**
- * @brief A data operation the page table asks the storage to perform.
+ * @brief A data operation the page table (or the host tier) asks the
+ *        storage to perform.
  *
  * The table touches no tensor memory. When a call changes where tokens live
  * (fork, copy-on-write, a staging page filling, a truncation into a sealed
  * page) it returns these operations. #KVP_OP_COPY and #KVP_OP_UNSEAL are
  * executed on the storage before the next append or kernel reads the pages,
  * in the order given; #KVP_OP_SEAL operations are executed by the append
- * they belong to.
+ * they belong to. A host tier without page I/O returns #KVP_OP_SWAP_OUT and
+ * #KVP_OP_SWAP_IN operations (kvp_tier_swap_out(), kvp_tier_swap_in()).
+ * Execute all operations in the order the calls returned them.
  */
 typedef struct kvp_page_op {
     int32_t kind;  /**< A #kvp_page_op_kind. */
-    int32_t src;   /**< Source page id (pool or staging), or -1. */
-    int32_t dst;   /**< Destination page id (pool or staging). */
-    int32_t count; /**< Tokens taken from `src`. */
-    int32_t row;   /**< #KVP_OP_SEAL: first appended row landing in `dst`; else -1. */
+    int32_t src;   /**< Source page id (pool or staging), or -1; #KVP_OP_SWAP_IN: a host slot. */
+    int32_t dst;   /**< Destination page id (pool or staging); #KVP_OP_SWAP_OUT: a host slot. */
+    int32_t count; /**< Tokens taken from `src` (swaps: tokens the page holds). */
+    int32_t row;   /**< #KVP_OP_SEAL: first appended row landing in `dst`; swaps: the chunk
+                        index within the page (0 for pool pages); else -1. */
 } kvp_page_op_t;
+
+/* ------------------------------------------------------------------------ */
+/* Host tier: swap sequences out to host memory and back                     */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief How the host tier moves a page's bytes: the only way it touches
+ *        tensor memory.
+ *
+ * A page's bytes are the storage's own serialization of it: `page_bytes`
+ * bytes for a pool page, `staging_page_bytes` for a staging page
+ * (#kvp_layout_t), in whatever order the storage likes, as long as
+ * `copy_from_host` of what `copy_to_host` wrote restores the page bit for
+ * bit. A pool page moves in one call (`offset` 0, `bytes` = page_bytes). A
+ * staging page larger than a host slot moves in chunks of
+ * #kvp_tier_stats_t::slot_bytes (`offset` = chunk x slot_bytes), each in its
+ * own slot, so host memory never fragments.
+ *
+ * The CPU store implements both with memcpy of the page's blocks across
+ * layers; a CUDA store may enqueue cudaMemcpyAsync on one stream into
+ * pinned host memory (give the tier a pinned #kvp_tier_params_t::host_allocator)
+ * and return at once, provided that every later kernel and copy on the
+ * device is ordered after it on that stream.
+ *
+ * Both functions return #KVP_OK or a negative status (e.g. #KVP_ECUDA); on
+ * failure the tier undoes the swap and returns that status.
+ */
+typedef struct kvp_page_io {
+    uint32_t struct_size; /**< Set by the caller to sizeof(kvp_page_io_t). */
+    int32_t reserved_;    /**< Padding; 0. */
+    /** Copy bytes `[offset, offset + bytes)` of device page `page` (a pool or
+     *  staging id) to host memory `dst`. */
+    int (*copy_to_host)(void *opaque, int32_t page, uint64_t offset, void *dst, uint64_t bytes);
+    /** Copy `bytes` bytes from host memory `src` into bytes `[offset, offset +
+     *  bytes)` of device page `page`. */
+    int (*copy_from_host)(void *opaque, int32_t page, uint64_t offset, const void *src,
+                          uint64_t bytes);
+    void *opaque; /**< Passed unchanged to both functions. */
+} kvp_page_io_t;
+
+/**
+ * @brief A host tier: sequences of one page table swapped out to host memory
+ *        (opaque).
+ *
+ * The tier owns a host memory area of its own byte budget, cut into slots of
+ * `slot_bytes` (a pool page, rounded up to #KVP_ARENA_ALIGN). **Swapping out**
+ * a sequence copies its private pages (reference count 1: no other sequence
+ * and no engine reference holds them) to host slots and gives the device
+ * pages back to the pool; the sequence keeps its id, its length and its page
+ * list, with the moved entries empty. Pages it shares stay on the device,
+ * held by reference, so they are never copied twice nor freed under another
+ * user. In layouts with staging, its staging page moves too (in
+ * `staging_chunks` slots, or none when it holds no token) and is given back,
+ * so a swapped-out sequence holds no staging page. **Swapping in** takes
+ * pages (and a staging page) from the pool, copies the data back bit for bit
+ * and fills the page list again; page ids may differ, everything else
+ * (length, token ids, priority, salt) is as before. **Dropping** frees
+ * everything; the engine recomputes the sequence if it wants it back.
+ *
+ * A private page that is also stored in the prefix cache is copied like any
+ * other and its reference dropped, so it becomes an evictable cached page
+ * that other prompts may still use. If it is still cached, unchanged, when
+ * the sequence swaps in, it is attached again instead of copied back.
+ *
+ * Data moves through #kvp_page_io_t when the tier has one; otherwise each
+ * swap returns #KVP_OP_SWAP_OUT / #KVP_OP_SWAP_IN operations for engines that
+ * keep their own storage (host slot `s` is at `base + s x slot_bytes`,
+ * kvp_tier_host_memory()).
+ *
+ * A swapped-out sequence refuses kvp_table_append(), kvp_table_reserve(),
+ * kvp_table_fork(), kvp_table_truncate(), kvp_table_attach_prefix(),
+ * kvp_table_seq_pages(), kvp_table_export() and kvp_table_seq_release()
+ * with #KVP_ESTATE until it is swapped in (or dropped with kvp_tier_drop()).
+ *
+ * Every call is all-or-nothing: a swap that fails (#KVP_EHOSTFULL,
+ * #KVP_ENOSPC, #KVP_ENOMEM, a page I/O error) leaves the sequence, the table
+ * and the pool as they were.
+ *
+ * **Threads.** A tier belongs to its table and pool: serialise all calls on
+ * the three. One tier per table. Destroy the tier before the table.
+ */
+typedef struct kvp_tier kvp_tier_t;
+
+/** @brief Parameters of kvp_tier_create(). Fill with kvp_tier_params_init(). */
+typedef struct kvp_tier_params {
+    uint32_t struct_size;     /**< sizeof(kvp_tier_params_t); set by init. */
+    int32_t reserved_;        /**< Padding; 0. */
+    uint64_t host_bytes;      /**< Byte budget (required): the tier holds
+                                   floor(host_bytes / slot_bytes) slots and allocates exactly
+                                   that many slots' bytes, once. */
+    const kvp_layout_t *layout; /**< The pages' byte counts, from kvp_layout_compute()
+                                     (required). Its page size must be the pool's, and it needs
+                                     staging exactly when the pool has staging pages. Copied. */
+    const kvp_page_io_t *page_io; /**< How to move page bytes; NULL: swaps return operations
+                                       instead. Copied. */
+    const kvp_allocator_t *allocator;      /**< Metadata allocator; NULL = libc. Copied. */
+    const kvp_allocator_t *host_allocator; /**< Allocator of the host memory (e.g. pinned
+                                                memory for CUDA); NULL = `allocator`. Copied. */
+} kvp_tier_params_t;
+
+/**
+ * @brief Fill `p` with defaults (no page I/O, libc allocators) and set its
+ *        struct_size; host_bytes and layout must be set.
+ * @param[out] p Parameters to initialise; NULL is ignored.
+ */
+KVP_API void kvp_tier_params_init(kvp_tier_params_t *p);
+
+/**
+ * @brief Create a host tier for the sequences of `table`.
+ *
+ * @param[in,out] table    The page table (it must outlive the tier).
+ * @param[in]     params   Budget, layout, page I/O, allocators.
+ * @param[out]    tier     The new tier; untouched on error.
+ * @param[out]    err      Optional error-detail buffer.
+ * @param[in]     err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL (NULL, bad struct_size, a layout that does not
+ *         match kvp_layout_compute() or the pool, a budget below one slot or
+ *         above 2^31-1 slots, page I/O with a NULL function); #KVP_ESTATE (the
+ *         table already has a tier); #KVP_ENOMEM. O(slots + table slots).
+ */
+KVP_API int kvp_tier_create(kvp_table_t *table, const kvp_tier_params_t *params,
+                            kvp_tier_t **tier, char *err, size_t err_size);
+
+/**
+ * @brief Destroy a tier: every sequence still swapped out is dropped (its id
+ *        becomes invalid, its shared pages are released), then the host
+ *        memory is freed. NULL is a no-op.
+ * @param[in] tier The tier.
+ */
+KVP_API void kvp_tier_destroy(kvp_tier_t *tier);
+
+/**
+ * @brief Detail of the most recent failed call on this tier.
+ * @param[in] tier The tier.
+ * @return A NUL-terminated sentence, "" if no call has failed, or a static
+ *         message for NULL. Valid until the next call on the tier.
+ */
+KVP_API const char *kvp_tier_last_error(const kvp_tier_t *tier);
+
+/**
+ * @brief Swap a resident sequence out to the host tier.
+ *
+ * Copies its private pages (and its staging page, if it holds tokens) to
+ * host slots, gives those device pages back to the pool, keeps shared pages
+ * by reference, and drops its reservation. With page I/O the copies are made
+ * here and no operation is returned (`ops` may be NULL); without, one
+ * #KVP_OP_SWAP_OUT per pool page and per staging chunk is returned, in page
+ * order, to execute before any later call allocates pages.
+ *
+ * @param[in,out] tier         The tier.
+ * @param[in]     seq          A live, resident sequence of the tier's table.
+ * @param[out]    ops          Room for the operations (#kvp_tier_seq_info_t::ops), or NULL
+ *                             with page I/O.
+ * @param[in]     ops_capacity Size of `ops`.
+ * @param[out]    num_ops      Operations written (required).
+ * @return #KVP_OK; #KVP_EINVAL (NULL, `ops_capacity` too small: the detail
+ *         says how many are needed); #KVP_ENOENT (not a live sequence);
+ *         #KVP_ESTATE (already swapped out); #KVP_EHOSTFULL (too few free
+ *         slots: nothing changed, the sequence stays on the device);
+ *         #KVP_ENOMEM; a page I/O status. Nothing changed on error.
+ *         O(pages of the sequence) plus the copies.
+ */
+KVP_API int kvp_tier_swap_out(kvp_tier_t *tier, int32_t seq, kvp_page_op_t *ops,
+                              int32_t ops_capacity, int32_t *num_ops);
+
+/**
+ * @brief Swap a sequence back in from the host tier.
+ *
+ * Takes a staging page (in layouts with staging) and one pool page per
+ * page on the host from the pool, all or none: a page still cached and
+ * unchanged since the swap-out is attached again, the others are fresh
+ * pages the data is copied into (with page I/O, here; without, as one
+ * #KVP_OP_SWAP_IN per page and per staging chunk, to execute before kernels
+ * read them). Its host slots are free again when the call returns.
+ *
+ * @param[in,out] tier         The tier.
+ * @param[in]     seq          A sequence swapped out by this tier.
+ * @param[out]    ops          Room for the operations (#kvp_tier_seq_info_t::ops), or NULL
+ *                             with page I/O.
+ * @param[in]     ops_capacity Size of `ops`.
+ * @param[out]    num_ops      Operations written (required).
+ * @return #KVP_OK; #KVP_EINVAL (NULL, `ops_capacity` too small);
+ *         #KVP_ENOENT; #KVP_ESTATE (the sequence is resident); #KVP_ENOSPC
+ *         (too few available pages, or no free staging page; nothing
+ *         changed); a page I/O status (the sequence stays swapped out; cached
+ *         pages evicted to make room stay evicted). O(pages) plus the copies.
+ */
+KVP_API int kvp_tier_swap_in(kvp_tier_t *tier, int32_t seq, kvp_page_op_t *ops,
+                             int32_t ops_capacity, int32_t *num_ops);
+
+/**
+ * @brief Drop a sequence, resident or swapped out: free its host slots and
+ *        release it from the table (its id becomes invalid). The engine
+ *        recomputes it if it wants it back.
+ * @param[in,out] tier The tier.
+ * @param[in]     seq  A live sequence of the tier's table.
+ * @return #KVP_OK, #KVP_EINVAL (NULL) or #KVP_ENOENT. O(pages).
+ */
+KVP_API int kvp_tier_drop(kvp_tier_t *tier, int32_t seq);
+
+/** @brief What a swap of one sequence moves (kvp_tier_seq_info()). */
+typedef struct kvp_tier_seq_info {
+    uint32_t struct_size;  /**< Set by the caller to sizeof(kvp_tier_seq_info_t). */
+    int32_t swapped;       /**< 1 if the sequence is in the host tier, 0 if resident. */
+    int32_t private_pages; /**< Resident: pool pages a swap-out copies. Swapped: pool
+                                pages on the host (each takes a pool page at swap-in). */
+    int32_t shared_pages;  /**< Pool pages shared with other sequences or the engine, kept on
+                                the device by reference. */
+    int32_t host_slots;    /**< Resident: slots a swap-out takes. Swapped: slots it holds. */
+    int32_t ops;           /**< Operations the next swap (out or in) returns without page I/O,
+                                as of now. */
+    int32_t staging;       /**< 1 if a swap moves a staging page with tokens. */
+    int32_t reserved_;     /**< Padding; 0. */
+    uint64_t host_bytes;   /**< host_slots x slot_bytes. */
+    uint64_t copy_bytes;   /**< Bytes the next swap copies, as of now. */
+} kvp_tier_seq_info_t;
+
+/**
+ * @brief Describe what swapping a sequence out (or in) moves.
+ * @param[in,out] tier The tier (its last error is set on failure).
+ * @param[in]     seq  A live sequence of the tier's table.
+ * @param[out]    info Result; `info->struct_size` must be set.
+ * @return #KVP_OK, #KVP_EINVAL or #KVP_ENOENT. O(pages).
+ */
+KVP_API int kvp_tier_seq_info(kvp_tier_t *tier, int32_t seq, kvp_tier_seq_info_t *info);
+
+/** @brief Sizes and counters of a host tier (kvp_tier_stats()). */
+typedef struct kvp_tier_stats {
+    uint32_t struct_size;    /**< Set by the caller to sizeof(kvp_tier_stats_t). */
+    int32_t staging_chunks;  /**< Slots a staging page takes (0 without staging). */
+    uint64_t slot_bytes;     /**< Bytes of a host slot: page_bytes rounded up to
+                                  #KVP_ARENA_ALIGN. Give it to the scheduler as
+                                  kvp_sched_params_t::page_bytes. */
+    uint64_t staging_bytes;  /**< staging_chunks x slot_bytes: host bytes of a staging page
+                                  (kvp_sched_params_t::staging_page_bytes). */
+    uint64_t host_bytes;     /**< total_slots x slot_bytes: the host memory allocated. */
+    int64_t total_slots;     /**< Slots. */
+    int64_t free_slots;      /**< Slots free now. */
+    uint64_t free_bytes;     /**< free_slots x slot_bytes (kvp_sched_input_t::host_free_bytes). */
+    int64_t swapped_seqs;    /**< Sequences in the tier now. */
+    int64_t swapped_tokens;  /**< Their tokens. */
+    uint64_t swap_outs;      /**< Successful swap-outs since creation. */
+    uint64_t swap_ins;       /**< Successful swap-ins. */
+    uint64_t drops;          /**< Sequences dropped (resident or swapped). */
+    uint64_t pages_out;      /**< Pages copied to the host (pool pages and staging pages). */
+    uint64_t pages_in;       /**< Pages copied back. */
+    uint64_t pages_kept;     /**< Shared pool pages left on the device by swap-outs. */
+    uint64_t pages_reattached; /**< Cached pages found unchanged at swap-in (not copied). */
+    uint64_t bytes_out;      /**< Bytes copied to the host. */
+    uint64_t bytes_in;       /**< Bytes copied back. */
+} kvp_tier_stats_t;
+
+/**
+ * @brief Read a tier's sizes and counters.
+ * @param[in]  tier  The tier.
+ * @param[out] stats Result; `stats->struct_size` must be set.
+ * @return #KVP_OK or #KVP_EINVAL. O(1).
+ */
+KVP_API int kvp_tier_stats(const kvp_tier_t *tier, kvp_tier_stats_t *stats);
+
+/**
+ * @brief The tier's host memory, for engines that execute swap operations
+ *        themselves: slot `s` is at `base + s x slot_bytes`.
+ * @param[in]  tier  The tier.
+ * @param[out] base  Its first byte (aligned to #KVP_ARENA_ALIGN).
+ * @param[out] bytes Its size: total_slots x slot_bytes.
+ * @return #KVP_OK or #KVP_EINVAL (NULL).
+ */
+KVP_API int kvp_tier_host_memory(const kvp_tier_t *tier, void **base, uint64_t *bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Store: the page arena                                                     */

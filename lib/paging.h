@@ -27,7 +27,8 @@ typedef struct {
     int32_t priority; /* eviction priority (higher is kept longer) */
     uint8_t state;    /* KVP__PAGE_* */
     uint8_t stored;   /* 1 while in the prefix cache's hash index */
-    uint8_t pad_[2];
+    uint16_t epoch;   /* +1 each time the page leaves the prefix cache: a stored page
+                         whose epoch is unchanged still holds the same bytes (tier.c) */
     uint64_t hash;    /* chained hash (valid while stored) */
     uint64_t salt;    /* namespace of the chain (valid while stored) */
     uint64_t stamp;   /* logical time of the last release (LRU order) */
@@ -104,6 +105,62 @@ static inline int32_t *kvp__page_tokens(kvp_pool_t *p, int32_t page) {
     return p->tokens ? p->tokens + (size_t)page * (size_t)p->page_size : NULL;
 }
 
+/* Add a reference to a used or cached pool page on behalf of a sequence
+ * (a cached page becomes used again), raising its priority to `priority`. */
+void kvp__pool_attach(kvp_pool_t *p, int32_t page, int32_t priority);
+
+/* ---- table (table.c), shared with the host tier (tier.c) ------------------- */
+
+typedef struct {
+    int32_t *pages;     /* pool pages in token order (with staging: sealed pages only);
+                           -1 for a page a swapped-out sequence holds on the host */
+    int32_t npages;
+    int32_t cap;        /* capacity of `pages`; kept across reuse of the slot */
+    int32_t staging;    /* staging page id, or -1 (no staging, or swapped out) */
+    int32_t priority;
+    int32_t promised;   /* pages set aside for the reservation */
+    uint32_t gen;       /* generation of the slot, part of the id */
+    int32_t next_free;  /* free-slot list link */
+    bool live;
+    bool swapped;       /* in a host tier: refuses appends, reservations, forks... */
+    int64_t len;
+    int64_t known;      /* leading tokens whose ids are known (prefix cache) */
+    int64_t reserve_to; /* room reserved up to this length; <= len: none */
+    uint64_t salt;
+} kvp__seq;
+
+struct kvp_tier;
+
+struct kvp_table {
+    kvp_pool_t *pool;
+    kvp_allocator_t allocator;
+    kvp__seq *seqs;
+    int32_t max_seqs;
+    int32_t free_head;
+    int32_t live;
+    int32_t slot_bits;
+    uint32_t gen_mask;
+    bool staged; /* the pool has staging pages: partial pages live there */
+    struct kvp_tier *tier; /* the host tier on this table, or NULL */
+    char err[KVP_ERR_SIZE];
+};
+
+/* Record a detail message on the table and return `status`. */
+int kvp__table_fail(kvp_table_t *t, int status, const char *fmt, ...) KVP__PRINTF(3, 4);
+/* The live sequence with this id (swapped out or not), or NULL with
+ * KVP_ENOENT recorded on the table. */
+kvp__seq *kvp__table_find(kvp_table_t *t, const char *fn, int32_t id);
+/* Slot index of a sequence (its position in t->seqs). */
+static inline int32_t kvp__table_slot(const kvp_table_t *t, const kvp__seq *s) {
+    return (int32_t)(s - t->seqs);
+}
+/* Set the pages a sequence's reservation holds back from the pool. */
+void kvp__table_set_promise(kvp_table_t *t, kvp__seq *s, int64_t pages);
+/* Store page `k` of `s` in the prefix cache if its chain is known. */
+void kvp__table_maybe_store(kvp_table_t *t, const kvp__seq *s, int32_t k);
+/* Release a live sequence (resident or swapped out): its id becomes stale. */
+void kvp__table_release(kvp_table_t *t, kvp__seq *s);
+
 /* ---- prefix cache (prefix.c) ------------------------------------------- */
 
 /* Hash of the chain root for a salt. */
@@ -140,6 +197,8 @@ int kvp__prefix_check(const kvp_pool_t *p, char *err, size_t err_size);
 int kvp__pool_check(const kvp_pool_t *p, char *err, size_t err_size);
 /* Verify the table's invariants against its pool. O(pages of all sequences). */
 int kvp__table_check(const kvp_table_t *t, char *err, size_t err_size);
+/* Verify the host tier's invariants, then its table's. */
+int kvp__tier_check(const kvp_tier_t *t, char *err, size_t err_size);
 /* Tests: narrow hashes to `mask` bits to force collisions. */
 void kvp__pool_set_hash_mask(kvp_pool_t *p, uint64_t mask);
 

@@ -284,6 +284,17 @@ void kvp__pool_drop(kvp_pool_t *p, int32_t page) {
     if (pg->children == 0) kvp__heap_push(p, page);
 }
 
+void kvp__pool_attach(kvp_pool_t *p, int32_t page, int32_t priority) {
+    kvp__page *pg = &p->pages[page];
+    if (pg->state == KVP__PAGE_CACHED) {
+        if (pg->heap_pos >= 0) kvp__heap_remove(p, page);
+        p->cached_count--;
+        pg->state = KVP__PAGE_USED;
+    }
+    pg->ref++;
+    if (pg->priority < priority) pg->priority = priority;
+}
+
 int32_t kvp__staging_take(kvp_pool_t *p) {
     int32_t slot = p->staging_free_head;
     kvp__staging *s = &p->staging[slot];

@@ -98,6 +98,7 @@ void kvp__prefix_unstore(kvp_pool_t *p, int32_t page) {
     *link = pg->next;
     pg->next = -1;
     pg->stored = 0;
+    pg->epoch++; /* its bytes may change from now on */
     p->pages_evicted++;
     int32_t parent = pg->parent;
     pg->parent = -1;

@@ -17,45 +17,21 @@
 
 #include <string.h>
 
-typedef struct {
-    int32_t *pages;     /* pool pages in token order (with staging: sealed pages only) */
-    int32_t npages;
-    int32_t cap;        /* capacity of `pages`; kept across reuse of the slot */
-    int32_t staging;    /* staging page id, or -1 */
-    int32_t priority;
-    int32_t promised;   /* pages set aside for the reservation */
-    uint32_t gen;       /* generation of the slot, part of the id */
-    int32_t next_free;  /* free-slot list link */
-    bool live;
-    int64_t len;
-    int64_t known;      /* leading tokens whose ids are known (prefix cache) */
-    int64_t reserve_to; /* room reserved up to this length; <= len: none */
-    uint64_t salt;
-} seq_t;
-
-struct kvp_table {
-    kvp_pool_t *pool;
-    kvp_allocator_t allocator;
-    seq_t *seqs;
-    int32_t max_seqs;
-    int32_t free_head;
-    int32_t live;
-    int32_t slot_bits;
-    uint32_t gen_mask;
-    bool staged; /* the pool has staging pages: partial pages live there */
-    char err[KVP_ERR_SIZE];
-};
+/* The table's structs are in paging.h: the host tier (tier.c) moves a
+ * sequence's pages out and back. A swapped-out sequence keeps its slot, id,
+ * length and page list; the entries of pages on the host are -1. */
+typedef kvp__seq seq_t;
 
 #define MAX_LEN ((int64_t)INT32_MAX)
 
-static int fail(kvp_table_t *t, int status, const char *fmt, ...) KVP__PRINTF(3, 4);
-static int fail(kvp_table_t *t, int status, const char *fmt, ...) {
+int kvp__table_fail(kvp_table_t *t, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     kvp__verrf(t->err, sizeof t->err, status, fmt, ap);
     va_end(ap);
     return status;
 }
+#define fail kvp__table_fail
 
 const char *kvp_table_last_error(const kvp_table_t *table) {
     return table ? table->err : "table is NULL";
@@ -92,6 +68,10 @@ static int64_t pages_needed(const kvp_table_t *t, const seq_t *s, int64_t target
 static void set_promise(kvp_table_t *t, seq_t *s, int64_t pages) {
     t->pool->reserved += pages - s->promised;
     s->promised = (int32_t)pages;
+}
+
+void kvp__table_set_promise(kvp_table_t *t, kvp__seq *s, int64_t pages) {
+    set_promise(t, s, pages);
 }
 
 /* After a change of length, bring the promise back to what the remaining
@@ -141,10 +121,26 @@ static seq_t *find_seq(kvp_table_t *t, const char *fn, int32_t id) {
     return NULL;
 }
 
+kvp__seq *kvp__table_find(kvp_table_t *t, const char *fn, int32_t id) {
+    return find_seq(t, fn, id);
+}
+
+static int swapped_out(kvp_table_t *t, const char *fn, int32_t id) {
+    return fail(t, KVP_ESTATE,
+                "%s: sequence %d is swapped out to the host tier (swap it in with "
+                "kvp_tier_swap_in, or drop it with kvp_tier_drop)",
+                fn, (int)id);
+}
+
 /* Look up a live sequence or return its error from the calling function. */
 #define FIND_SEQ(s, fn, id)                              \
     seq_t *s = find_seq(t, fn, id);                      \
     if (s == NULL) return KVP_ENOENT
+
+/* The same, for calls that need its pages on the device. */
+#define FIND_RESIDENT(s, fn, id)                         \
+    FIND_SEQ(s, fn, id);                                 \
+    if (s->swapped) return swapped_out(t, fn, id)
 
 /* ---- creation -------------------------------------------------------------- */
 
@@ -260,9 +256,13 @@ int kvp_table_seq_create(kvp_table_t *t, const kvp_seq_params_t *params, int32_t
     return KVP_OK;
 }
 
-/* Drop pool pages [from, npages) of `s`, last first. */
+/* Drop pool pages [from, npages) of `s`, last first (a swapped-out
+ * sequence's entries of pages on the host are -1: nothing to drop). */
 static void drop_pages_from(kvp_table_t *t, seq_t *s, int32_t from) {
-    while (s->npages > from) kvp__pool_drop(t->pool, s->pages[--s->npages]);
+    while (s->npages > from) {
+        int32_t page = s->pages[--s->npages];
+        if (page >= 0) kvp__pool_drop(t->pool, page);
+    }
 }
 
 static void release_seq(kvp_table_t *t, seq_t *s) {
@@ -270,20 +270,23 @@ static void release_seq(kvp_table_t *t, seq_t *s) {
     if (s->staging >= 0) kvp__staging_drop(t->pool, s->staging);
     s->staging = -1;
     set_promise(t, s, 0);
-    t->pool->live_tokens -= s->len;
+    if (!s->swapped) t->pool->live_tokens -= s->len; /* a swapped one's were taken off */
     t->pool->live_seqs--;
     t->live--;
     s->len = s->known = s->reserve_to = 0;
     s->live = false;
+    s->swapped = false;
     s->gen = (s->gen + 1) & t->gen_mask; /* the old id is now stale */
     int32_t slot = (int32_t)(s - t->seqs);
     s->next_free = t->free_head;
     t->free_head = slot;
 }
 
+void kvp__table_release(kvp_table_t *t, kvp__seq *s) { release_seq(t, s); }
+
 int kvp_table_seq_release(kvp_table_t *t, int32_t seq) {
     if (t == NULL) return KVP_EINVAL;
-    FIND_SEQ(s, "kvp_table_seq_release", seq);
+    FIND_RESIDENT(s, "kvp_table_seq_release", seq);
     release_seq(t, s);
     return KVP_OK;
 }
@@ -301,7 +304,7 @@ static int check_growth(kvp_table_t *t, const char *fn, const seq_t *s, int64_t 
 
 int kvp_table_reserve(kvp_table_t *t, int32_t seq, int64_t n) {
     if (t == NULL) return KVP_EINVAL;
-    FIND_SEQ(s, "kvp_table_reserve", seq);
+    FIND_RESIDENT(s, "kvp_table_reserve", seq);
     int rc = check_growth(t, "kvp_table_reserve", s, n);
     if (rc != KVP_OK) return rc;
     int64_t target = s->len + n;
@@ -332,6 +335,10 @@ static void maybe_store(kvp_table_t *t, const seq_t *s, int32_t k, int64_t known
     int32_t page = s->pages[k];
     if (p->pages[page].ext > 0) return;
     kvp__prefix_store(p, page, parent, s->salt);
+}
+
+void kvp__table_maybe_store(kvp_table_t *t, const kvp__seq *s, int32_t k) {
+    maybe_store(t, s, k, s->known);
 }
 
 static void copy_tokens(kvp_pool_t *p, int32_t dst, int64_t dst_off, const int32_t *src,
@@ -434,7 +441,7 @@ int kvp_table_append(kvp_table_t *t, int32_t seq, int64_t n, const int32_t *toke
                      int32_t *num_ops) {
     static const char fn[] = "kvp_table_append";
     if (t == NULL) return KVP_EINVAL;
-    FIND_SEQ(s, fn, seq);
+    FIND_RESIDENT(s, fn, seq);
     int rc = check_growth(t, fn, s, n);
     if (rc == KVP_OK)
         rc = check_ops_room(t, fn, append_ops_needed(t, s, n), ops, ops_capacity, num_ops);
@@ -481,7 +488,7 @@ int kvp_table_truncate(kvp_table_t *t, int32_t seq, int64_t length, kvp_page_op_
                        int32_t ops_capacity, int32_t *num_ops) {
     static const char fn[] = "kvp_table_truncate";
     if (t == NULL) return KVP_EINVAL;
-    FIND_SEQ(s, fn, seq);
+    FIND_RESIDENT(s, fn, seq);
     if (length < 0 || length > s->len)
         return fail(t, KVP_EINVAL, "%s: length %lld is outside 0..%lld (the current length)",
                     fn, (long long)length, (long long)s->len);
@@ -514,7 +521,7 @@ int kvp_table_fork(kvp_table_t *t, int32_t parent, int32_t *child, kvp_page_op_t
                    int32_t ops_capacity, int32_t *num_ops) {
     static const char fn[] = "kvp_table_fork";
     if (t == NULL) return KVP_EINVAL;
-    FIND_SEQ(s, fn, parent);
+    FIND_RESIDENT(s, fn, parent);
     if (child == NULL) return fail(t, KVP_EINVAL, "%s: child (output) is NULL", fn);
     int64_t P = page_sz(t);
     bool copy_staging = t->staged && s->len % P != 0;
@@ -593,22 +600,11 @@ static int32_t walk_prefix(const kvp_pool_t *p, uint64_t salt, const int32_t *to
     return count;
 }
 
-static void attach_page(kvp_pool_t *p, int32_t page, int32_t priority) {
-    kvp__page *pg = &p->pages[page];
-    if (pg->state == KVP__PAGE_CACHED) {
-        if (pg->heap_pos >= 0) kvp__heap_remove(p, page);
-        p->cached_count--;
-        pg->state = KVP__PAGE_USED;
-    }
-    pg->ref++;
-    if (pg->priority < priority) pg->priority = priority;
-}
-
 int kvp_table_attach_prefix(kvp_table_t *t, int32_t seq, const int32_t *tokens, int64_t n,
                             int64_t *matched) {
     static const char fn[] = "kvp_table_attach_prefix";
     if (t == NULL) return KVP_EINVAL;
-    FIND_SEQ(s, fn, seq);
+    FIND_RESIDENT(s, fn, seq);
     int rc = check_prompt(t, fn, tokens, n, matched);
     if (rc != KVP_OK) return rc;
     if (s->len != 0)
@@ -622,7 +618,7 @@ int kvp_table_attach_prefix(kvp_table_t *t, int32_t seq, const int32_t *tokens, 
     set_promise(t, s, 0);
     s->reserve_to = 0;
     int32_t count = walk_prefix(p, s->salt, tokens, n, kvp__pool_available(p), s->pages);
-    for (int32_t i = 0; i < count; i++) attach_page(p, s->pages[i], s->priority);
+    for (int32_t i = 0; i < count; i++) kvp__pool_attach(p, s->pages[i], s->priority);
     s->npages = count;
     s->len = s->known = (int64_t)count * p->page_size;
     p->live_tokens += s->len;
@@ -649,8 +645,10 @@ int kvp_table_set_priority(kvp_table_t *t, int32_t seq, int32_t priority) {
     if (t == NULL) return KVP_EINVAL;
     FIND_SEQ(s, "kvp_table_set_priority", seq);
     s->priority = priority;
-    /* Held pages are in use, hence not in the eviction heap: no reordering. */
+    /* Held pages are in use, hence not in the eviction heap: no reordering.
+     * Pages a swapped-out sequence has on the host get it at swap-in. */
     for (int32_t i = 0; i < s->npages; i++) {
+        if (s->pages[i] < 0) continue;
         kvp__page *pg = &t->pool->pages[s->pages[i]];
         if (pg->priority < priority) pg->priority = priority;
     }
@@ -661,7 +659,7 @@ int kvp_table_set_range_priority(kvp_table_t *t, int32_t seq, int64_t begin, int
                                  int32_t priority) {
     static const char fn[] = "kvp_table_set_range_priority";
     if (t == NULL) return KVP_EINVAL;
-    FIND_SEQ(s, fn, seq);
+    FIND_RESIDENT(s, fn, seq);
     if (begin < 0 || begin > end || end > s->len)
         return fail(t, KVP_EINVAL, "%s: range [%lld, %lld) is not within 0..%lld", fn,
                     (long long)begin, (long long)end, (long long)s->len);
@@ -707,6 +705,7 @@ int kvp_table_seq_info(kvp_table_t *t, int32_t seq, kvp_seq_info_t *info) {
     r.reserved_pages = s->promised;
     r.priority = s->priority;
     r.salt = s->salt;
+    r.swapped = s->swapped ? 1 : 0;
     kvp__copy_out(info, &r, sizeof r);
     return KVP_OK;
 }
@@ -719,7 +718,7 @@ static void write_pages(const kvp_table_t *t, const seq_t *s, int32_t *out) {
 int kvp_table_seq_pages(kvp_table_t *t, int32_t seq, int32_t *pages, int32_t capacity) {
     static const char fn[] = "kvp_table_seq_pages";
     if (t == NULL) return KVP_EINVAL;
-    FIND_SEQ(s, fn, seq);
+    FIND_RESIDENT(s, fn, seq);
     int32_t need = export_pages(t, s);
     if (need > 0 && (pages == NULL || capacity < need))
         return fail(t, KVP_EINVAL, "%s: sequence %d has %d pages, capacity is %d%s", fn,
@@ -739,6 +738,9 @@ static int batch_size(kvp_table_t *t, const char *fn, const int32_t *seqs, int32
         if (s == NULL)
             return fail(t, KVP_ENOENT, "%s: seqs[%d] = %d is not a live sequence", fn, (int)b,
                         (int)seqs[b]);
+        if (s->swapped)
+            return fail(t, KVP_ESTATE, "%s: seqs[%d] = %d is swapped out to the host tier", fn,
+                        (int)b, (int)seqs[b]);
         int64_t q = num_new ? num_new[b] : 0;
         if (q < 0 || q > s->len)
             return fail(t, KVP_EINVAL, "%s: num_new[%d] = %lld is outside 0..%lld (its length)",
@@ -835,18 +837,22 @@ static int check_seq(const kvp_table_t *t, int32_t slot, char *err, size_t err_s
           (int)s->cap);
     CHECK(s->known >= 0 && s->known <= s->len, "seq slot %d: known %lld of %lld", (int)slot,
           (long long)s->known, (long long)s->len);
-    CHECK((s->staging >= 0) == t->staged, "seq slot %d: staging page %d", (int)slot,
-          (int)s->staging);
+    CHECK((s->staging >= 0) == (t->staged && !s->swapped), "seq slot %d: staging page %d%s",
+          (int)slot, (int)s->staging, s->swapped ? " (swapped out)" : "");
+    CHECK(!s->swapped || (s->promised == 0 && s->reserve_to <= s->len),
+          "seq slot %d: swapped out with a reservation", (int)slot);
     if (s->staging >= 0)
         CHECK(s->staging >= p->num_pages && s->staging < p->num_pages + p->num_staging &&
                   p->staging[s->staging - p->num_pages].next == KVP__IN_USE,
               "seq slot %d: staging page %d not in use", (int)slot, (int)s->staging);
     for (int32_t i = 0; i < s->npages; i++) {
         int32_t page = s->pages[i];
+        if (page < 0 && s->swapped) continue; /* on the host */
         CHECK(page >= 0 && page < p->num_pages && p->pages[page].state == KVP__PAGE_USED,
               "seq slot %d: page %d (#%d) is not a used pool page", (int)slot, (int)page, (int)i);
         bool full = t->staged || ((int64_t)i + 1) * page_sz(t) <= s->len;
-        CHECK(!p->pages[page].stored || i == 0 || p->pages[s->pages[i - 1]].stored || !full,
+        CHECK(!p->pages[page].stored || i == 0 || s->pages[i - 1] < 0 ||
+                  p->pages[s->pages[i - 1]].stored || !full,
               "seq slot %d: stored page %d follows an unstored page", (int)slot, (int)page);
     }
     int64_t need = pages_needed(t, s, s->reserve_to);
@@ -866,7 +872,7 @@ int kvp__table_check(const kvp_table_t *t, char *err, size_t err_size) {
             continue;
         }
         live++;
-        tokens += s->len;
+        if (!s->swapped) tokens += s->len;
         promised += s->promised;
         int rc = check_seq(t, i, err, err_size);
         if (rc != KVP_OK) return rc;

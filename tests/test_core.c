@@ -35,7 +35,7 @@ static void test_status_table(void **state) {
         KVP_STATUS_TABLE(ROW)};
 #undef ROW
     size_t n = sizeof rows / sizeof rows[0];
-    assert_true(n >= 10);
+    assert_true(n >= 11);
     assert_int_equal(rows[0].value, KVP_OK);
     assert_int_equal(KVP_OK, 0);
     for (size_t i = 0; i < n; i++) {
@@ -54,6 +54,8 @@ static void test_status_table(void **state) {
     assert_int_equal(KVP_ECUDA, -7);
     assert_int_equal(KVP_ESTATE, -8);
     assert_int_equal(KVP_EINTERNAL, -9);
+    assert_int_equal(KVP_EHOSTFULL, -10);
+    assert_int_equal(rows[n - 1].value, KVP_EHOSTFULL); /* appended last */
 }
 
 static void test_status_unknown(void **state) {

@@ -1,5 +1,5 @@
 /*
- * Layers: pool + table — the libFuzzer harness (tests/fuzz/fuzz_table.c)
+ * Layers: pool + table (+ tier) — the libFuzzer harness (tests/fuzz/fuzz_table.c)
  * run without libFuzzer, so every `make test` (gcc, and SAN=1) exercises it:
  * the committed seed corpus, then pseudo-random inputs. The harness traps on
  * any wrong result, failing this program.
@@ -58,10 +58,29 @@ static void test_random_inputs(void **state) {
     }
 }
 
+/* The same with a host tier (flag bit 2), so swaps happen on small pools. */
+static void test_random_inputs_with_tier(void **state) {
+    (void)state;
+    uint64_t rng = 0x13198a2e03707344ull;
+    uint8_t buf[700];
+    for (int i = 0; i < 3000; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        size_t n = 4 + (size_t)(rng >> 33) % (sizeof buf - 4);
+        for (size_t k = 0; k < n; k++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            buf[k] = (uint8_t)(rng >> 56);
+        }
+        buf[1] %= 24;
+        buf[3] |= 4;
+        assert_int_equal(LLVMFuzzerTestOneInput(buf, n), 0);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seed_corpus),
         cmocka_unit_test(test_random_inputs),
+        cmocka_unit_test(test_random_inputs_with_tier),
     };
     return cmocka_run_group_tests_name("fuzz_replay", tests, NULL, NULL);
 }

@@ -166,4 +166,104 @@ static inline bool json_valid(const char *text) {
     return *c.p == '\0';
 }
 
+/* ---- a minimal XML well-formedness checker ------------------------------ */
+/* Elements nest and close in order, names are names, attributes are quoted
+ * and unique in spirit (not checked), text and values contain no '<' and
+ * only known entities; an optional XML declaration and comments. One root. */
+
+static inline bool xml_name_(const char **p) {
+    const char *s = *p;
+    while ((**p >= 'a' && **p <= 'z') || (**p >= 'A' && **p <= 'Z') || (**p >= '0' && **p <= '9') ||
+           **p == '-' || **p == '_' || **p == ':' || **p == '.')
+        (*p)++;
+    return *p > s && !(*s >= '0' && *s <= '9') && *s != '-' && *s != '.';
+}
+
+static inline bool xml_entity_(const char **p) { /* at '&' */
+    static const char *const names[] = {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"};
+    for (int i = 0; i < 5; i++)
+        if (!strncmp(*p, names[i], strlen(names[i]))) {
+            *p += strlen(names[i]);
+            return true;
+        }
+    if ((*p)[1] != '#') return false;
+    const char *q = *p + 2;
+    while (*q >= '0' && *q <= '9') q++;
+    if (q == *p + 2 || *q != ';') return false;
+    *p = q + 1;
+    return true;
+}
+
+static inline bool xml_well_formed(const char *s) {
+    const char *open[256];
+    size_t open_len[256];
+    int depth = 0;
+    bool root = false;
+    const char *p = s;
+    while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+    if (!strncmp(p, "<?xml", 5)) {
+        p = strstr(p, "?>");
+        if (p == NULL) return false;
+        p += 2;
+    }
+    while (*p) {
+        if (!strncmp(p, "<!--", 4)) {
+            p = strstr(p + 4, "-->");
+            if (p == NULL) return false;
+            p += 3;
+        } else if (p[0] == '<' && p[1] == '/') {
+            p += 2;
+            const char *n = p;
+            if (!xml_name_(&p) || depth == 0) return false;
+            depth--;
+            if ((size_t)(p - n) != open_len[depth] || strncmp(n, open[depth], open_len[depth]))
+                return false;
+            while (*p == ' ') p++;
+            if (*p++ != '>') return false;
+        } else if (*p == '<') {
+            p++;
+            if (depth == 0 && root) return false; /* a second root */
+            const char *n = p;
+            if (!xml_name_(&p)) return false;
+            size_t nlen = (size_t)(p - n);
+            for (;;) {
+                bool ws = false;
+                while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++, ws = true;
+                if (p[0] == '/' && p[1] == '>') {
+                    p += 2;
+                    if (depth == 0) root = true;
+                    break;
+                }
+                if (*p == '>') {
+                    p++;
+                    if (depth == 256) return false;
+                    open[depth] = n;
+                    open_len[depth++] = nlen;
+                    root = true;
+                    break;
+                }
+                if (!ws || !xml_name_(&p) || *p++ != '=') return false;
+                char q = *p++;
+                if (q != '"' && q != '\'') return false;
+                while (*p != q) {
+                    if (*p == 0 || *p == '<') return false;
+                    if (*p == '&') {
+                        if (!xml_entity_(&p)) return false;
+                    } else {
+                        p++;
+                    }
+                }
+                p++;
+            }
+        } else if (*p == '&') {
+            if (depth == 0 || !xml_entity_(&p)) return false;
+        } else {
+            if (depth == 0 && !(*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r'))
+                return false;
+            p++;
+        }
+    }
+    return root && depth == 0;
+}
+
 #endif

@@ -11,8 +11,11 @@
  * executed as the header specifies) and reads every sequence back through
  * the exported CSR after each operation; it checks the library's internal
  * invariants; and it fails allocations on demand, requiring KVP_ENOMEM with
- * nothing changed. tests/test_fuzz_replay.c runs this file's corpus and
- * random inputs under the normal `make test`.
+ * nothing changed. With flag bit 2 set, a host tier (operations mode, a few
+ * slots) swaps sequences out and back: a swapped-out sequence must refuse
+ * the table's calls, and read back exactly after its swap-in.
+ * tests/test_fuzz_replay.c runs this file's corpus and random inputs under
+ * the normal `make test`.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "paging.h"
@@ -64,6 +67,7 @@ static void fz_free(void *opaque, void *ptr) {
 
 typedef struct {
     bool live;
+    bool swapped;
     int32_t id;
     int64_t len;
     uint64_t salt;
@@ -80,11 +84,40 @@ typedef struct {
     int32_t engine[8];
     int nengine;
     int32_t store[(FZ_MAX_PAGES + FZ_SEQS + 1) * FZ_MAX_P];
+    kvp_tier_t *tier;
+    kvp_layout_t layout;
+    uint64_t slot_bytes;
+    int32_t host[(FZ_MAX_PAGES + FZ_SEQS) * 4 * FZ_MAX_P]; /* rows of each host slot */
 } fz_world;
+
+/* The harness's storage serializes a page as its rows, row r at byte
+ * r x (page bytes / P); a swap chunk j moves the rows whose bytes start in
+ * [j x slot_bytes, (j + 1) x slot_bytes). */
+static bool row_in_chunk(const fz_world *w, int32_t page, int32_t r, int32_t j) {
+    uint64_t bytes = page < w->N ? w->layout.page_bytes : w->layout.staging_page_bytes;
+    uint64_t at = (uint64_t)r * (bytes / (uint64_t)w->P);
+    return at / w->slot_bytes == (uint64_t)j;
+}
+
+static void run_swap(fz_world *w, const kvp_page_op_t *op) {
+    bool out = op->kind == KVP_OP_SWAP_OUT;
+    int32_t page = out ? op->src : op->dst, slot = out ? op->dst : op->src;
+    FZ_ASSERT(page >= 0 && page < w->N + w->S && slot >= 0);
+    FZ_ASSERT((size_t)(slot + 1) * (size_t)w->P <= sizeof w->host / sizeof w->host[0]);
+    for (int32_t r = 0; r < w->P; r++) {
+        if (!row_in_chunk(w, page, r, op->row)) continue;
+        if (out) w->host[slot * w->P + r] = w->store[page * w->P + r];
+        else w->store[page * w->P + r] = w->host[slot * w->P + r];
+    }
+}
 
 static void run_ops(fz_world *w, const kvp_page_op_t *ops, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         const kvp_page_op_t *op = &ops[i];
+        if (op->kind == KVP_OP_SWAP_OUT || op->kind == KVP_OP_SWAP_IN) {
+            run_swap(w, op);
+            continue;
+        }
         int32_t count = op->kind == KVP_OP_COPY ? w->P : op->count;
         FZ_ASSERT(op->dst >= 0 && op->dst < w->N + w->S && count >= 0 && count <= w->P);
         if (op->kind == KVP_OP_SEAL && op->count == 0) {
@@ -100,10 +133,11 @@ static void run_ops(fz_world *w, const kvp_page_op_t *ops, int32_t n) {
 /* Export every live sequence and read its tokens back from the store. */
 static void verify(fz_world *w) {
     char err[KVP_ERR_SIZE];
-    FZ_ASSERT(kvp__table_check(w->t, err, sizeof err) == KVP_OK);
+    FZ_ASSERT((w->tier ? kvp__tier_check(w->tier, err, sizeof err)
+                       : kvp__table_check(w->t, err, sizeof err)) == KVP_OK);
     int32_t ids[FZ_SEQS], who[FZ_SEQS], nb = 0;
     for (int i = 0; i < FZ_SEQS; i++)
-        if (w->seqs[i].live) {
+        if (w->seqs[i].live && !w->seqs[i].swapped) {
             who[nb] = i;
             ids[nb++] = w->seqs[i].id;
         }
@@ -129,13 +163,16 @@ static void verify(fz_world *w) {
     }
 }
 
-static fz_seq *pick(fz_world *w, uint32_t r) {
+/* A live sequence on the device (`swapped` false) or in the host tier. */
+static fz_seq *pick_in(fz_world *w, uint32_t r, bool swapped) {
     for (int i = 0; i < FZ_SEQS; i++) {
         fz_seq *s = &w->seqs[(r + (uint32_t)i) % FZ_SEQS];
-        if (s->live) return s;
+        if (s->live && s->swapped == swapped) return s;
     }
     return NULL;
 }
+
+static fz_seq *pick(fz_world *w, uint32_t r) { return pick_in(w, r, false); }
 
 static fz_seq *free_slot(fz_world *w) {
     for (int i = 0; i < FZ_SEQS; i++)
@@ -156,6 +193,7 @@ static void do_create(fz_world *w, fz_bytes *in) {
     FZ_ASSERT(rc == KVP_OK || rc == KVP_ENOSPC);
     if (rc != KVP_OK) return;
     s->live = true;
+    s->swapped = false;
     s->id = id;
     s->len = 0;
     s->salt = p.salt;
@@ -298,6 +336,62 @@ static void do_misc(fz_world *w, fz_bytes *in) {
     }
 }
 
+/* Host tier: swap out, swap in, drop; a swapped-out sequence refuses the
+ * table's calls and the wrong swap direction. */
+static void do_tier(fz_world *w, fz_bytes *in) {
+    uint32_t a = take(in), b = take(in);
+    kvp_page_op_t ops[FZ_LEN + FZ_SEQS];
+    int32_t nops = -1;
+    kvp_tier_seq_info_t info = {.struct_size = sizeof info};
+    fz_seq *s;
+    int rc;
+    switch (a % 4) {
+    case 0:
+        if ((s = pick(w, b)) == NULL) return;
+        FZ_ASSERT(kvp_tier_seq_info(w->tier, s->id, &info) == KVP_OK && !info.swapped);
+        rc = kvp_tier_swap_out(w->tier, s->id, ops, info.ops, &nops);
+        /* full, or an injected allocation failure: nothing changed (verified) */
+        FZ_ASSERT(rc == KVP_OK || rc == KVP_EHOSTFULL || rc == KVP_ENOMEM);
+        if (rc == KVP_OK) {
+            FZ_ASSERT(nops == info.ops);
+            run_ops(w, ops, nops);
+            s->swapped = true;
+        }
+        break;
+    case 1:
+        if ((s = pick_in(w, b, true)) == NULL) return;
+        FZ_ASSERT(kvp_tier_seq_info(w->tier, s->id, &info) == KVP_OK && info.swapped);
+        rc = kvp_tier_swap_in(w->tier, s->id, ops, info.ops, &nops);
+        FZ_ASSERT(rc == KVP_OK || rc == KVP_ENOSPC);
+        if (rc == KVP_OK) {
+            run_ops(w, ops, nops);
+            s->swapped = false;
+        }
+        break;
+    case 2:
+        if ((s = pick_in(w, b, (a & 4) != 0)) == NULL) return;
+        FZ_ASSERT(kvp_tier_drop(w->tier, s->id) == KVP_OK);
+        w->stale[b % 4] = s->id;
+        s->live = false;
+        break;
+    default: {
+        int64_t slots[1];
+        int32_t child;
+        if ((s = pick_in(w, b, true)) != NULL) {
+            FZ_ASSERT(kvp_table_append(w->t, s->id, 1, NULL, slots, ops, 2, &nops) == KVP_ESTATE);
+            FZ_ASSERT(kvp_table_reserve(w->t, s->id, 1) == KVP_ESTATE);
+            FZ_ASSERT(kvp_table_fork(w->t, s->id, &child, ops, 1, &nops) == KVP_ESTATE);
+            FZ_ASSERT(kvp_table_truncate(w->t, s->id, 0, ops, 1, &nops) == KVP_ESTATE);
+            FZ_ASSERT(kvp_table_seq_release(w->t, s->id) == KVP_ESTATE);
+            FZ_ASSERT(kvp_tier_swap_out(w->tier, s->id, ops, FZ_LEN, &nops) == KVP_ESTATE);
+        }
+        if ((s = pick(w, b)) != NULL)
+            FZ_ASSERT(kvp_tier_swap_in(w->tier, s->id, ops, FZ_LEN, &nops) == KVP_ESTATE);
+        break;
+    }
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -327,6 +421,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (flags & 2) kvp__pool_set_hash_mask(w.pool, flags >> 6); /* 0..3: collisions */
     FZ_ASSERT(kvp_table_create(w.pool, &tp, &w.t, err, sizeof err) == KVP_OK);
     for (int i = 0; i < 4; i++) w.stale[i] = -1;
+    if (flags & 4) { /* a host tier of 2..23 slots; int8 keys need staging pages */
+        w.layout.struct_size = sizeof w.layout;
+        int32_t f = w.S > 0 ? KVP_FORMAT_INT8 : KVP_FORMAT_FP16;
+        FZ_ASSERT(kvp_layout_compute(1, 1, 64, w.P, f, f, &w.layout, err, sizeof err) == KVP_OK);
+        kvp_tier_params_t tp2;
+        kvp_tier_params_init(&tp2);
+        tp2.layout = &w.layout;
+        tp2.allocator = &hooks;
+        uint64_t slot = (w.layout.page_bytes + KVP_ARENA_ALIGN - 1) / KVP_ARENA_ALIGN * KVP_ARENA_ALIGN;
+        tp2.host_bytes = slot * (2 + 3 * ((flags >> 3) & 7));
+        FZ_ASSERT(kvp_tier_create(w.t, &tp2, &w.tier, err, sizeof err) == KVP_OK);
+        kvp_tier_stats_t ts = {.struct_size = sizeof ts};
+        FZ_ASSERT(kvp_tier_stats(w.tier, &ts) == KVP_OK && ts.slot_bytes == slot);
+        w.slot_bytes = slot;
+    }
 
     while (in.n > 0) {
         switch (take(&in) % 9) {
@@ -338,11 +447,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 5: do_release(&w, &in); break;
         case 6: do_attach(&w, &in); break;
         case 7: do_engine(&w, &in); break;
-        default: do_misc(&w, &in); break;
+        default:
+            if (w.tier != NULL && (take(&in) & 1)) do_tier(&w, &in);
+            else do_misc(&w, &in);
+            break;
         }
         verify(&w);
     }
     w.alloc.countdown = -1;
+    kvp_tier_destroy(w.tier); /* drops what is still swapped out */
     kvp_table_destroy(w.t);
     kvp_pool_stats_t st = {.struct_size = sizeof st};
     FZ_ASSERT(kvp_pool_stats(w.pool, &st) == KVP_OK);

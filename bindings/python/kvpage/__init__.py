@@ -11,12 +11,13 @@ Loads the C library through ctypes (no compiler needed): see
 """
 
 from . import _lib
-from .errors import (BadState, CudaError, Error, InternalError, InvalidArgument, NoDevice,
-                     NoSpace, NotFound, NotSupported, OutOfMemory)
+from .errors import (BadState, CudaError, Error, HostFull, InternalError, InvalidArgument,
+                     NoDevice, NoSpace, NotFound, NotSupported, OutOfMemory)
 from ._handle import Closed
 from .kernels import Cache, Context, Isa, Store, dequantize, isa_supported, quantize
 from .paging import EventKind, Export, OpKind, PageOp, Pool, PoolEvent, Table
 from .sched import Action, Reason, Scheduler
+from .tier import PageIO, Tier
 from .plan import (CudaDevice, Format, GpuPreset, Layout, ModelPreset, Plan, build_has_cuda,
                    cuda_device, cuda_device_count, format_of, gpu, gpus, layout, parse_size,
                    plan, preset, presets, weight_bytes)
@@ -36,6 +37,7 @@ __all__ = [
     "Action", "Closed", "Reason", "Scheduler",
     "Cache", "Context", "Isa", "Store", "dequantize", "isa_supported", "quantize",
     "EventKind", "Export", "OpKind", "PageOp", "Pool", "PoolEvent", "Table",
+    "HostFull", "PageIO", "Tier",
     "BadState", "CudaDevice", "CudaError", "Error", "Format", "GpuPreset", "InternalError",
     "InvalidArgument", "Layout", "ModelPreset", "NoDevice", "NoSpace", "NotFound",
     "NotSupported", "OutOfMemory", "Plan", "build_has_cuda", "cuda_device",

@@ -462,6 +462,8 @@ class SeqInfoC(ctypes.Structure):
         ("reserved_pages", c_i32),
         ("priority", c_i32),
         ("salt", c_u64),
+        ("swapped", c_i32),
+        ("reserved_", c_i32),
     ]
 
 
@@ -700,3 +702,72 @@ _sig("kvp_cache_write", ctypes.c_int, _vp, c_i32, c_i32, _vp, _vp, ctypes.c_int6
      ctypes.c_int64)
 _sig("kvp_cache_attend", ctypes.c_int, _vp, _P(AttentionParamsC))
 _sig("kvp_cache_step_view", ctypes.c_int, _vp, _P(KvViewC), _P(_i64p), _P(_i32p), _i32p)
+
+
+# ---- host tier -------------------------------------------------------------------------
+
+#: int copy_to_host(void *opaque, int32_t page, uint64_t offset, void *dst, uint64_t bytes)
+COPY_TO_HOST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, c_i32, c_u64, ctypes.c_void_p,
+                                c_u64)
+#: int copy_from_host(void *opaque, int32_t page, uint64_t offset, const void *src, uint64_t bytes)
+COPY_FROM_HOST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, c_i32, c_u64, ctypes.c_void_p,
+                                  c_u64)
+
+
+class PageIoC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("reserved_", c_i32), ("copy_to_host", COPY_TO_HOST),
+                ("copy_from_host", COPY_FROM_HOST), ("opaque", ctypes.c_void_p)]
+
+
+class TierParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("host_bytes", c_u64),
+        ("layout", ctypes.POINTER(LayoutC)),
+        ("page_io", ctypes.POINTER(PageIoC)),
+        ("allocator", ctypes.POINTER(Allocator)),
+        ("host_allocator", ctypes.POINTER(Allocator)),
+    ]
+
+
+class TierSeqInfoC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32)] + [
+        (n, c_i32) for n in ("swapped", "private_pages", "shared_pages", "host_slots", "ops",
+                             "staging", "reserved_")] + [
+        ("host_bytes", c_u64), ("copy_bytes", c_u64)]
+
+
+class TierStatsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("staging_chunks", c_i32),
+        ("slot_bytes", c_u64),
+        ("staging_bytes", c_u64),
+        ("host_bytes", c_u64),
+        ("total_slots", ctypes.c_int64),
+        ("free_slots", ctypes.c_int64),
+        ("free_bytes", c_u64),
+        ("swapped_seqs", ctypes.c_int64),
+        ("swapped_tokens", ctypes.c_int64),
+    ] + [(n, c_u64) for n in ("swap_outs", "swap_ins", "drops", "pages_out", "pages_in",
+                              "pages_kept", "pages_reattached", "bytes_out", "bytes_in")]
+
+
+MIRRORED.update({
+    "kvp_page_io_t": PageIoC,
+    "kvp_tier_params_t": TierParamsC,
+    "kvp_tier_seq_info_t": TierSeqInfoC,
+    "kvp_tier_stats_t": TierStatsC,
+})
+
+_sig("kvp_tier_params_init", None, _P(TierParamsC))
+_sig("kvp_tier_create", ctypes.c_int, _vp, _P(TierParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_tier_destroy", None, _vp)
+_sig("kvp_tier_last_error", c_char_p, _vp)
+_sig("kvp_tier_swap_out", ctypes.c_int, _vp, c_i32, _P(PageOpC), c_i32, _P(c_i32))
+_sig("kvp_tier_swap_in", ctypes.c_int, _vp, c_i32, _P(PageOpC), c_i32, _P(c_i32))
+_sig("kvp_tier_drop", ctypes.c_int, _vp, c_i32)
+_sig("kvp_tier_seq_info", ctypes.c_int, _vp, c_i32, _P(TierSeqInfoC))
+_sig("kvp_tier_stats", ctypes.c_int, _vp, _P(TierStatsC))
+_sig("kvp_tier_host_memory", ctypes.c_int, _vp, _P(_vp), _P(c_u64))

@@ -67,6 +67,10 @@ class InternalError(Error):
     """KVP_EINTERNAL: an internal invariant failed (a bug in libkvpage)."""
 
 
+class HostFull(Error):
+    """KVP_EHOSTFULL: the host tier has no room for the sequence (it stays on the device)."""
+
+
 _BY_STATUS = {
     -1: InvalidArgument,
     -2: OutOfMemory,
@@ -77,6 +81,7 @@ _BY_STATUS = {
     -7: CudaError,
     -8: BadState,
     -9: InternalError,
+    -10: HostFull,
 }
 
 

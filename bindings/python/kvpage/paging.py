@@ -32,11 +32,15 @@ class OpKind(enum.IntEnum):
     COPY = 0
     SEAL = 1
     UNSEAL = 2
+    SWAP_OUT = 3  # host tier: device page -> host slot (see kvpage.tier)
+    SWAP_IN = 4   # host tier: host slot -> device page
 
 
 @dataclass(frozen=True)
 class PageOp:
-    """A data movement the table asks the storage to perform (``kvp_page_op_t``)."""
+    """A data movement the table (or the host tier) asks the storage to perform
+    (``kvp_page_op_t``). For SWAP_OUT ``dst`` is a host slot, for SWAP_IN
+    ``src`` is; ``row`` is then the chunk of the page."""
 
     kind: OpKind
     src: int
@@ -94,7 +98,45 @@ def _ops(buf, n) -> list[PageOp]:
             for i in range(n)]
 
 
-class Pool(Handle):
+class _Owner(Handle):
+    """A handle in a chain pool -> table -> tier: each is destroyed only after
+    the objects built on it, whatever order they are closed or collected in.
+
+    A child holds its parent (so the parent outlives it); the parent knows its
+    children weakly and counts them. Closing the parent closes the children
+    it can see first. When the garbage collector finalizes a parent before a
+    child (in a reference cycle its weak references are already cleared), the
+    parent's destruction is deferred until its last child is destroyed.
+    """
+
+    def __init__(self, ptr, destroy, parent: "Optional[_Owner]" = None):
+        super().__init__(ptr, destroy)
+        self._dependents: "weakref.WeakSet[_Owner]" = weakref.WeakSet()
+        self._live_children = 0
+        self._deferred = False
+        self._parent = parent
+        if parent is not None:
+            parent._dependents.add(self)
+            parent._live_children += 1
+
+    def close(self) -> None:
+        if getattr(self, "_ptr", None) is None:
+            return
+        for d in list(self._dependents):
+            d.close()
+        if self._live_children > 0:  # children being collected: destroy after them
+            self._deferred = True
+            return
+        super().close()
+        parent = self._parent
+        if parent is not None:
+            parent._live_children -= 1
+            if parent._deferred and parent._live_children == 0:
+                parent._deferred = False
+                parent.close()
+
+
+class Pool(_Owner):
     """``kvp_pool_t``: page ids with reference counts and a prefix cache.
 
     Create it from a page count (``Pool(num_pages=4096)``) or from a plan
@@ -121,7 +163,9 @@ class Pool(Handle):
                                               err, len(err)), err)
         super().__init__(ptr, L.kvp_pool_destroy)
         self.page_size = page_size if _plan is None else _plan.page_size
-        self._tables: "weakref.WeakSet[Table]" = weakref.WeakSet()
+        self.num_pages = num_pages if _plan is None else _plan.num_pages
+        self.num_staging = num_staging if _plan is None else (
+            _plan.num_staging if _plan.needs_staging else 0)
         self._events: list[PoolEvent] = []
         self._event_fn = None
 
@@ -130,12 +174,6 @@ class Pool(Handle):
         """A pool with exactly the plan's pool and staging pages."""
         return cls(page_size=plan.page_size, prefix_cache=prefix_cache, hash_seed=hash_seed,
                    _plan=plan)
-
-    def close(self) -> None:
-        # tables live on this pool: destroy them first
-        for t in list(self._tables):
-            t.close()
-        super().close()
 
     def _check(self, rc: int) -> None:
         if rc != 0:
@@ -223,8 +261,12 @@ class Export:
     view: _lib.KvViewC
 
 
-class Table(Handle):
-    """``kvp_table_t``: sequences (integer ids) mapped onto a pool's pages."""
+class Table(_Owner):
+    """``kvp_table_t``: sequences (integer ids) mapped onto a pool's pages.
+
+    The table keeps its pool alive; closing the pool closes its tables, and
+    closing a table closes its host tier (:class:`kvpage.Tier`) first.
+    """
 
     def __init__(self, pool: Pool, max_seqs: int = 0):
         p = _lib.new_struct(_lib.TableParamsC)
@@ -234,10 +276,9 @@ class Table(Handle):
         err = errbuf()
         check(L.kvp_table_create(pool._p(), ctypes.byref(p), ctypes.byref(ptr), err, len(err)),
               err)
-        super().__init__(ptr, L.kvp_table_destroy)
+        super().__init__(ptr, L.kvp_table_destroy, parent=pool)
         self.pool = pool  # keeps the pool alive while the table is
         self.page_size = pool.page_size
-        pool._tables.add(self)
 
     def _check(self, rc: int) -> None:
         if rc != 0:
@@ -316,9 +357,14 @@ class Table(Handle):
         self._check(L.kvp_table_set_range_priority(self._p(), seq, begin, end, priority))
 
     def info(self, seq: int) -> dict:
+        """``kvp_seq_info_t`` as a dict; ``swapped`` is True while the sequence
+        is in a host tier."""
         s = _lib.new_struct(_lib.SeqInfoC)
         self._check(L.kvp_table_seq_info(self._p(), seq, ctypes.byref(s)))
-        return {name: getattr(s, name) for name, _ in s._fields_ if name != "struct_size"}
+        d = {name: getattr(s, name) for name, _ in s._fields_
+             if name not in ("struct_size", "reserved_")}
+        d["swapped"] = bool(d["swapped"])
+        return d
 
     def length(self, seq: int) -> int:
         return self.info(seq)["length"]
