@@ -1928,6 +1928,21 @@ KVP_API int kvp_store_read(const kvp_store_t *store, int32_t layer, int32_t page
  */
 KVP_API uint64_t kvp_store_nonfinite_count(const kvp_store_t *store);
 
+/**
+ * @brief The store's page I/O for a host tier (#kvp_page_io_t).
+ *
+ * A page's bytes are serialized as, for each layer, the page's K blocks of
+ * every kv head followed by its V blocks (`page_bytes` for a pool page,
+ * `staging_page_bytes` for a staging page). The functions validate the page
+ * id and byte range and return #KVP_ENOTSUP on a backend that cannot copy.
+ * The store must outlive the tier that uses them.
+ *
+ * @param[in,out] store The store (the functions' `opaque`).
+ * @param[out]    io    Filled in (`io->struct_size` must be set).
+ * @return #KVP_OK, #KVP_EINVAL, #KVP_ENOTSUP.
+ */
+KVP_API int kvp_store_page_io(kvp_store_t *store, struct kvp_page_io *io);
+
 /* ------------------------------------------------------------------------ */
 /* Quantize / dequantize plain tensors                                       */
 /* ------------------------------------------------------------------------ */
@@ -2169,6 +2184,7 @@ typedef struct kvp_cache_params {
     uint64_t kv_budget_bytes;  /**< With num_pages 0: the arena's byte budget (pool pages
                                     plus max_seqs staging pages when needed). */
     uint64_t hash_seed;        /**< Prefix-cache hash seed (see kvp_pool_params_t). */
+    uint64_t host_bytes;       /**< Host tier budget in bytes; 0 (default) = no host tier. */
     kvp_allocator_t allocator; /**< Host allocator hooks; NULL functions = libc. */
 } kvp_cache_params_t;
 
@@ -2210,6 +2226,28 @@ KVP_API kvp_store_t *kvp_cache_store(const kvp_cache_t *c);
 /** @brief The cache's attention context (owned by the cache). @param[in] c The cache.
  *  @return The context. */
 KVP_API kvp_ctx_t *kvp_cache_ctx(const kvp_cache_t *c);
+/** @brief The cache's host tier, or NULL without one (host_bytes 0). @param[in] c The cache.
+ *  @return The tier (owned by the cache). */
+KVP_API kvp_tier_t *kvp_cache_tier(const kvp_cache_t *c);
+
+/**
+ * @brief Swap a sequence's KV out to the host tier (bit-exact; see
+ *        kvp_tier_swap_out()). Its device pages go back to the pool.
+ * @param[in] c   The cache (with a host tier).
+ * @param[in] seq A live, resident sequence.
+ * @return #KVP_OK; #KVP_ESTATE (no host tier, or already swapped out);
+ *         #KVP_EHOSTFULL (nothing changed); as kvp_tier_swap_out().
+ */
+KVP_API int kvp_cache_seq_swap_out(kvp_cache_t *c, int32_t seq);
+
+/**
+ * @brief Bring a swapped-out sequence back (all pages or none).
+ * @param[in] c   The cache (with a host tier).
+ * @param[in] seq A sequence swapped out by this cache.
+ * @return #KVP_OK; #KVP_ENOSPC (too few free pages; nothing changed);
+ *         #KVP_ESTATE (no host tier, or not swapped out); as kvp_tier_swap_in().
+ */
+KVP_API int kvp_cache_seq_swap_in(kvp_cache_t *c, int32_t seq);
 
 /**
  * @brief A new, empty sequence.

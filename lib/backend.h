@@ -141,7 +141,22 @@ struct kvp__backend {
     int (*ctx_init)(kvp_ctx_t *c, char *err, size_t err_size);
     void (*ctx_fini)(kvp_ctx_t *c);
     int (*attention)(kvp_ctx_t *c, const kvp__attn_args *a);
+    /* Bytes [offset, offset + bytes) of a page's serialization (for each
+     * layer: its K blocks, then its V blocks; kvp_store_page_io()) to or from
+     * host memory; arguments validated. NULL: not supported. */
+    int (*page_copy)(kvp_store_t *s, int32_t page, uint64_t offset, void *host, uint64_t bytes,
+                     int to_host, char *err, size_t err_size);
 };
+
+/* A page's serialization, one layer: where its K and V blocks start and how
+ * many bytes each side holds (pool or staging page). */
+static inline void kvp__page_layer_span(const kvp_store_t *s, int32_t layer, int32_t page,
+                                        uint8_t **k, uint64_t *kn, uint8_t **v, uint64_t *vn) {
+    *k = kvp__block_k(s, layer, page, 0);
+    *v = kvp__block_v(s, layer, page, 0);
+    *kn = page < s->num_pages ? s->page_stride_k : s->spage_stride_k;
+    *vn = page < s->num_pages ? s->page_stride_v : s->spage_stride_v;
+}
 
 extern const kvp__backend kvp__cpu_backend;
 

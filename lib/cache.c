@@ -18,6 +18,7 @@ struct kvp_cache {
     kvp_table_t *table;
     kvp_store_t *store;
     kvp_ctx_t *ctx;
+    kvp_tier_t *tier; /* NULL without a host budget */
     int32_t page_size, num_pages, num_staging;
     /* the current step (grow-only buffers: a step allocates nothing once warm) */
     int in_step;
@@ -62,6 +63,7 @@ void kvp_cache_params_init(kvp_cache_params_t *p) {
 void kvp_cache_destroy(kvp_cache_t *c) {
     if (c == NULL) return;
     kvp_allocator_t a = c->alloc;
+    kvp_tier_destroy(c->tier); /* before its table */
     kvp_table_destroy(c->table);
     kvp_pool_destroy(c->pool);
     kvp_store_destroy(c->store);
@@ -130,7 +132,19 @@ static int create_parts(kvp_cache_t *c, const kvp_cache_params_t *p, const kvp_l
     cp.threads = p->threads;
     cp.isa = p->isa;
     cp.allocator = p->allocator;
-    return kvp_ctx_create(&cp, &c->ctx, err, err_size);
+    rc = kvp_ctx_create(&cp, &c->ctx, err, err_size);
+    if (rc != KVP_OK || p->host_bytes == 0) return rc;
+
+    kvp_page_io_t io = {.struct_size = sizeof io};
+    rc = kvp_store_page_io(c->store, &io);
+    if (rc != KVP_OK) return kvp__errf(err, err_size, rc, "%s", kvp_store_last_error(c->store));
+    kvp_tier_params_t hp;
+    kvp_tier_params_init(&hp);
+    hp.host_bytes = p->host_bytes;
+    hp.layout = l;
+    hp.page_io = &io;
+    hp.allocator = &p->allocator;
+    return kvp_tier_create(c->table, &hp, &c->tier, err, err_size);
 }
 
 int kvp_cache_create(const kvp_cache_params_t *p, kvp_cache_t **out, char *err,
@@ -180,6 +194,24 @@ kvp_pool_t *kvp_cache_pool(const kvp_cache_t *c) { return c ? c->pool : NULL; }
 kvp_table_t *kvp_cache_table(const kvp_cache_t *c) { return c ? c->table : NULL; }
 kvp_store_t *kvp_cache_store(const kvp_cache_t *c) { return c ? c->store : NULL; }
 kvp_ctx_t *kvp_cache_ctx(const kvp_cache_t *c) { return c ? c->ctx : NULL; }
+kvp_tier_t *kvp_cache_tier(const kvp_cache_t *c) { return c ? c->tier : NULL; }
+
+int kvp_cache_seq_swap_out(kvp_cache_t *c, int32_t seq) {
+    if (c == NULL) return KVP_EINVAL;
+    if (c->tier == NULL) return fail(c, KVP_ESTATE, "this cache has no host tier (host_bytes 0)");
+    int32_t n = 0;
+    c->in_step = 0; /* the step's view may name its pages */
+    return pass(c, kvp_tier_swap_out(c->tier, seq, NULL, 0, &n), "swap_out",
+                kvp_tier_last_error(c->tier));
+}
+
+int kvp_cache_seq_swap_in(kvp_cache_t *c, int32_t seq) {
+    if (c == NULL) return KVP_EINVAL;
+    if (c->tier == NULL) return fail(c, KVP_ESTATE, "this cache has no host tier (host_bytes 0)");
+    int32_t n = 0;
+    return pass(c, kvp_tier_swap_in(c->tier, seq, NULL, 0, &n), "swap_in",
+                kvp_tier_last_error(c->tier));
+}
 
 /* ---- sequences ---------------------------------------------------------- */
 
@@ -196,6 +228,9 @@ int kvp_cache_seq_create(kvp_cache_t *c, int32_t priority, uint64_t salt, int32_
 int kvp_cache_seq_release(kvp_cache_t *c, int32_t seq) {
     if (c == NULL) return KVP_EINVAL;
     c->in_step = 0; /* the step's view may name it */
+    kvp_seq_info_t info = {.struct_size = sizeof info};
+    if (c->tier != NULL && kvp_table_seq_info(c->table, seq, &info) == KVP_OK && info.swapped)
+        return pass(c, kvp_tier_drop(c->tier, seq), "seq_release", kvp_tier_last_error(c->tier));
     return pass(c, kvp_table_seq_release(c->table, seq), "seq_release",
                 kvp_table_last_error(c->table));
 }

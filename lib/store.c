@@ -384,3 +384,55 @@ int kvp_store_read(const kvp_store_t *cs, int32_t layer, int32_t page, int32_t t
     if (rc == KVP_OK) s->error[0] = '\0';
     return rc;
 }
+
+/* ---- page I/O for the host tier ----------------------------------------- */
+
+static int page_io_check(kvp_store_t *s, int32_t page, uint64_t offset, uint64_t bytes,
+                         const void *host) {
+    if (s->backend->page_copy == NULL)
+        return STORE_ERR(s, KVP_ENOTSUP, "the %s backend cannot copy pages to the host",
+                         s->backend->name);
+    if (page < 0 || page >= s->num_pages + s->num_staging)
+        return STORE_ERR(s, KVP_EINVAL, "page %d is not a page of this store (%d pool, %d staging)",
+                         (int)page, (int)s->num_pages, (int)s->num_staging);
+    uint64_t size = page < s->num_pages ? s->layout.page_bytes : s->layout.staging_page_bytes;
+    if (host == NULL || offset > size || bytes > size - offset)
+        return STORE_ERR(s, KVP_EINVAL,
+                         "page %d: bytes [%llu, %llu) outside its %llu bytes, or NULL host memory",
+                         (int)page, (unsigned long long)offset,
+                         (unsigned long long)(offset + bytes), (unsigned long long)size);
+    return KVP_OK;
+}
+
+static int io_to_host(void *opaque, int32_t page, uint64_t offset, void *dst, uint64_t bytes) {
+    kvp_store_t *s = (kvp_store_t *)opaque;
+    int rc = page_io_check(s, page, offset, bytes, dst);
+    if (rc != KVP_OK) return rc;
+    return s->backend->page_copy(s, page, offset, dst, bytes, 1, s->error, KVP__STORE_ERR_SIZE);
+}
+
+static int io_from_host(void *opaque, int32_t page, uint64_t offset, const void *src,
+                        uint64_t bytes) {
+    kvp_store_t *s = (kvp_store_t *)opaque;
+    int rc = page_io_check(s, page, offset, bytes, src);
+    if (rc != KVP_OK) return rc;
+    return s->backend->page_copy(s, page, offset, (void *)(uintptr_t)src, bytes, 0, s->error,
+                                 KVP__STORE_ERR_SIZE);
+}
+
+int kvp_store_page_io(kvp_store_t *s, kvp_page_io_t *io) {
+    if (s == NULL) return KVP_EINVAL;
+    int rc = kvp__check_struct(io, sizeof *io, "io", s->error, KVP__STORE_ERR_SIZE);
+    if (rc != KVP_OK) return rc;
+    if (s->backend->page_copy == NULL)
+        return STORE_ERR(s, KVP_ENOTSUP, "the %s backend cannot copy pages to the host",
+                         s->backend->name);
+    kvp_page_io_t r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.copy_to_host = io_to_host;
+    r.copy_from_host = io_from_host;
+    r.opaque = s;
+    kvp__copy_out(io, &r, sizeof r);
+    return KVP_OK;
+}

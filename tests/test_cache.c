@@ -44,7 +44,8 @@ typedef struct {
     int checks;
 } fixture;
 
-static kvp_cache_t *make_cache(int32_t kf, int32_t vf, int64_t pages, int32_t P, int32_t max_seqs) {
+static kvp_cache_t *make_cache_tier(int32_t kf, int32_t vf, int64_t pages, int32_t P,
+                                    int32_t max_seqs, uint64_t host_bytes) {
     kvp_cache_params_t p;
     kvp_cache_params_init(&p);
     p.layers = L;
@@ -56,12 +57,17 @@ static kvp_cache_t *make_cache(int32_t kf, int32_t vf, int64_t pages, int32_t P,
     p.num_pages = pages;
     p.max_seqs = max_seqs;
     p.threads = 2;
+    p.host_bytes = host_bytes;
     kvp_cache_t *c = NULL;
     char err[KVP_ERR_SIZE] = "";
     int rc = kvp_cache_create(&p, &c, err, sizeof err);
     if (rc != KVP_OK) print_error("create: %s\n", err);
     assert_int_equal(rc, KVP_OK);
     return c;
+}
+
+static kvp_cache_t *make_cache(int32_t kf, int32_t vf, int64_t pages, int32_t P, int32_t max_seqs) {
+    return make_cache_tier(kf, vf, pages, P, max_seqs, 0);
 }
 
 /* One step: append the given new tokens of each sequence, write K/V, attend,
@@ -361,6 +367,74 @@ static void test_budget_and_allocation_failures(void **state) {
     assert_int_equal(st.live, 0);
 }
 
+/* Swap a sequence out, let another use its pages, swap it back: its
+ * attention is what it was (the data came back bit for bit). */
+static void run_swap(int32_t kf, int32_t vf) {
+    const int32_t P = 16;
+    fixture f = {make_cache_tier(kf, vf, 12, P, 4, 1 << 20), vf == KVP_FORMAT_INT4 ? 2.5e-1 : 2e-3, 0};
+    hist *a = calloc(1, sizeof(hist)), *b = calloc(1, sizeof(hist));
+    assert_int_equal(kvp_cache_seq_create(f.c, 0, 0, &a->seq), KVP_OK);
+    assert_int_equal(kvp_cache_seq_create(f.c, 0, 0, &b->seq), KVP_OK);
+    int32_t toks[200];
+    for (int i = 0; i < 200; i++) toks[i] = 40 + i;
+    int32_t na[1] = {8 * P + 5};
+    step(&f, &a, 1, na, toks);
+    int32_t nb[1] = {5 * P};
+    assert_int_equal(kvp_cache_begin_step(f.c, &b->seq, 1, nb, toks), KVP_ENOSPC); /* a holds 8 or 9 pages, b needs 5, of 12 */
+    assert_int_equal(kvp_cache_seq_swap_out(f.c, a->seq), KVP_OK);
+    assert_int_equal(kvp_cache_seq_swap_out(f.c, a->seq), KVP_ESTATE); /* already out */
+    int32_t one[1] = {1};
+    assert_int_equal(kvp_cache_begin_step(f.c, &a->seq, 1, one, toks), KVP_ESTATE);
+    step(&f, &b, 1, nb, toks + 10); /* b now uses the pages a gave back */
+    assert_int_equal(kvp_cache_seq_swap_in(f.c, a->seq), KVP_ENOSPC); /* not enough pages */
+    assert_int_equal(kvp_cache_seq_release(f.c, b->seq), KVP_OK);
+    assert_int_equal(kvp_cache_seq_swap_in(f.c, a->seq), KVP_OK);
+    assert_int_equal(kvp_cache_seq_swap_in(f.c, a->seq), KVP_ESTATE); /* resident */
+    for (int s = 0; s < P + 2; s++) {
+        int32_t t1[1] = {7000 + s};
+        step(&f, &a, 1, one, t1); /* checked against a's whole history */
+    }
+    /* a swapped-out sequence can be released (dropped) */
+    assert_int_equal(kvp_cache_seq_swap_out(f.c, a->seq), KVP_OK);
+    assert_int_equal(kvp_cache_seq_release(f.c, a->seq), KVP_OK);
+    kvp_tier_stats_t ts = {.struct_size = sizeof ts};
+    assert_int_equal(kvp_tier_stats(kvp_cache_tier(f.c), &ts), KVP_OK);
+    assert_int_equal(ts.free_slots, ts.total_slots);
+    assert_true(ts.swap_outs == 2 && ts.swap_ins == 1);
+    free(a);
+    free(b);
+    kvp_cache_destroy(f.c);
+}
+
+static void test_swap_fp16(void **state) { (void)state; run_swap(KVP_FORMAT_FP16, KVP_FORMAT_FP16); }
+static void test_swap_int8_staging(void **state) { (void)state; run_swap(KVP_FORMAT_INT8, KVP_FORMAT_INT4); }
+
+static void test_swap_without_tier_or_room(void **state) {
+    (void)state;
+    kvp_cache_t *c = make_cache(KVP_FORMAT_FP16, KVP_FORMAT_FP16, 8, 16, 2);
+    int32_t s;
+    assert_int_equal(kvp_cache_seq_create(c, 0, 0, &s), KVP_OK);
+    assert_int_equal(kvp_cache_seq_swap_out(c, s), KVP_ESTATE);
+    assert_non_null(strstr(kvp_cache_last_error(c), "no host tier"));
+    kvp_cache_destroy(c);
+    /* a host tier of one page: a 3-page sequence does not fit, nothing changes */
+    kvp_layout_t l = {.struct_size = sizeof l};
+    assert_int_equal(kvp_layout_compute(L, H, D, 16, KVP_FORMAT_FP16, KVP_FORMAT_FP16, &l, NULL, 0), KVP_OK);
+    c = make_cache_tier(KVP_FORMAT_FP16, KVP_FORMAT_FP16, 8, 16, 2, l.page_bytes + 256);
+    assert_int_equal(kvp_cache_seq_create(c, 0, 0, &s), KVP_OK);
+    int32_t n[1] = {40};
+    assert_int_equal(kvp_cache_begin_step(c, &s, 1, n, NULL), KVP_OK);
+    kvp_pool_stats_t before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
+    kvp_pool_stats(kvp_cache_pool(c), &before);
+    assert_int_equal(kvp_cache_seq_swap_out(c, s), KVP_EHOSTFULL);
+    kvp_pool_stats(kvp_cache_pool(c), &after);
+    assert_int_equal(after.used_pages, before.used_pages);
+    int64_t len = 0;
+    assert_int_equal(kvp_cache_seq_length(c, s, &len), KVP_OK);
+    assert_int_equal(len, 40);
+    kvp_cache_destroy(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_loop_fp32),
@@ -371,6 +445,9 @@ int main(void) {
         cmocka_unit_test(test_enospc_is_all_or_nothing),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_budget_and_allocation_failures),
+        cmocka_unit_test(test_swap_fp16),
+        cmocka_unit_test(test_swap_int8_staging),
+        cmocka_unit_test(test_swap_without_tier_or_room),
     };
     return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
 }

@@ -249,6 +249,30 @@ static int cpu_read(const kvp_store_t *s, int32_t layer, int32_t page, int32_t t
     return KVP_OK;
 }
 
+/* Walk the page's serialization (per layer: K blocks, V blocks) and copy
+ * the part that overlaps [offset, offset + bytes). */
+static int cpu_page_copy(kvp_store_t *s, int32_t page, uint64_t offset, void *host,
+                         uint64_t bytes, int to_host, char *err, size_t err_size) {
+    (void)err;
+    (void)err_size;
+    uint8_t *h = (uint8_t *)host;
+    uint64_t at = 0, end = offset + bytes;
+    for (int32_t l = 0; l < s->layout.layers && at < end; l++) {
+        uint8_t *part[2];
+        uint64_t n[2];
+        kvp__page_layer_span(s, l, page, &part[0], &n[0], &part[1], &n[1]);
+        for (int side = 0; side < 2; side++) {
+            uint64_t lo = at > offset ? at : offset, hi = at + n[side] < end ? at + n[side] : end;
+            if (lo < hi) {
+                if (to_host) memcpy(h + (lo - offset), part[side] + (lo - at), hi - lo);
+                else memcpy(part[side] + (lo - at), h + (lo - offset), hi - lo);
+            }
+            at += n[side];
+        }
+    }
+    return KVP_OK;
+}
+
 const kvp__backend kvp__cpu_backend = {
     "cpu",
     cpu_arena_alloc,
@@ -261,4 +285,5 @@ const kvp__backend kvp__cpu_backend = {
     kvp__cpu_ctx_init,
     kvp__cpu_ctx_fini,
     kvp__cpu_attention,
+    cpu_page_copy,
 };

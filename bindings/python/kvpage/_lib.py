@@ -644,6 +644,7 @@ class CacheParamsC(ctypes.Structure):
         ("num_pages", ctypes.c_int64),
         ("kv_budget_bytes", c_u64),
         ("hash_seed", c_u64),
+        ("host_bytes", c_u64),
         ("allocator", Allocator),
     ]
 
@@ -701,6 +702,8 @@ _sig("kvp_cache_begin_step", ctypes.c_int, _vp, _i32p, c_i32, _i32p, _i32p)
 _sig("kvp_cache_write", ctypes.c_int, _vp, c_i32, c_i32, _vp, _vp, ctypes.c_int64,
      ctypes.c_int64)
 _sig("kvp_cache_attend", ctypes.c_int, _vp, _P(AttentionParamsC))
+_sig("kvp_cache_seq_swap_out", ctypes.c_int, _vp, c_i32)
+_sig("kvp_cache_seq_swap_in", ctypes.c_int, _vp, c_i32)
 _sig("kvp_cache_step_view", ctypes.c_int, _vp, _P(KvViewC), _P(_i64p), _P(_i32p), _i32p)
 
 

@@ -283,14 +283,15 @@ class Context(Handle):
 class Cache(Handle):
     """``kvp_cache_t``: pool + table + store + context for a decode loop.
 
-    Give ``num_pages`` or ``kv_budget`` (bytes, or a string like "2GiB").
+    Give ``num_pages`` or ``kv_budget`` (bytes, or a string like "2GiB");
+    ``host_bytes`` adds a host tier for swap_out / swap_in.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, num_pages: int = 0,
                  kv_budget: Union[int, str, None] = None, page_size: int = 16,
                  k_format=Format.FP16, v_format=Format.FP16, max_seqs: int = 256,
                  prefix_cache: bool = True, threads: int = 1, isa: Isa = Isa.AUTO,
-                 dim_major_keys: bool = False):
+                 dim_major_keys: bool = False, host_bytes: Union[int, str, None] = None):
         from .plan import parse_size
         p = _lib.new_struct(_lib.CacheParamsC)
         L.kvp_cache_params_init(ctypes.byref(p))
@@ -300,6 +301,7 @@ class Cache(Handle):
         p.max_seqs, p.prefix_cache, p.threads, p.isa = max_seqs, int(prefix_cache), threads, int(isa)
         p.num_pages = num_pages
         p.kv_budget_bytes = 0 if kv_budget is None else parse_size(kv_budget)
+        p.host_bytes = 0 if host_bytes is None else parse_size(host_bytes)
         ptr = ctypes.c_void_p()
         err = errbuf()
         check(L.kvp_cache_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err)), err)
@@ -349,6 +351,14 @@ class Cache(Handle):
         out = ctypes.c_int64()
         self._check(L.kvp_cache_seq_length(self._p(), seq, ctypes.byref(out)))
         return out.value
+
+    def swap_out(self, seq: int) -> None:
+        """Move a sequence's KV to the host tier (needs host_bytes)."""
+        self._check(L.kvp_cache_seq_swap_out(self._p(), seq))
+
+    def swap_in(self, seq: int) -> None:
+        """Bring a swapped-out sequence back, bit for bit."""
+        self._check(L.kvp_cache_seq_swap_in(self._p(), seq))
 
     def begin_step(self, seqs, num_new, tokens=None) -> int:
         """Append each sequence's new tokens (all or nothing); returns the step's row count."""

@@ -150,3 +150,27 @@ def test_example_script_runs():
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "step 5" in r.stdout and "utilization" in r.stdout
+
+
+def test_cache_swap_round_trip():
+    rng = np.random.default_rng(5)
+    with Cache(layers=1, kv_heads=H, head_dim=D, num_pages=8, page_size=16, max_seqs=2,
+               host_bytes="1MiB") as c:
+        s = c.create()
+        c.begin_step([s], [40])
+        k = rng.normal(size=(40, H, D)).astype(np.float32)
+        v = rng.normal(size=(40, H, D)).astype(np.float32)
+        c.write(0, k, v)
+        q = rng.normal(size=(40, QH, D)).astype(np.float32)
+        before = c.attend(0, q, sm_scale=0.125)
+        c.swap_out(s)
+        assert c.stats()["used_pages"] == 0
+        with pytest.raises(kvpage.BadState):
+            c.swap_out(s)
+        c.swap_in(s)
+        c.begin_step([s], [1])
+        c.write(0, k[:1], v[:1])
+        after = c.attend(0, q[-1:], sm_scale=0.125)
+        ref = reference(q[-1:], np.concatenate([k, k[:1]]), np.concatenate([v, v[:1]]), 0.125)
+        assert rel(after, ref) < 2e-3
+        assert before.shape == (40, QH, D)
