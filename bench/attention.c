@@ -45,7 +45,7 @@ typedef struct {
 } result;
 
 typedef struct {
-    int threads, quick, isa;
+    int threads, quick, isa, acc_seqs, accuracy_only;
     double min_seconds;
     int only_fmt, only_page, only_batch, only_context; /* -1: all */
 } options;
@@ -289,13 +289,14 @@ out:
 
 /* ---- accuracy against the float64 reference (4096 tokens, fresh inputs) -------------------- */
 
-/* Relative L2 error of one decode step of ACC_SEQS fresh sequences of 4096
+/* Relative L2 error of one decode step of `seqs` fresh sequences of 4096
  * tokens each (errors pooled: one sequence's figure swings by +-20% with the
- * draw, since a few tokens carry most of the softmax weight). */
-#define ACC_SEQS 4
-static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng *rng) {
+ * draw, since a few tokens carry most of the softmax weight; --acc-seqs
+ * takes more for a steadier figure). */
+static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng *rng,
+                       int seqs) {
     const int32_t T = ACC_TOKENS, per = T / P + 1;
-    kvp_store_t *s = make_store(f, P, (int64_t)per * ACC_SEQS, ACC_SEQS);
+    kvp_store_t *s = make_store(f, P, (int64_t)per * seqs, seqs);
     size_t n = (size_t)T * KV_HEADS * HEAD_DIM, qn = (size_t)Q_HEADS * HEAD_DIM;
     float *k = malloc(n * 4), *v = malloc(n * 4), *q = malloc(qn * 4), *out = malloc(qn * 4);
     double *ref = malloc(qn * 8), num = 0.0, den = 0.0;
@@ -304,9 +305,9 @@ static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng
     kvt_pool pool;
     if (ok) {
         kvp_store_layout(s, &lay);
-        kvt_pool_init(&pool, P, per * ACC_SEQS, ACC_SEQS, lay.needs_staging);
+        kvt_pool_init(&pool, P, per * seqs, seqs, lay.needs_staging);
     }
-    for (int b = 0; b < ACC_SEQS && ok; b++) {
+    for (int b = 0; b < seqs && ok; b++) {
         kvd_keys keys;
         if (kvd_keys_init(&keys, rng, KV_HEADS, HEAD_DIM) != 0) {
             ok = 0;
@@ -321,7 +322,7 @@ static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng
             int32_t indptr[2], indices[ACC_TOKENS + 2], last[1], qo[2] = {0, 1};
             kvp_kv_view_t view;
             kvt_export(&pool, &seq, 1, indptr, indices, last, &view);
-            view.num_staging = lay.needs_staging ? ACC_SEQS : 0;
+            view.num_staging = lay.needs_staging ? seqs : 0;
             kvp_attention_params_t ap;
             kvp_attention_params_init(&ap);
             ap.q_heads = Q_HEADS;
@@ -381,8 +382,12 @@ static int parse_options(int argc, char **argv, options *o) {
     o->isa = KVP_ISA_AUTO;
     o->min_seconds = 0.25;
     o->only_fmt = o->only_page = o->only_batch = o->only_context = -1;
+    o->acc_seqs = 8;
+    o->accuracy_only = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) o->quick = 1;
+        else if (!strcmp(argv[i], "--accuracy-only")) o->accuracy_only = 1;
+        else if (!strcmp(argv[i], "--acc-seqs") && i + 1 < argc) o->acc_seqs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--page") && i + 1 < argc) o->only_page = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o->only_batch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--context") && i + 1 < argc) o->only_context = atoi(argv[++i]);
@@ -402,7 +407,7 @@ static int parse_options(int argc, char **argv, options *o) {
         } else return -1;
     }
     if (o->quick) o->min_seconds = 0.12;
-    return o->threads >= 1 && o->threads <= 64 ? 0 : -1;
+    return o->threads >= 1 && o->threads <= 64 && o->acc_seqs >= 1 && o->acc_seqs <= 256 ? 0 : -1;
 }
 
 int bench_attention(int argc, char **argv) {
@@ -410,6 +415,7 @@ int bench_attention(int argc, char **argv) {
     if (parse_options(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: kvpage-bench attention [--quick] [--threads N] "
                         "[--isa auto|portable|avx2|avx512]\n"
+                        "       [--acc-seqs N (8)] [--accuracy-only]\n"
                         "       [--format fp16|int8|int4|fp16-hnd] [--page N] [--batch N] "
                         "[--context N]   (run only matching cases)\n");
         return 2;
@@ -439,13 +445,21 @@ int bench_attention(int argc, char **argv) {
 
     double acc[3], acc16[3];
     for (int f = 0; f < 3; f++) {
-        acc[f] = accuracy(ctx, &formats[f], 32, &rng);
-        acc16[f] = accuracy(ctx, &formats[f], 16, &rng);
+        acc[f] = accuracy(ctx, &formats[f], 32, &rng, o.acc_seqs);
+        acc16[f] = accuracy(ctx, &formats[f], 16, &rng, o.acc_seqs);
     }
     printf("accuracy vs float64 reference (rel. L2 of the output; %d sequences of %d tokens, keys "
            "with outlier channels):\n  page 32: fp16 %.2e  int8 %.2e  int4 %.2e\n"
-           "  page 16: fp16 %.2e  int8 %.2e  int4 %.2e\n\n", ACC_SEQS, ACC_TOKENS, acc[0], acc[1],
+           "  page 16: fp16 %.2e  int8 %.2e  int4 %.2e\n\n", o.acc_seqs, ACC_TOKENS, acc[0], acc[1],
            acc[2], acc16[0], acc16[1], acc16[2]);
+    if (o.accuracy_only) {
+        printf("{\"bench\": \"attention-accuracy\", \"acc_seqs\": %d, \"fp16_rel_err\": %.3e, "
+               "\"int8_rel_err\": %.3e, \"int4_rel_err\": %.3e, \"fp16_rel_err_page16\": %.3e, "
+               "\"int8_rel_err_page16\": %.3e, \"int4_rel_err_page16\": %.3e}\n",
+               o.acc_seqs, acc[0], acc[1], acc[2], acc16[0], acc16[1], acc16[2]);
+        kvp_ctx_destroy(ctx);
+        return 0;
+    }
 
     static const int pages_full[] = {16, 32}, pages_quick[] = {32};
     static const int batches[] = {1, 16};

@@ -14,12 +14,8 @@ uint64_t kvp__block_data_bytes(const kvp__blockfmt *f) {
 }
 
 uint64_t kvp__block_used_bytes(const kvp__blockfmt *f) {
-    uint64_t P = (uint64_t)f->page_size, D = (uint64_t)f->head_dim;
-    uint64_t data = kvp__block_data_bytes(f);
-    if (kvp__format_is_plain(f->format)) return data;
-    if (f->is_key) return data + 4 * D;
-    if (f->format == KVP_FORMAT_INT8) return data + 2 * P;
-    return data + 4 * P * (uint64_t)kvp__v4_groups(f->head_dim);
+    return kvp__block_bytes(f->format, f->is_key != 0, (uint64_t)f->page_size,
+                            (uint64_t)f->head_dim);
 }
 
 /* ---- element addressing of the quantized layouts ------------------------ */
@@ -142,24 +138,70 @@ static void encode_plain(const kvp__blockfmt *f, uint8_t *b, int t0, int n, cons
         }
 }
 
+/* The range over a channel's finite values (0 if none): what decides the
+ * int4 keys' outlier channels. */
+static float finite_range(const float *x, size_t stride, int n) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        float v = x[(size_t)i * stride];
+        if (!isfinite(v)) continue;
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+    }
+    return lo > hi ? 0.0f : hi - lo;
+}
+
+/* The R channels of widest range, in increasing channel order (ties: the
+ * lower channel). O(D*R), R = D/32. */
+static int pick_outliers(const float *x, size_t stride, int P, int D, int R, uint16_t *idx) {
+    float range[KVP_MAX_HEAD_DIM];
+    bool taken[KVP_MAX_HEAD_DIM] = {false};
+    for (int d = 0; d < D; d++) range[d] = finite_range(x + d, stride, P);
+    for (int j = 0; j < R; j++) {
+        int best = -1;
+        for (int d = 0; d < D; d++)
+            if (!taken[d] && (best < 0 || range[d] > range[best])) best = d;
+        taken[best] = true;
+    }
+    int n = 0;
+    for (int d = 0; d < D; d++)
+        if (taken[d]) idx[n++] = (uint16_t)d;
+    return n;
+}
+
 static void encode_key_int(const kvp__blockfmt *f, uint8_t *b, const float *x, size_t stride) {
     int P = f->page_size, D = f->head_dim;
     int levels = f->format == KVP_FORMAT_INT8 ? 255 : 15;
     uint8_t *sc = b + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    for (int d = 0; d < D; d++) {
-        asym_params a = asym_fit(x + d, stride, P, levels);
-        store_u16(sc + 2 * (size_t)d, a.scale16);
-        store_u16(mn + 2 * (size_t)d, a.min16);
+    uint16_t outl[KVP_MAX_HEAD_DIM / 32] = {0};
+    int R = levels == 15 ? pick_outliers(x, stride, P, D, kvp__k4_outliers(D), outl) : 0;
+    uint8_t *ot = mn + 2 * (size_t)D, *codes8 = ot + 6 * (size_t)R;
+    for (int d = 0, j = 0; d < D; d++) {
+        bool is_outlier = j < R && outl[j] == d;
+        int lv = is_outlier ? 255 : levels;
+        asym_params a = asym_fit(x + d, stride, P, lv);
+        if (is_outlier) { /* int8 in the outlier table; zero in the int4 tables */
+            store_u16(ot + 2 * (size_t)j, (uint16_t)d);
+            store_u16(ot + 2 * (size_t)R + 2 * (size_t)j, a.scale16);
+            store_u16(ot + 4 * (size_t)R + 2 * (size_t)j, a.min16);
+            store_u16(sc + 2 * (size_t)d, 0);
+            store_u16(mn + 2 * (size_t)d, 0);
+        } else {
+            store_u16(sc + 2 * (size_t)d, a.scale16);
+            store_u16(mn + 2 * (size_t)d, a.min16);
+        }
         for (int t = 0; t < P; t++) {
-            unsigned c = asym_code(&a, x[(size_t)t * stride + (size_t)d], levels);
+            unsigned c = asym_code(&a, x[(size_t)t * stride + (size_t)d], lv);
             if (levels == 255) {
                 b[k8_offset(P, t, d)] = (uint8_t)c;
             } else {
                 int high = 0;
                 uint64_t o = k4_offset(P, t, d, &high);
-                put_nibble(b + o, high, c);
+                put_nibble(b + o, high, is_outlier ? 0u : c);
+                if (is_outlier) codes8[(size_t)j * (size_t)P + (size_t)t] = (uint8_t)c;
             }
         }
+        j += is_outlier;
     }
 }
 
@@ -243,6 +285,14 @@ float kvp__block_decode_one(const kvp__blockfmt *f, const uint8_t *b, int t, int
         if (f->format == KVP_FORMAT_INT8) {
             c = b[k8_offset(P, t, d)];
         } else {
+            int R = kvp__k4_outliers(D);
+            const uint8_t *ot = sc + 4 * (size_t)D;
+            for (int j = 0; j < R; j++) {
+                if (load_u16(ot + 2 * (size_t)j) != d) continue;
+                float os = kvp__f16_to_f32(load_u16(ot + 2 * (size_t)(R + j)));
+                float om = kvp__f16_to_f32(load_u16(ot + 2 * (size_t)(2 * R + j)));
+                return fmaf(os, (float)ot[6 * (size_t)R + (size_t)j * (size_t)P + (size_t)t], om);
+            }
             uint64_t o = k4_offset(P, t, d, &high); /* sets `high` before it is read */
             c = get_nibble(b + o, high);
         }

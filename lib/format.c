@@ -48,19 +48,21 @@ int kvp__format_bits(int32_t f) {
 /* Elements of one (page, layer, kv head) block plus its scale data, before
  * padding. Scales and minimums are fp16 (2 bytes each):
  *   K int8/int4: scale + min per channel (head_dim pairs) over the page;
+ *   K int4 also: R = head_dim/32 outlier channels kept as int8: an index
+ *                (u16), scale and min (fp16) each, then R x page_size codes;
  *   V int8:      one scale per token;
  *   V int4:      scale + min per token per group of 32 along head_dim. */
-static uint64_t block_bytes(int32_t f, bool is_key, uint64_t page_size,
-                            uint64_t head_dim) {
+uint64_t kvp__block_bytes(int32_t f, bool is_key, uint64_t page_size, uint64_t head_dim) {
     uint64_t elems = page_size * head_dim;
     uint64_t data = elems * (uint64_t)kvp__format_bits(f) / 8;
     uint64_t groups = (head_dim + 31) / 32;
+    uint64_t outliers = (uint64_t)kvp__k4_outliers((int32_t)head_dim);
     switch (f) {
     case KVP_FORMAT_INT8:
+        return is_key ? data + head_dim * 4 : data + page_size * 2;
     case KVP_FORMAT_INT4:
-        if (is_key) return data + head_dim * 4;
-        return f == KVP_FORMAT_INT8 ? data + page_size * 2
-                                    : data + page_size * groups * 4;
+        return is_key ? data + head_dim * 4 + outliers * (6 + page_size)
+                      : data + page_size * groups * 4;
     default: return data;
     }
 }
@@ -103,10 +105,10 @@ int kvp_layout_compute(int32_t layers, int32_t kv_heads, int32_t head_dim,
     l.v_format = v_format;
     l.needs_staging = kvp__format_k_needs_staging(k_format) ? 1 : 0;
     l.k_block_bytes = kvp__round_up_u64(
-        block_bytes(k_format, true, (uint64_t)page_size, (uint64_t)head_dim),
+        kvp__block_bytes(k_format, true, (uint64_t)page_size, (uint64_t)head_dim),
         KVP_BLOCK_ALIGN);
     l.v_block_bytes = kvp__round_up_u64(
-        block_bytes(v_format, false, (uint64_t)page_size, (uint64_t)head_dim),
+        kvp__block_bytes(v_format, false, (uint64_t)page_size, (uint64_t)head_dim),
         KVP_BLOCK_ALIGN);
 
     /* layers, kv_heads <= 2^16 and blocks <= 2^25 bytes: these products fit,

@@ -89,6 +89,14 @@ static inline bool kvp__format_valid(int32_t f) {
 }
 /* Element bits of a format (32, 16, 8 or 4); 0 for an unknown format. */
 int kvp__format_bits(int32_t f);
+/* int4 keys keep the head_dim/32 channels with the widest range in each page
+ * as int8 (docs/formats.md, "int4 keys"). */
+static inline int kvp__k4_outliers(int32_t head_dim) { return head_dim / 32; }
+
+/* Bytes of one (page, layer, kv head) block before padding: elements plus
+ * scale data. The one formula kvp_layout_compute() and the codec share. */
+uint64_t kvp__block_bytes(int32_t format, bool is_key, uint64_t page_size, uint64_t head_dim);
+
 /* Keys quantized per channel over a page need an fp16 staging page. */
 static inline bool kvp__format_k_needs_staging(int32_t f) {
     return f == KVP_FORMAT_INT8 || f == KVP_FORMAT_INT4;

@@ -80,6 +80,29 @@ kvp__softmax_fn kvp__pick_softmax(int32_t isa);
 kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format);
 
 /* Shared helpers for the kernels (portable code, used by every ISA). */
+/* int4 keys: the outlier channels' table of a block (docs/formats.md). */
+typedef struct {
+    int count;                /* outlier channels (head_dim/32) */
+    const uint8_t *table;     /* idx[R] u16, scale[R] fp16, min[R] fp16 */
+    const uint8_t *codes;     /* [R][page_size] int8 codes */
+} kvp__k4_outl;
+
+static inline kvp__k4_outl kvp__k4_outliers_of(const uint8_t *kb, const kvp__blockfmt *f) {
+    kvp__k4_outl o;
+    o.count = kvp__k4_outliers(f->head_dim);
+    o.table = kb + kvp__block_data_bytes(f) + 4 * (size_t)f->head_dim;
+    o.codes = o.table + 6 * (size_t)o.count;
+    return o;
+}
+
+/* Per outlier channel j and tile row r: a[r][j] = q[r][idx_j] * scale_j and
+ * the constant sum_j q[r][idx_j] * min_j. Returns the count. */
+int kvp__k4_outlier_fold(const kvp__tile *t, const kvp__k4_outl *o, float a[][KVP_MAX_HEAD_DIM / 32],
+                         float *cst);
+/* Scalar: logits[r][i] += sum_j a[r][j] * code_j(t0+i) + cst[r], i < n. */
+void kvp__k4_outlier_logits(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0,
+                            int n);
+
 void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f);
 
 /* ---- threads ------------------------------------------------------------------ */

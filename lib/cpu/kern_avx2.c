@@ -272,6 +272,31 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     }
 }
 
+/* int4 keys' outlier channels (int8 codes, [R][P]): logits += a . code + cst,
+ * 8 tokens per vector. */
+TGT static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
+    kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
+    if (o.count == 0) return;
+    float a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32], cst[KVP__TILE_ROWS];
+    kvp__k4_outlier_fold(t, &o, a, cst);
+    for (int i0 = 0; i0 < n; i0 += 8) {
+        int w = n - i0 < 8 ? n - i0 : 8;
+        __m256 acc[R];
+        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_set1_ps(cst[r]);
+        for (int j = 0; j < o.count; j++) {
+            uint8_t tmp[8] = {0};
+            memcpy(tmp, o.codes + (size_t)j * (size_t)f->page_size + (size_t)(t0 + i0), (size_t)w);
+            __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)tmp)));
+            UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r][j]), c, acc[r]);
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            float v[8];
+            _mm256_storeu_ps(v, acc[r]);
+            for (int i = 0; i < w; i++) t->logits[r][i0 + i] += v[i];
+        }
+    }
+}
+
 /* int4 keys, [D/4][P/2][4] with tokens 2i / 2i+1 in the low / high nibble:
  * unpacked to the int8 layout 8 tokens at a time. */
 TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
@@ -308,6 +333,7 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
                 t->logits[r][c0 + i] = t->qconst[r] + t->qstep[r] * (float)tok[i];
         }
     }
+    k4_outliers(t, kb, f, t0, n);
 }
 
 /* ---- V: int8 / int4, decoded per token group -------------------------------------------------- */

@@ -330,6 +330,29 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     R4(K8_OUT)
 }
 
+/* int4 keys' outlier channels (int8 codes, [R][P]): logits += a . code + cst,
+ * 16 tokens per vector. */
+TGT static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
+    kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
+    if (o.count == 0) return;
+    float a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32], cst[KVP__TILE_ROWS];
+    kvp__k4_outlier_fold(t, &o, a, cst);
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        int w = n - i0 < 16 ? n - i0 : 16;
+        __mmask16 m = (__mmask16)((1u << w) - 1u);
+        __m512 acc[R];
+        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_set1_ps(cst[r]);
+        for (int j = 0; j < o.count; j++) {
+            const uint8_t *p = o.codes + (size_t)j * (size_t)f->page_size + (size_t)(t0 + i0);
+            __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p)));
+            UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r][j]), c, acc[r]);
+        }
+        UNROLL for (int r = 0; r < R; r++)
+            _mm512_mask_storeu_ps(&t->logits[r][i0], m,
+                                  _mm512_add_ps(_mm512_maskz_loadu_ps(m, &t->logits[r][i0]), acc[r]));
+    }
+}
+
 /* int4 keys: [D/4][P/2][4] bytes, token 2i in the low nibble and 2i+1 in
  * the high nibble: one 64-byte load holds 32 tokens x 4 channels. Quads in
  * kprep_int4's class order, one accumulator set per class. */
@@ -373,6 +396,7 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
         _mm512_store_ps(&t->logits[r][16], _mm512_permutex2var_ps(e, hi_idx, o));                 \
     }
     R4(K4_OUT)
+    k4_outliers(t, kb, f, t0, n);
 }
 
 /* ---- softmax ---------------------------------------------------------------------------------------- */

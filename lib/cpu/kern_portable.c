@@ -120,6 +120,38 @@ void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     }
 }
 
+int kvp__k4_outlier_fold(const kvp__tile *t, const kvp__k4_outl *o, float a[][KVP_MAX_HEAD_DIM / 32],
+                         float *cst) {
+    for (int r = 0; r < KVP__TILE_ROWS; r++) {
+        float c = 0.0f;
+        for (int j = 0; j < o->count; j++) {
+            uint16_t d, s16, m16;
+            memcpy(&d, o->table + 2 * (size_t)j, 2);
+            memcpy(&s16, o->table + 2 * (size_t)(o->count + j), 2);
+            memcpy(&m16, o->table + 2 * (size_t)(2 * o->count + j), 2);
+            float q = t->q[r][d];
+            a[r][j] = q * kvp__f16_to_f32(s16);
+            c += q * kvp__f16_to_f32(m16);
+        }
+        cst[r] = c;
+    }
+    return o->count;
+}
+
+void kvp__k4_outlier_logits(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0,
+                            int n) {
+    kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
+    float a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32], cst[KVP__TILE_ROWS];
+    kvp__k4_outlier_fold(t, &o, a, cst);
+    for (int r = 0; r < KVP__TILE_ROWS; r++)
+        for (int i = 0; i < n; i++) {
+            float acc = cst[r];
+            for (int j = 0; j < o.count; j++)
+                acc += a[r][j] * (float)o.codes[(size_t)j * (size_t)f->page_size + (size_t)(t0 + i)];
+            t->logits[r][i] += acc;
+        }
+}
+
 /* ---- stage lookup --------------------------------------------------------------------------- */
 
 static const kvp__kernels *table_of(int32_t isa) {
