@@ -14,8 +14,10 @@
  *     atomicCAS, atomicOr, atomicAnd) and common device intrinsics;
  *   - fp16 / bf16 / fp8 types: the toolkit's own cuda_fp16.h, cuda_bf16.h
  *     and cuda_fp8.h, which compile for the host;
- *   - a small CUDA runtime (cudaMalloc, cudaMemcpyAsync, streams, events,
- *     errors, device properties) backed by host memory.
+ *   - a small CUDA runtime (cudaMalloc, cudaMallocHost, cudaMemcpy[2D][Async],
+ *     cudaMemset[Async], streams, events, errors, device properties and
+ *     attributes) backed by host memory; copies check that device and pinned
+ *     ranges lie inside one live allocation.
  *
  * Kernels are launched with KVP_LAUNCH(kernel, grid, block, smem, stream,
  * args...), which is `kernel<<<grid, block, smem, stream>>>(args...)` under
