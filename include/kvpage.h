@@ -1460,7 +1460,8 @@ KVP_API int kvp_store_layout(const kvp_store_t *store, kvp_layout_t *out);
 /**
  * @brief The arena: its base address and size in bytes.
  * @param[in]  store The store.
- * @param[out] base  Base address (aligned to #KVP_ARENA_ALIGN).
+ * @param[out] base  Base address (aligned to #KVP_ARENA_ALIGN); a device
+ *                   address on a CUDA store.
  * @param[out] bytes Size: exactly kvp_arena_bytes() of the store's layout.
  * @return #KVP_OK or #KVP_EINVAL (NULL).
  */
@@ -1484,7 +1485,8 @@ enum kvp_region_kind {
  * block is at `t * token_stride + d * dim_stride` bytes; with token-major
  * keys and values this is FlashInfer's HND layout
  * (`[page][kv_head][token][head_dim]`). Quantized blocks (int8, int4) have
- * token_stride = dim_stride = 0: their bytes are in docs/formats.md.
+ * token_stride = dim_stride = 0: their bytes are in docs/formats.md. On a
+ * CUDA store `base` is a device address.
  */
 typedef struct kvp_region {
     uint32_t struct_size;  /**< Set by the caller to sizeof(kvp_region_t). */
