@@ -63,6 +63,8 @@ void kvp__obj_free(kvp__cuda_obj *o, void *p, uint64_t bytes) {
 
 int kvp__obj_init(kvp__cuda_obj *o, const kvp_cuda_params_t *p, kvp__device_guard *g, char *err,
                   size_t err_size) {
+    g->switched = false; /* the caller releases the guard whatever happens */
+    g->previous = 0;
     memset(o, 0, sizeof *o);
     o->stage.last = -1;
     o->stage.building = -1;

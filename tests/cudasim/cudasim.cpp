@@ -90,6 +90,39 @@ namespace {
 
 constexpr size_t kStackSize = 256 * 1024;
 
+/* Fiber stacks are kept between launches: allocating (and faulting in)
+ * 128 x 256 KiB per launch was most of the time of small launches. */
+std::vector<char *> g_stacks;
+#ifdef CUDASIM_ASAN
+extern "C" void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+#endif
+
+char *take_stack() {
+    char *p = nullptr;
+    if (!g_stacks.empty()) {
+        p = g_stacks.back();
+        g_stacks.pop_back();
+#ifdef CUDASIM_ASAN
+        /* frames of a fiber that never returned may have left poisoned redzones */
+        __asan_unpoison_memory_region(p, kStackSize);
+#endif
+        return p;
+    }
+    return static_cast<char *>(std::malloc(kStackSize));
+}
+
+void give_stack(char *p) {
+    if (p != nullptr) g_stacks.push_back(p);
+}
+
+/* Free the pool at exit, so leak checkers see nothing of ours. */
+struct StackPoolCleanup {
+    ~StackPoolCleanup() {
+        for (char *p : g_stacks) std::free(p);
+        g_stacks.clear();
+    }
+} g_stack_pool_cleanup;
+
 enum class State { Ready, AtBarrier, AtWarp, Done };
 enum class Collective { None, Exchange, Ballot, SyncWarp };
 
@@ -450,9 +483,9 @@ cudaError_t launch_blocks(dim3 grid, dim3 block, size_t smem, const std::functio
     b.fibers.resize(threads);
     b.warps.resize((threads + 31) / 32);
     for (size_t i = 0; i < threads; i++) {
-        b.fibers[i].stack = static_cast<char *>(std::malloc(kStackSize));
+        b.fibers[i].stack = take_stack();
         if (!b.fibers[i].stack) {
-            for (size_t j = 0; j < i; j++) std::free(b.fibers[j].stack);
+            for (size_t j = 0; j < i; j++) give_stack(b.fibers[j].stack);
             g_launch_error = "cudasim: out of host memory for thread stacks";
             return cudaErrorMemoryAllocation;
         }
@@ -474,7 +507,7 @@ cudaError_t launch_blocks(dim3 grid, dim3 block, size_t smem, const std::functio
             }
     g_block = saved;
     g_dyn_smem = nullptr;
-    for (Fiber &f : b.fibers) std::free(f.stack);
+    for (Fiber &f : b.fibers) give_stack(f.stack);
     if (!ok) {
         g_launch_error = "cudasim: " + b.error;
         return cudaErrorLaunchFailure;
