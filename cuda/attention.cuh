@@ -219,10 +219,15 @@ KVP_UNROLL
 /* ---- loaders: one tile of K or V blocks into shared memory ------------------------------------
  *
  * Tile row i is token tt[i] of tile page pj[i], whose block (this kv head)
- * starts at blk[pj[i]]. Fast loaders read 16-byte words in the layout's own
- * order (coalesced) and scatter the decoded elements into rows; the generic
- * one decodes element by element with the reference decoder (page sizes the
- * fast ones do not cover). */
+ * starts at blk[pj[i]]. The 16-byte loaders read words in the layout's own
+ * order (consecutive threads, consecutive words: coalesced) and scatter the
+ * decoded elements into token-major rows. They run in two steps: gather
+ * (every word of a thread, K's and V's, loaded into registers back to back,
+ * so a thread has all its loads in flight at once) and scatter (decode and
+ * store); a load cannot be hoisted above a shared-memory store the compiler
+ * cannot tell apart from it, so one fused loop would wait for each load in
+ * turn. Page sizes the 16-byte loaders do not cover use the generic loader,
+ * which decodes element by element with the reference decoder. */
 
 struct tile_ref {
     uint8_t *base;          /* row 0 */
@@ -234,38 +239,142 @@ struct tile_ref {
     int ntok;
 };
 
-template <int D>
-__device__ void load_generic(const tile_ref &T, const kvp__blockfmt &f) {
-    for (int c = threadIdx.x; c < T.ntok * D; c += NT) {
-        int i = c / D, d = c % D;
-        /* fp8: the scale is applied later (logit / p), decode with 1 */
-        float v = kvp__block_decode_one(&f, T.blk[T.pj[i]], T.tt[i], d, 1.0f);
-        put(T.base + i * T.pitch, d, T.kind, v);
+enum : int32_t { LD_GENERIC = 0, LD_PLAIN_TM, LD_PLAIN_DM, LD_K8, LD_K4, LD_V8, LD_V4 };
+
+__device__ __forceinline__ int32_t loader_of(const kvp__blockfmt &f, bool fast) {
+    if (!fast) return LD_GENERIC;
+    if (f.format == KVP_FORMAT_INT8) return f.is_key ? LD_K8 : LD_V8;
+    if (f.format == KVP_FORMAT_INT4) return f.is_key ? LD_K4 : LD_V4;
+    return kvp__blockfmt_dim_major(&f) ? LD_PLAIN_DM : LD_PLAIN_TM;
+}
+
+__device__ __forceinline__ int esize_of(int32_t format) {
+    return format == KVP_FORMAT_FP32 ? 4 : format == KVP_FORMAT_FP8_E4M3 ? 1 : 2;
+}
+
+/* Work items (16-byte words) of a tile. */
+template <int D> __device__ __forceinline__ int items_of(int32_t ld, int32_t format, int ntok) {
+    switch (ld) {
+    case LD_PLAIN_TM: return ntok * (D * esize_of(format) / 16);
+    case LD_PLAIN_DM: return (ntok + 16 / esize_of(format) - 1) / (16 / esize_of(format)) * D;
+    case LD_K8: return (ntok + 3) / 4 * (D / 4);
+    case LD_K4: return (ntok + 7) / 8 * (D / 4);
+    case LD_V8: return (ntok + 3) / 4 * (D / 4);
+    case LD_V4: return (ntok + 3) / 4 * (D / 8);
+    default: return 0;
     }
 }
 
-/* fp32 / fp16 / bf16 / fp8, token-major: a token's row is D*es contiguous bytes. */
+/* A thread's words of one round: up to N of them (16-bit tiles need one
+ * round; fp32 two), and the scale words of the integer formats (at most NS
+ * items a thread). */
+template <int D> struct frag {
+    static constexpr int N = (shape<D>::TT * D * 2 / 16 + NT - 1) / NT;
+    static constexpr int NS = (shape<D>::TT * D / 16 + NT - 1) / NT;
+    uint4 w[N];
+    uint2 s[NS], m[NS];
+};
+
+__device__ __forceinline__ bool scaled(int32_t ld) { return ld >= LD_K8; }
+
+/* Items a thread handles per round, and a round's items for the block. */
+template <int D> __device__ __forceinline__ int per_thread(int32_t ld) {
+    return scaled(ld) ? frag<D>::NS : frag<D>::N;
+}
+
+/* Run f(k, c) for this thread's items c of a round: item k of PER. */
+template <int PER, typename F>
+__device__ __forceinline__ void each_item(int round, int total, F f) {
+    const int first = round * PER * NT + (int)threadIdx.x;
+    KVP_UNROLL
+    for (int k = 0; k < PER; k++) {
+        const int c = first + k * NT;
+        if (c >= total) break;
+        f(k, c);
+    }
+}
+
 template <int D>
-__device__ void load_plain_tm(const tile_ref &T, int32_t format) {
-    const int es = format == KVP_FORMAT_FP32 ? 4 : format == KVP_FORMAT_FP8_E4M3 ? 1 : 2;
-    const int cpr = D * es / 16; /* 16-byte words per row */
-    for (int c = threadIdx.x; c < T.ntok * cpr; c += NT) {
-        int i = c / cpr, w = c % cpr;
-        const uint8_t *src = T.blk[T.pj[i]] + ((size_t)T.tt[i] * D) * es + 16 * w;
-        uint4 v = *reinterpret_cast<const uint4 *>(src);
+__device__ __forceinline__ void gather(const tile_ref &T, int32_t ld, int32_t format, int P, int round,
+                                       frag<D> &fr) {
+    constexpr int N = frag<D>::N, NS = frag<D>::NS;
+    const int total = items_of<D>(ld, format, T.ntok), es = esize_of(format);
+    switch (ld) {
+    case LD_PLAIN_TM:
+        each_item<N>(round, total, [&](int k, int c) {
+            const int cpr = D * es / 16, i = c / cpr, w = c % cpr;
+            fr.w[k] = *reinterpret_cast<const uint4 *>(T.blk[T.pj[i]] + (size_t)T.tt[i] * D * es + 16 * w);
+        });
+        break;
+    case LD_PLAIN_DM:
+        each_item<N>(round, total, [&](int k, int c) {
+            const int i0 = c / D * (16 / es), d = c % D;
+            fr.w[k] = *reinterpret_cast<const uint4 *>(T.blk[T.pj[i0]] + ((size_t)d * P + T.tt[i0]) * es);
+        });
+        break;
+    case LD_K8:
+    case LD_K4:
+        each_item<NS>(round, total, [&](int k, int c) {
+            const int q = c % (D / 4), i0 = c / (D / 4) * (ld == LD_K8 ? 4 : 8);
+            const uint8_t *blk = T.blk[T.pj[i0]];
+            const size_t data = ld == LD_K8 ? (size_t)P * D : (size_t)P * D / 2;
+            const uint8_t *src = ld == LD_K8 ? blk + ((size_t)q * P + T.tt[i0]) * 4
+                                             : blk + ((size_t)q * (P / 2) + T.tt[i0] / 2) * 4;
+            fr.w[k] = *reinterpret_cast<const uint4 *>(src);
+            fr.s[k] = *reinterpret_cast<const uint2 *>(blk + data + 8 * q);
+            fr.m[k] = *reinterpret_cast<const uint2 *>(blk + data + 2 * D + 8 * q);
+        });
+        break;
+    case LD_V8:
+        each_item<NS>(round, total, [&](int k, int c) {
+            const int q = c % (D / 4), i0 = c / (D / 4) * 4, t = T.tt[i0];
+            const uint8_t *blk = T.blk[T.pj[i0]];
+            fr.w[k] = *reinterpret_cast<const uint4 *>(blk + (size_t)(t / 4) * 4 * D + 16 * q);
+            fr.s[k] = *reinterpret_cast<const uint2 *>(blk + (size_t)P * D + 2 * t);
+        });
+        break;
+    case LD_V4:
+        each_item<NS>(round, total, [&](int k, int c) {
+            constexpr int G = (D + KVP__V4_GROUP - 1) / KVP__V4_GROUP;
+            const int sq = c % (D / 8), i0 = c / (D / 8) * 4, t = T.tt[i0], g = (4 * sq) / 16;
+            const uint8_t *blk = T.blk[T.pj[i0]];
+            const uint8_t *sc = blk + (size_t)P * D / 2;
+            fr.w[k] = *reinterpret_cast<const uint4 *>(blk + (size_t)(t / 4) * 2 * D + 16 * sq);
+            fr.s[k] = *reinterpret_cast<const uint2 *>(sc + 2 * ((size_t)g * P + t));
+            fr.m[k] = *reinterpret_cast<const uint2 *>(sc + 2 * (size_t)G * P + 2 * ((size_t)g * P + t));
+        });
+        break;
+    default: break; /* LD_GENERIC */
+    }
+}
+
+__device__ __forceinline__ void fp16x4(float s0, float s1, float s2, float s3, uint8_t *dst) {
+    uint16_t h[4] = {f16_from(s0), f16_from(s1), f16_from(s2), f16_from(s3)};
+    uint2 w;
+    memcpy(&w, h, 8);
+    *reinterpret_cast<uint2 *>(dst) = w;
+}
+
+template <int D>
+__device__ __forceinline__ void scatter_item(const tile_ref &T, int32_t ld, int32_t format, uint4 word,
+                                             uint2 sw, uint2 mw, int c) {
+    const int es = esize_of(format);
+    uint8_t b[16];
+    memcpy(b, &word, 16);
+    switch (ld) {
+    case LD_PLAIN_TM: {
+        const int cpr = D * es / 16, i = c / cpr, w = c % cpr;
         uint8_t *row = T.base + i * T.pitch;
-        if (format != KVP_FORMAT_FP8_E4M3) { /* same bytes in the tile */
-            *reinterpret_cast<uint4 *>(row + 16 * w) = v;
+        if (format != KVP_FORMAT_FP8_E4M3) { /* the same bytes in the tile */
+            *reinterpret_cast<uint4 *>(row + 16 * w) = word;
         } else { /* 16 e4m3 -> 16 fp16, exactly */
-            uint8_t b[16];
-            memcpy(b, &v, 16);
             uint16_t h[16];
             KVP_UNROLL
-            for (int k = 0; k < 16; k += 2) {
+            for (int e = 0; e < 16; e += 2) {
                 __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
-                    (__nv_fp8x2_storage_t)(b[k] | (b[k + 1] << 8)), __NV_E4M3);
-                h[k] = r.x;
-                h[k + 1] = r.y;
+                    (__nv_fp8x2_storage_t)(b[e] | (b[e + 1] << 8)), __NV_E4M3);
+                h[e] = r.x;
+                h[e + 1] = r.y;
             }
             uint4 lo, hi;
             memcpy(&lo, h, 16);
@@ -273,22 +382,10 @@ __device__ void load_plain_tm(const tile_ref &T, int32_t format) {
             *reinterpret_cast<uint4 *>(row + 32 * w) = lo;
             *reinterpret_cast<uint4 *>(row + 32 * w + 16) = hi;
         }
+        break;
     }
-}
-
-/* Plain keys, dim-major: a 16-byte word is E = 16/es tokens of one channel
- * (needs P % E == 0, so E-token groups never straddle pages). */
-template <int D>
-__device__ void load_plain_dm(const tile_ref &T, int32_t format, int P) {
-    const int es = format == KVP_FORMAT_FP32 ? 4 : format == KVP_FORMAT_FP8_E4M3 ? 1 : 2;
-    const int E = 16 / es, groups = (T.ntok + E - 1) / E;
-    for (int c = threadIdx.x; c < groups * D; c += NT) {
-        int gi = c / D, d = c % D, i0 = gi * E;
-        const uint8_t *src = T.blk[T.pj[i0]] + ((size_t)d * P + T.tt[i0]) * es;
-        uint4 v = *reinterpret_cast<const uint4 *>(src);
-        uint8_t b[16];
-        memcpy(b, &v, 16);
-        KVP_UNROLL
+    case LD_PLAIN_DM: { /* E tokens of channel d, transposed into rows */
+        const int E = 16 / es, i0 = c / D * E, d = c % D;
         for (int e = 0; e < E; e++) {
             uint8_t *row = T.base + (i0 + e) * T.pitch;
             if (format == KVP_FORMAT_FP32) {
@@ -304,175 +401,124 @@ __device__ void load_plain_dm(const tile_ref &T, int32_t format, int P) {
                 reinterpret_cast<uint16_t *>(row)[d] = u;
             }
         }
+        break;
     }
-}
-
-/* int8 keys: [D/4][P][4]; a word is 4 tokens x 4 channels (P % 4 == 0). */
-template <int D>
-__device__ void load_k8(const tile_ref &T, int P) {
-    const int Q = D / 4, groups = (T.ntok + 3) / 4;
-    for (int c = threadIdx.x; c < groups * Q; c += NT) {
-        int gi = c / Q, q = c % Q, i0 = 4 * gi;
-        const uint8_t *blk = T.blk[T.pj[i0]];
-        int t = T.tt[i0];
-        uint4 v = *reinterpret_cast<const uint4 *>(blk + ((size_t)q * P + t) * 4);
-        uint2 s2 = *reinterpret_cast<const uint2 *>(blk + (size_t)P * D + 8 * q);
-        uint2 m2 = *reinterpret_cast<const uint2 *>(blk + (size_t)P * D + 2 * D + 8 * q);
-        uint8_t b[16];
+    case LD_K8: case LD_K4: { /* fmaf(scale, code, min) -> fp16 */
+        const int q = c % (D / 4), i0 = c / (D / 4) * (ld == LD_K8 ? 4 : 8);
         uint16_t sh[4], mh[4];
-        memcpy(b, &v, 16);
-        memcpy(sh, &s2, 8);
-        memcpy(mh, &m2, 8);
-        float s[4], m[4];
+        memcpy(sh, &sw, 8);
+        memcpy(mh, &mw, 8);
+        float sc[4], mn[4];
         KVP_UNROLL
-        for (int k = 0; k < 4; k++) {
-            s[k] = kvp__f16_to_f32(sh[k]);
-            m[k] = kvp__f16_to_f32(mh[k]);
+        for (int j = 0; j < 4; j++) {
+            sc[j] = kvp__f16_to_f32(sh[j]);
+            mn[j] = kvp__f16_to_f32(mh[j]);
         }
-        KVP_UNROLL
-        for (int e = 0; e < 4; e++) {
-            uint16_t h[4];
+        if (ld == LD_K8) {
             KVP_UNROLL
-            for (int k = 0; k < 4; k++) h[k] = f16_from(fmaf(s[k], (float)b[4 * e + k], m[k]));
-            uint2 w;
-            memcpy(&w, h, 8);
-            *reinterpret_cast<uint2 *>(T.base + (i0 + e) * T.pitch + 8 * q) = w;
-        }
-    }
-}
-
-/* int4 keys: [D/4][P/2][4]; a word is 4 token pairs x 4 channels (P % 8 == 0). */
-template <int D>
-__device__ void load_k4(const tile_ref &T, int P) {
-    const int Q = D / 4, groups = (T.ntok + 7) / 8;
-    for (int c = threadIdx.x; c < groups * Q; c += NT) {
-        int gi = c / Q, q = c % Q, i0 = 8 * gi;
-        const uint8_t *blk = T.blk[T.pj[i0]];
-        int t = T.tt[i0];
-        uint4 v = *reinterpret_cast<const uint4 *>(blk + ((size_t)q * (P / 2) + t / 2) * 4);
-        uint2 s2 = *reinterpret_cast<const uint2 *>(blk + (size_t)P * D / 2 + 8 * q);
-        uint2 m2 = *reinterpret_cast<const uint2 *>(blk + (size_t)P * D / 2 + 2 * D + 8 * q);
-        uint8_t b[16];
-        uint16_t sh[4], mh[4];
-        memcpy(b, &v, 16);
-        memcpy(sh, &s2, 8);
-        memcpy(mh, &m2, 8);
-        float s[4], m[4];
-        KVP_UNROLL
-        for (int k = 0; k < 4; k++) {
-            s[k] = kvp__f16_to_f32(sh[k]);
-            m[k] = kvp__f16_to_f32(mh[k]);
-        }
-        KVP_UNROLL
-        for (int e = 0; e < 8; e++) { /* token t + e: pair e/2, nibble e%2 */
-            uint16_t h[4];
+            for (int e = 0; e < 4; e++) /* token e: bytes 4e .. 4e+3 are channels 4q .. 4q+3 */
+                fp16x4(fmaf(sc[0], (float)b[4 * e], mn[0]), fmaf(sc[1], (float)b[4 * e + 1], mn[1]),
+                       fmaf(sc[2], (float)b[4 * e + 2], mn[2]), fmaf(sc[3], (float)b[4 * e + 3], mn[3]),
+                       T.base + (i0 + e) * T.pitch + 8 * q);
+        } else {
             KVP_UNROLL
-            for (int k = 0; k < 4; k++) {
-                unsigned byte = b[4 * (e / 2) + k];
-                unsigned code = (e & 1) ? byte >> 4 : byte & 15u;
-                h[k] = f16_from(fmaf(s[k], (float)code, m[k]));
+            for (int e = 0; e < 8; e++) { /* token e: pair e/2, nibble e%2 */
+                const int o = 4 * (e / 2), sh4 = 4 * (e & 1);
+                fp16x4(fmaf(sc[0], (float)((b[o] >> sh4) & 15u), mn[0]),
+                       fmaf(sc[1], (float)((b[o + 1] >> sh4) & 15u), mn[1]),
+                       fmaf(sc[2], (float)((b[o + 2] >> sh4) & 15u), mn[2]),
+                       fmaf(sc[3], (float)((b[o + 3] >> sh4) & 15u), mn[3]),
+                       T.base + (i0 + e) * T.pitch + 8 * q);
             }
-            uint2 w;
-            memcpy(&w, h, 8);
-            *reinterpret_cast<uint2 *>(T.base + (i0 + e) * T.pitch + 8 * q) = w;
         }
+        break;
     }
-}
-
-/* int8 values: token groups [D][4]; a word is 4 channels x 4 tokens
- * (P % 4 == 0). Codes go in exactly; the token's scale goes to vs. */
-template <int D>
-__device__ void load_v8(const tile_ref &T, int P) {
-    const int Q = D / 4, groups = (T.ntok + 3) / 4;
-    for (int c = threadIdx.x; c < groups * Q; c += NT) {
-        int gi = c / Q, q = c % Q, i0 = 4 * gi;
-        const uint8_t *blk = T.blk[T.pj[i0]];
-        int t = T.tt[i0];
-        uint4 v = *reinterpret_cast<const uint4 *>(blk + (size_t)(t / 4) * 4 * D + 16 * q);
-        uint8_t b[16];
-        memcpy(b, &v, 16);
+    case LD_V8: { /* codes exactly; the token scales go to vs */
+        const int q = c % (D / 4), i0 = c / (D / 4) * 4;
         KVP_UNROLL
-        for (int e = 0; e < 4; e++) {
-            uint16_t h[4];
-            KVP_UNROLL
-            for (int k = 0; k < 4; k++) h[k] = f16_from((float)(int8_t)b[4 * k + e]);
-            uint2 w;
-            memcpy(&w, h, 8);
-            *reinterpret_cast<uint2 *>(T.base + (i0 + e) * T.pitch + 8 * q) = w;
-        }
+        for (int e = 0; e < 4; e++) /* token e: channel 4q + j is byte 4j + e */
+            fp16x4((float)(int8_t)b[e], (float)(int8_t)b[4 + e], (float)(int8_t)b[8 + e],
+                   (float)(int8_t)b[12 + e], T.base + (i0 + e) * T.pitch + 8 * q);
         if (q == 0) {
-            uint2 s2 = *reinterpret_cast<const uint2 *>(blk + (size_t)P * D + 2 * t);
             uint16_t sh[4];
-            memcpy(sh, &s2, 8);
+            memcpy(sh, &sw, 8);
             KVP_UNROLL
             for (int e = 0; e < 4; e++) T.vs[i0 + e] = kvp__f16_to_f32(sh[e]);
         }
+        break;
     }
-}
-
-/* int4 values: token groups of [D/2 slots][4]; a word is 4 slots x 4 tokens
- * (P % 4 == 0); slot s of group g = s/16 holds channels 32g + s%16 (low
- * nibble) and 32g + s%16 + W/2 (high). */
-template <int D>
-__device__ void load_v4(const tile_ref &T, int P) {
-    constexpr int G = (D + KVP__V4_GROUP - 1) / KVP__V4_GROUP;
-    const int Q = D / 8, groups = (T.ntok + 3) / 4;
-    for (int c = threadIdx.x; c < groups * Q; c += NT) {
-        int gi = c / Q, sq = c % Q, i0 = 4 * gi;
-        const uint8_t *blk = T.blk[T.pj[i0]];
-        int t = T.tt[i0];
-        int g = (4 * sq) / 16, w = D - g * KVP__V4_GROUP < KVP__V4_GROUP ? D - g * KVP__V4_GROUP
-                                                                          : KVP__V4_GROUP;
-        uint4 v = *reinterpret_cast<const uint4 *>(blk + (size_t)(t / 4) * 2 * D + 16 * sq);
-        const uint8_t *sc = blk + (size_t)P * D / 2;
-        uint2 s2 = *reinterpret_cast<const uint2 *>(sc + 2 * ((size_t)g * P + t));
-        uint2 m2 = *reinterpret_cast<const uint2 *>(sc + 2 * (size_t)G * P + 2 * ((size_t)g * P + t));
-        uint8_t b[16];
+    default: { /* LD_V4: slot 4sq + j of group g holds channels 32g + s (low), + W/2 (high) */
+        const int sq = c % (D / 8), i0 = c / (D / 8) * 4, g = (4 * sq) / 16;
+        const int w = D - g * KVP__V4_GROUP < KVP__V4_GROUP ? D - g * KVP__V4_GROUP : KVP__V4_GROUP;
+        const int d0 = g * KVP__V4_GROUP + (4 * sq) % 16;
         uint16_t sh[4], mh[4];
-        memcpy(b, &v, 16);
-        memcpy(sh, &s2, 8);
-        memcpy(mh, &m2, 8);
+        memcpy(sh, &sw, 8);
+        memcpy(mh, &mw, 8);
         KVP_UNROLL
         for (int e = 0; e < 4; e++) {
-            float s = kvp__f16_to_f32(sh[e]), m = kvp__f16_to_f32(mh[e]);
-            uint16_t *row = reinterpret_cast<uint16_t *>(T.base + (i0 + e) * T.pitch);
-            KVP_UNROLL
-            for (int k = 0; k < 4; k++) {
-                int si = (4 * sq + k) % 16, d = g * KVP__V4_GROUP + si;
-                unsigned byte = b[4 * k + e];
-                row[d] = f16_from(fmaf(s, (float)(byte & 15u), m));
-                row[d + w / 2] = f16_from(fmaf(s, (float)(byte >> 4), m));
-            }
+            const float sc = kvp__f16_to_f32(sh[e]), mn = kvp__f16_to_f32(mh[e]);
+            uint8_t *row = T.base + (i0 + e) * T.pitch;
+            fp16x4(fmaf(sc, (float)(b[e] & 15u), mn), fmaf(sc, (float)(b[4 + e] & 15u), mn),
+                   fmaf(sc, (float)(b[8 + e] & 15u), mn), fmaf(sc, (float)(b[12 + e] & 15u), mn),
+                   row + 2 * d0);
+            fp16x4(fmaf(sc, (float)(b[e] >> 4), mn), fmaf(sc, (float)(b[4 + e] >> 4), mn),
+                   fmaf(sc, (float)(b[8 + e] >> 4), mn), fmaf(sc, (float)(b[12 + e] >> 4), mn),
+                   row + 2 * (d0 + w / 2));
         }
+        break;
+    }
     }
 }
 
-/* A tile of K (T.vs NULL) or V blocks. Value tiles also set vs[i], the
- * multiplier of p for row i: int8 values' token scales (fast loader), else
- * `vuni` (an fp8 scale, or 1). */
 template <int D>
-__device__ void load_tile(const tile_ref &T, const kvp__blockfmt &f, bool fast, int P, float vuni) {
-    const bool v8 = fast && !f.is_key && f.format == KVP_FORMAT_INT8;
-    if (T.vs != nullptr && !v8)
-        for (int i = threadIdx.x; i < T.ntok; i += NT) T.vs[i] = vuni;
-    if (!fast) {
-        load_generic<D>(T, f);
-        return;
+__device__ __forceinline__ void scatter(const tile_ref &T, int32_t ld, int32_t format, int round,
+                                        const frag<D> &fr) {
+    const int total = items_of<D>(ld, format, T.ntok);
+    if (ld == LD_GENERIC) return;
+    if (scaled(ld)) {
+        each_item<frag<D>::NS>(round, total, [&](int k, int c) {
+            scatter_item<D>(T, ld, format, fr.w[k], fr.s[k], fr.m[k], c);
+        });
+    } else {
+        const uint2 none = make_uint2(0u, 0u);
+        each_item<frag<D>::N>(round, total, [&](int k, int c) {
+            scatter_item<D>(T, ld, format, fr.w[k], none, none, c);
+        });
     }
-    switch (f.format) {
-    case KVP_FORMAT_INT8:
-        if (f.is_key) load_k8<D>(T, P);
-        else load_v8<D>(T, P);
-        return;
-    case KVP_FORMAT_INT4:
-        if (f.is_key) load_k4<D>(T, P);
-        else load_v4<D>(T, P);
-        return;
-    default:
-        if (kvp__blockfmt_dim_major(&f)) load_plain_dm<D>(T, f.format, P);
-        else load_plain_tm<D>(T, f.format);
-        return;
+}
+
+template <int D>
+__device__ void load_generic(const tile_ref &T, const kvp__blockfmt &f) {
+    for (int c = threadIdx.x; c < T.ntok * D; c += NT) {
+        int i = c / D, d = c % D;
+        /* fp8: the scale is applied later (logit / p), decode with 1 */
+        float v = kvp__block_decode_one(&f, T.blk[T.pj[i]], T.tt[i], d, 1.0f);
+        put(T.base + i * T.pitch, d, T.kind, v);
     }
+}
+
+/* Phase B: the K and V tiles. Value tiles also set vs[i], the multiplier of
+ * p for row i: int8 values' token scales (16-byte loader), else `vuni` (an
+ * fp8 scale, or 1). */
+template <int D>
+__device__ void load_tiles(const tile_ref &K, const kvp__blockfmt &fk, bool fast_k, const tile_ref &V,
+                           const kvp__blockfmt &fv, bool fast_v, int P, float vuni) {
+    const int32_t lk = loader_of(fk, fast_k), lv = loader_of(fv, fast_v);
+    if (lv != LD_V8)
+        for (int i = threadIdx.x; i < V.ntok; i += NT) V.vs[i] = vuni;
+    const int nk = items_of<D>(lk, fk.format, K.ntok), nv = items_of<D>(lv, fv.format, V.ntok);
+    const int ck = per_thread<D>(lk) * NT, cv = per_thread<D>(lv) * NT;
+    const int rounds_k = (nk + ck - 1) / ck, rounds_v = (nv + cv - 1) / cv;
+    const int rounds = rounds_k > rounds_v ? rounds_k : rounds_v;
+    for (int r = 0; r < rounds; r++) {
+        frag<D> a, b;
+        gather<D>(K, lk, fk.format, P, r, a);
+        gather<D>(V, lv, fv.format, P, r, b);
+        scatter<D>(K, lk, fk.format, r, a);
+        scatter<D>(V, lv, fv.format, r, b);
+    }
+    if (lk == LD_GENERIC) load_generic<D>(K, fk);
+    if (lv == LD_GENERIC) load_generic<D>(V, fv);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------- */
@@ -649,23 +695,24 @@ __global__ void __launch_bounds__(NT) k_attention(params p) {
 
         /* B: K and V tiles */
         {
-            tile_ref T;
-            T.base = ktile;
-            T.pitch = smem_plan<D>::pitch(kk);
-            T.kind = kk;
-            T.blk = kblk;
-            T.pj = pj;
-            T.tt = tt;
-            T.vs = nullptr;
-            T.ntok = ntok;
-            load_tile<D>(T, stg ? g.sfmt[0] : g.fmt[0], stg ? p.sfast != 0 : p.fast[0] != 0, P, 1.0f);
-            T.base = vtile;
-            T.pitch = smem_plan<D>::pitch(vk);
-            T.kind = vk;
-            T.blk = vblk;
-            T.vs = vs;
-            load_tile<D>(T, stg ? g.sfmt[1] : g.fmt[1], stg ? true : p.fast[1] != 0, P,
-                         stg ? 1.0f : vscale_pool);
+            tile_ref K, V;
+            K.base = ktile;
+            K.pitch = smem_plan<D>::pitch(kk);
+            K.kind = kk;
+            K.blk = kblk;
+            K.pj = pj;
+            K.tt = tt;
+            K.vs = nullptr;
+            K.ntok = ntok;
+            V = K;
+            V.base = vtile;
+            V.pitch = smem_plan<D>::pitch(vk);
+            V.kind = vk;
+            V.blk = vblk;
+            V.vs = vs;
+            load_tiles<D>(K, stg ? g.sfmt[0] : g.fmt[0], stg ? p.sfast != 0 : p.fast[0] != 0, V,
+                          stg ? g.sfmt[1] : g.fmt[1], stg ? true : p.fast[1] != 0, P,
+                          stg ? 1.0f : vscale_pool);
         }
         __syncthreads(); /* B */
 

@@ -254,9 +254,7 @@ static void run_append_case(int32_t kf, int32_t vf, int32_t order, int32_t P, in
         for (int64_t i = 0; i < (int64_t)rows * stride; i++) k[i] = 3.0f * k[i] + (float)(i % 7) - 3.0f;
         int32_t nops = 0, row = 0;
         for (int i = 0; i < nseq; i++) {
-            int32_t before = nops;
             assert_int_equal(kvt_plan_append(&pool, &seqs[i], want[i], row, slots + row, ops, &nops), 0);
-            (void)before;
             row += want[i];
             slots[row++] = -1; /* padding */
         }
