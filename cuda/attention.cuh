@@ -489,10 +489,18 @@ __device__ __forceinline__ void scatter(const tile_ref &T, int32_t ld, int32_t f
 
 template <int D>
 __device__ void load_generic(const tile_ref &T, const kvp__blockfmt &f) {
+    const bool v8 = !f.is_key && f.format == KVP_FORMAT_INT8;
     for (int c = threadIdx.x; c < T.ntok * D; c += NT) {
         int i = c / D, d = c % D;
-        /* fp8: the scale is applied later (logit / p), decode with 1 */
-        float v = kvp__block_decode_one(&f, T.blk[T.pj[i]], T.tt[i], d, 1.0f);
+        const uint8_t *blk = T.blk[T.pj[i]];
+        float v;
+        if (v8) { /* as the 16-byte loader: the code exactly, the token's scale to vs */
+            v = (float)(int8_t)blk[kvp__v8_offset(f.page_size, D, T.tt[i], d)];
+            if (d == 0)
+                T.vs[i] = kvp__f16_to_f32(kvp__load_u16(blk + (size_t)f.page_size * D + 2 * T.tt[i]));
+        } else { /* fp8: the scale is applied later (logit / p), decode with 1 */
+            v = kvp__block_decode_one(&f, blk, T.tt[i], d, 1.0f);
+        }
         put(T.base + i * T.pitch, d, T.kind, v);
     }
 }
@@ -504,7 +512,7 @@ template <int D>
 __device__ void load_tiles(const tile_ref &K, const kvp__blockfmt &fk, bool fast_k, const tile_ref &V,
                            const kvp__blockfmt &fv, bool fast_v, int P, float vuni) {
     const int32_t lk = loader_of(fk, fast_k), lv = loader_of(fv, fast_v);
-    if (lv != LD_V8)
+    if (fv.format != KVP_FORMAT_INT8) /* int8 values: the loaders set the token scales */
         for (int i = threadIdx.x; i < V.ntok; i += NT) V.vs[i] = vuni;
     const int nk = items_of<D>(lk, fk.format, K.ntok), nv = items_of<D>(lv, fv.format, V.ntok);
     const int ck = per_thread<D>(lk) * NT, cv = per_thread<D>(lv) * NT;

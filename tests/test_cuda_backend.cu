@@ -869,6 +869,32 @@ static void test_attention_shapes(void **state) {
     kvp_ctx_destroy(gc);
 }
 
+/* Page sizes the 16-byte loaders do not cover (element-wise fallback), in
+ * whole-page tiles (P <= 32) and in chunks of a page (P > 32), with a
+ * sliding window that skips chunks. */
+static void test_attention_odd_pages(void **state) {
+    (void)state;
+    static const struct {
+        int32_t kf, vf, order, P, D;
+    } cases[] = {
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT8, 0, 50, 64},     {KVP_FORMAT_INT4, KVP_FORMAT_INT4, 0, 36, 80},
+        {KVP_FORMAT_INT4, KVP_FORMAT_INT8, 0, 6, 64},      {KVP_FORMAT_FP16, KVP_FORMAT_FP8_E4M3, 1, 3, 96},
+        {KVP_FORMAT_FP32, KVP_FORMAT_BF16, 1, 42, 64},     {KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT4, 1, 40, 128},
+        {KVP_FORMAT_BF16, KVP_FORMAT_INT8, 1, 5, 256},
+    };
+    kvp_ctx_t *cc = cpu_ctx(), *gc = gpu_ctx(0);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int32_t kv_len[] = {3 * cases[i].P + 7, 2 * cases[i].P}, q_len[] = {3, 1};
+        batch_spec s = {1, 2, cases[i].D, cases[i].P, cases[i].kf, cases[i].vf, cases[i].order, 2,
+                        kv_len, q_len, 800 + i};
+        check_batch(&s, cc, gc, &plain_opts, "odd page");
+        attn_opts w = {1, cases[i].P / 2 + 3, KVP_FORMAT_FP32, 0.0f};
+        check_batch(&s, cc, gc, &w, "window");
+    }
+    kvp_ctx_destroy(cc);
+    kvp_ctx_destroy(gc);
+}
+
 /* Ragged batches (chunked prefill, decode, speculative rows, a one-token
  * sequence, one across hundreds of pages), GQA 1/4/8 and MQA; split-KV on
  * (the simulator's 132 SMs want splits for any small batch) and off (a
@@ -1234,6 +1260,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_standalone),
         cmocka_unit_test(test_attention_formats),
         cmocka_unit_test(test_attention_shapes),
+        cmocka_unit_test(test_attention_odd_pages),
         cmocka_unit_test(test_attention_ragged_and_splits),
         cmocka_unit_test(test_attention_options),
         cmocka_unit_test(test_streams),
