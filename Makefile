@@ -164,11 +164,17 @@ SHARED_LIBS := $(SHARED_REAL) $(BUILD)/$(SONAME) $(BUILD)/libkvpage.so
 # ---- configuration stamp ------------------------------------------------------
 # Objects depend on a file holding the flags they were built with, so changing
 # HAVE_CUDA, CC or CFLAGS rebuilds what it must (SAN=1 has its own directory).
+# nvcc objects have a stamp of their own: C flags (WERROR, CC) do not reach
+# them, and rebuilding the kernels takes minutes.
 CONFIG_LINE := $(CC) $(ALL_CFLAGS) | cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS) | $(LIBS)
 CONFIG_STAMP := $(BUILD)/.config
+NVCC_CONFIG_LINE := cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS)
+NVCC_STAMP := $(BUILD)/.config-nvcc
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell mkdir -p $(BUILD) && { printf '%s\n' '$(CONFIG_LINE)' | cmp -s - $(CONFIG_STAMP) || \
     printf '%s\n' '$(CONFIG_LINE)' > $(CONFIG_STAMP); })
+$(shell { printf '%s\n' '$(NVCC_CONFIG_LINE)' | cmp -s - $(NVCC_STAMP) || \
+    printf '%s\n' '$(NVCC_CONFIG_LINE)' > $(NVCC_STAMP); })
 endif
 
 # ---- top-level targets --------------------------------------------------------
@@ -196,7 +202,7 @@ $(OBJ)/%.o: %.c $(CONFIG_STAMP)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(OBJ)/%.o: %.cu $(CONFIG_STAMP)
+$(OBJ)/%.o: %.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(ALL_NVCCFLAGS) $(NVCC_EXTRA) -c $< -o $@
@@ -231,7 +237,7 @@ $(OBJ)/sim/%.o: %.cu $(CONFIG_STAMP)
 	$(Q)$(CXX) $(SIM_CXXFLAGS) -x c++ -c $< -o $@
 
 # nvcc compiles the simulator's test kernels too: they must stay real CUDA.
-$(OBJ)/nvcc-check/%.o: tests/cudasim/%.cu $(CONFIG_STAMP)
+$(OBJ)/nvcc-check/%.o: tests/cudasim/%.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $< (syntax check)")
 	$(Q)$(NVCC) -std=c++17 -arch=sm_$(lastword $(CUDA_ARCHS)) -Iinclude -Ilib -c $< -o $@
@@ -280,7 +286,7 @@ $(BUILD)/tests/test_cuda_sim: $(OBJ)/sim/tests/test_cuda_backend.o $(SIM_CU_OBJS
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm -lpthread
 
-$(OBJ)/gpu/tests/%.o: tests/%.cu $(CONFIG_STAMP)
+$(OBJ)/gpu/tests/%.o: tests/%.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) -std=c++17 $(NVCCFLAGS) $(NVCC_GENCODE) -Iinclude -Ilib $(DEFS) -MMD -MP \
