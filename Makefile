@@ -103,8 +103,12 @@ LIBS := $(CUDA_LIBS) $(SYS_LIBS)
 NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                 -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
 NVCCFLAGS ?= -O3
+# -fno-threadsafe-statics: nvcc's launch stubs keep a function-local static;
+# without guards (its initializer is a constant) the objects need no C++
+# runtime, so libkvpage.a links into C programs with the C compiler alone.
 ALL_NVCCFLAGS := -std=c++17 $(NVCCFLAGS) $(NVCC_GENCODE) -Iinclude -Ilib $(DEFS) \
                  -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-fno-exceptions \
+                 -Xcompiler -fno-rtti,-fno-threadsafe-statics \
                  -MMD -MP
 ifeq ($(SAN),1)
 ALL_NVCCFLAGS += -Xcompiler -fsanitize=address,-fsanitize=undefined,-fno-omit-frame-pointer
@@ -149,6 +153,15 @@ endif
 ifeq ($(HAVE_CUDA),1)
 TESTS += $(BUILD)/tests/test_cudasim
 NVCC_CHECKS := $(OBJ)/nvcc-check/test_cudasim.o
+# The CUDA backend's tests: the same cuda/*.cu compiled as C++ against the
+# simulator, linked with the C library objects (tests/test_cuda_backend.cu).
+SIM_CU_OBJS := $(CU_SRCS:%.cu=$(OBJ)/sim/%.o)
+LIB_C_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o)
+TESTS += $(BUILD)/tests/test_cuda_sim
+# ... and the same test source built by nvcc against the real runtime, for
+# `make test-cuda` on a machine with a GPU (built by `make tests` too, so CI
+# keeps it compiling; not run here).
+GPU_TESTS := $(BUILD)/tests/test_cuda_gpu
 endif
 
 STATIC_LIB := $(BUILD)/libkvpage.a
@@ -159,11 +172,17 @@ SHARED_LIBS := $(SHARED_REAL) $(BUILD)/$(SONAME) $(BUILD)/libkvpage.so
 # ---- configuration stamp ------------------------------------------------------
 # Objects depend on a file holding the flags they were built with, so changing
 # HAVE_CUDA, CC or CFLAGS rebuilds what it must (SAN=1 has its own directory).
+# nvcc objects have a stamp of their own: C flags (WERROR, CC) do not reach
+# them, and rebuilding the kernels takes minutes.
 CONFIG_LINE := $(CC) $(ALL_CFLAGS) | cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS) | $(LIBS)
 CONFIG_STAMP := $(BUILD)/.config
+NVCC_CONFIG_LINE := cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS)
+NVCC_STAMP := $(BUILD)/.config-nvcc
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
 $(shell mkdir -p $(BUILD) && { printf '%s\n' '$(CONFIG_LINE)' | cmp -s - $(CONFIG_STAMP) || \
     printf '%s\n' '$(CONFIG_LINE)' > $(CONFIG_STAMP); })
+$(shell { printf '%s\n' '$(NVCC_CONFIG_LINE)' | cmp -s - $(NVCC_STAMP) || \
+    printf '%s\n' '$(NVCC_CONFIG_LINE)' > $(NVCC_STAMP); })
 endif
 
 # ---- top-level targets --------------------------------------------------------
@@ -176,7 +195,7 @@ lib: $(STATIC_LIB) $(SHARED_LIBS)
 
 tools: $(TOOLS)
 
-tests: $(TESTS) engine
+tests: $(TESTS) $(GPU_TESTS) engine
 
 print-config:
 	@echo "version    $(VERSION)"
@@ -191,10 +210,14 @@ $(OBJ)/%.o: %.c $(CONFIG_STAMP)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(OBJ)/%.o: %.cu $(CONFIG_STAMP)
+$(OBJ)/%.o: %.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
-	$(Q)$(NVCC) $(ALL_NVCCFLAGS) -c $< -o $@
+	$(Q)$(NVCC) $(ALL_NVCCFLAGS) $(NVCC_EXTRA) -c $< -o $@
+
+# The encoders must round exactly as the CPU's reference codec: no
+# contraction of a multiply and an add into an FMA behind our back.
+$(OBJ)/cuda/append.o $(OBJ)/cuda/quant.o $(OBJ)/cuda/copy.o: NVCC_EXTRA := --fmad=false
 
 $(OBJ)/tools/%.o: tools/%.c $(CONFIG_STAMP)
 	@mkdir -p $(@D)
@@ -222,7 +245,7 @@ $(OBJ)/sim/%.o: %.cu $(CONFIG_STAMP)
 	$(Q)$(CXX) $(SIM_CXXFLAGS) -x c++ -c $< -o $@
 
 # nvcc compiles the simulator's test kernels too: they must stay real CUDA.
-$(OBJ)/nvcc-check/%.o: tests/cudasim/%.cu $(CONFIG_STAMP)
+$(OBJ)/nvcc-check/%.o: tests/cudasim/%.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $< (syntax check)")
 	$(Q)$(NVCC) -std=c++17 -arch=sm_$(lastword $(CUDA_ARCHS)) -Iinclude -Ilib -c $< -o $@
@@ -264,6 +287,23 @@ $(BUILD)/tests/test_cudasim: $(OBJ)/sim/tests/cudasim/test_cudasim.o $(OBJ)/sim/
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $(filter-out $(NVCC_CHECKS),$^) -lcmocka -lm -lpthread
+
+$(BUILD)/tests/test_cuda_sim: $(OBJ)/sim/tests/test_cuda_backend.o $(SIM_CU_OBJS) \
+                              $(OBJ)/sim/tests/cudasim/cudasim.o $(LIB_C_OBJS)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm -lpthread
+
+$(OBJ)/gpu/tests/%.o: tests/%.cu $(NVCC_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) -std=c++17 $(NVCCFLAGS) $(NVCC_GENCODE) -Iinclude -Ilib $(DEFS) -MMD -MP \
+	    -Xcompiler -Wall,-Wextra -c $< -o $@
+
+$(BUILD)/tests/test_cuda_gpu: $(OBJ)/gpu/tests/test_cuda_backend.o $(STATIC_LIB)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(NVCC) $(NVCC_GENCODE) $(LDFLAGS) -o $@ $^ -lcmocka -lm -lpthread -ldl -lrt
 
 # ---- tests ----------------------------------------------------------------------
 deps-test:
@@ -313,6 +353,17 @@ test-python: $(SHARED_LIBS)
 test-unit: deps-test
 	@$(MAKE) --no-print-directory all tests
 	@$(call run_with_model,$(TESTS) $(ENGINE_TESTS))
+
+# The CUDA backend's test suite on a real GPU (nvcc, the real runtime): the
+# kernels of the library itself, compared with the CPU backend.
+.PHONY: test-cuda
+test-cuda: deps-test
+ifeq ($(HAVE_CUDA),1)
+	@$(MAKE) --no-print-directory $(BUILD)/tests/test_cuda_gpu
+	@scripts/run-tests.sh $(BUILD)/tests/test_cuda_gpu
+else
+	@echo "test-cuda: this build has HAVE_CUDA=0 (no nvcc)" >&2; exit 1
+endif
 
 test-install: deps-test all
 	+@CC="$(CC)" HAVE_CUDA=$(HAVE_CUDA) scripts/test-install.sh

@@ -398,6 +398,7 @@ static int parse_options(int argc, char **argv, options *o) {
             if (o->only_fmt < 0) return -1;
         }
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) o->threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(argv[i + 1], "cpu")) i++;
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *n = argv[++i];
             o->isa = -1;
@@ -411,9 +412,12 @@ static int parse_options(int argc, char **argv, options *o) {
 }
 
 int bench_attention(int argc, char **argv) {
+    for (int i = 2; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda"))
+            return bench_attention_cuda(argc, argv);
     options o;
     if (parse_options(argc, argv, &o) != 0) {
-        fprintf(stderr, "usage: kvpage-bench attention [--quick] [--threads N] "
+        fprintf(stderr, "usage: kvpage-bench attention [--device cpu|cuda] [--quick] [--threads N] "
                         "[--isa auto|portable|avx2|avx512]\n"
                         "       [--acc-seqs N (8)] [--accuracy-only]\n"
                         "       [--format fp16|int8|int4|fp16-hnd] [--page N] [--batch N] "

@@ -34,5 +34,7 @@ int bench_pool(int argc, char **argv);
 /* Memory utilization: static reservation vs. paging (bench/utilization.c). */
 int bench_utilization(int argc, char **argv);
 int bench_attention(int argc, char **argv);
+/* kvpage-bench attention --device cuda (bench/attention_cuda.c). */
+int bench_attention_cuda(int argc, char **argv);
 
 #endif

@@ -1672,8 +1672,31 @@ enum kvp_k_order {
     KVP_K_ORDER_DIM_MAJOR = 1
 };
 
-/** @brief Opaque page arena on a backend (CPU here). */
+/**
+ * @brief Opaque page arena on a backend: host memory (kvp_store_create()) or
+ *        a CUDA device (kvp_cuda_store_create() in kvpage_cuda.h).
+ *
+ * The store functions below work on either backend with the same bytes and
+ * the same results. On a CUDA store the *tensors* an engine passes (the rows
+ * of kvp_append_t, the queries, outputs and log-sum-exp of
+ * kvp_attention_params_t) are device pointers, while the *metadata* (slots,
+ * page operations, the CSR view, `qo_indptr`) stays in host memory, where the
+ * page table makes it and where it is checked before anything runs.
+ */
 typedef struct kvp_store kvp_store_t;
+
+/** @brief Where a store keeps its arena and a context runs its kernels. */
+enum kvp_backend {
+    KVP_BACKEND_CPU = 0, /**< Host memory, CPU kernels (portable, AVX2, AVX-512). */
+    KVP_BACKEND_CUDA = 1 /**< A CUDA device (kvpage_cuda.h). */
+};
+
+/**
+ * @brief The backend of a store.
+ * @param[in] store The store.
+ * @return A #kvp_backend, or -1 for NULL.
+ */
+KVP_API int32_t kvp_store_backend(const kvp_store_t *store);
 
 /**
  * @brief Inputs of kvp_store_create(). Fill with kvp_store_params_init().
@@ -1743,7 +1766,8 @@ KVP_API int kvp_store_layout(const kvp_store_t *store, kvp_layout_t *out);
 /**
  * @brief The arena: its base address and size in bytes.
  * @param[in]  store The store.
- * @param[out] base  Base address (aligned to #KVP_ARENA_ALIGN).
+ * @param[out] base  Base address (aligned to #KVP_ARENA_ALIGN); a device
+ *                   address on a CUDA store.
  * @param[out] bytes Size: exactly kvp_arena_bytes() of the store's layout.
  * @return #KVP_OK or #KVP_EINVAL (NULL).
  */
@@ -1767,7 +1791,8 @@ enum kvp_region_kind {
  * block is at `t * token_stride + d * dim_stride` bytes; with token-major
  * keys and values this is FlashInfer's HND layout
  * (`[page][kv_head][token][head_dim]`). Quantized blocks (int8, int4) have
- * token_stride = dim_stride = 0: their bytes are in docs/formats.md.
+ * token_stride = dim_stride = 0: their bytes are in docs/formats.md. On a
+ * CUDA store `base` is a device address.
  */
 typedef struct kvp_region {
     uint32_t struct_size;  /**< Set by the caller to sizeof(kvp_region_t). */
@@ -1812,7 +1837,8 @@ KVP_API int kvp_store_region(const kvp_store_t *store, int32_t layer, int32_t ki
  * @param[in] is_value 0 for keys, 1 for values.
  * @param[in] scale    A finite scale > 0, or 0 to calibrate again.
  * @return #KVP_OK; #KVP_EINVAL for bad arguments, or when that side's
- *         format is not fp8_e4m3.
+ *         format is not fp8_e4m3; #KVP_ECUDA for a CUDA failure (CUDA
+ *         store: the scale is copied on the store's stream).
  */
 KVP_API int kvp_store_set_fp8_scale(kvp_store_t *store, int32_t layer, int32_t kv_head,
                                     int32_t is_value, float scale);
@@ -1824,7 +1850,8 @@ KVP_API int kvp_store_set_fp8_scale(kvp_store_t *store, int32_t layer, int32_t k
  * @param[in]  kv_head  0 .. kv_heads-1.
  * @param[in]  is_value 0 for keys, 1 for values.
  * @param[out] scale    The scale; 0 while not calibrated yet.
- * @return #KVP_OK or #KVP_EINVAL (bad arguments, side not fp8_e4m3).
+ * @return #KVP_OK or #KVP_EINVAL (bad arguments, side not fp8_e4m3);
+ *         #KVP_ECUDA for a CUDA failure (CUDA store: waits for its stream).
  */
 KVP_API int kvp_store_get_fp8_scale(const kvp_store_t *store, int32_t layer,
                                     int32_t kv_head, int32_t is_value, float *scale);
@@ -1876,6 +1903,11 @@ KVP_API void kvp_append_init(kvp_append_t *a);
  * (kvp_store_nonfinite_count()). Call once per layer with the same slots
  * and ops; apply #KVP_OP_COPY / #KVP_OP_UNSEAL first (kvp_store_apply_ops()).
  *
+ * CUDA store: `k` and `v` are device pointers, `slots` and `ops` host
+ * arrays; the work is enqueued on the store's stream (the slots and seals
+ * are uploaded once for a run of calls with the same ones, e.g. every
+ * layer of a step) and the call returns.
+ *
  * @param[in,out] store The store.
  * @param[in]     a     The rows, slots and operations.
  * @return #KVP_OK; #KVP_EINVAL for NULL pointers, a bad layer, dtype, stride
@@ -1900,8 +1932,9 @@ KVP_API int kvp_store_append(kvp_store_t *store, const kvp_append_t *a);
  * @param[in]     num_ops Their number.
  * @return #KVP_OK; #KVP_EINVAL for an unknown kind, page ids out of range or
  *         of the wrong kind, a bad count, or UNSEAL without staging. All
- *         operations are checked before any is executed. Cost: one page of
- *         bytes per operation.
+ *         operations are checked before any is executed; #KVP_ECUDA for a
+ *         CUDA failure (CUDA store: enqueued on its stream). Cost: one page
+ *         of bytes per operation.
  */
 KVP_API int kvp_store_apply_ops(kvp_store_t *store, const kvp_page_op_t *ops, int32_t num_ops);
 
@@ -1914,7 +1947,9 @@ KVP_API int kvp_store_apply_ops(kvp_store_t *store, const kvp_page_op_t *ops, in
  * @param[in]  count   Tokens, token0 + count <= page_size.
  * @param[out] k       `[count][kv_heads][head_dim]` keys, or NULL.
  * @param[out] v       `[count][kv_heads][head_dim]` values, or NULL.
- * @return #KVP_OK or #KVP_EINVAL (bad ids, range or pointers). Not a hot path.
+ * @return #KVP_OK or #KVP_EINVAL (bad ids, range or pointers); #KVP_ECUDA
+ *         for a CUDA failure. Not a hot path: on a CUDA store `k` and `v` are
+ *         host memory and the call waits for the store's stream.
  */
 KVP_API int kvp_store_read(const kvp_store_t *store, int32_t layer, int32_t page,
                            int32_t token0, int32_t count, float *k, float *v);
@@ -1923,23 +1958,91 @@ KVP_API int kvp_store_read(const kvp_store_t *store, int32_t layer, int32_t page
  * @brief Non-finite inputs (NaN, +-Inf) the store has been given so far by
  *        appends and seals. They are stored by the format's rules, never
  *        spread to other elements' scales (docs/formats.md).
+ * On a CUDA store the count lives on the device: this waits for the store's
+ * stream and reads it (on a CUDA failure it returns the last count read and
+ * the store's last error says why).
  * @param[in] store The store (NULL gives 0).
  * @return The count since creation.
  */
 KVP_API uint64_t kvp_store_nonfinite_count(const kvp_store_t *store);
 
 /**
+ * @brief Copy bytes of one page's serialization into host memory (the host
+ *        tier's swap-out).
+ *
+ * A page's serialization is its blocks of every layer, K then V:
+ * `[layer][K blocks of the kv heads][V blocks of the kv heads]`,
+ * kvp_layout_t::page_bytes bytes for a pool page and
+ * kvp_layout_t::staging_page_bytes for a staging page; scales and padding
+ * included, so kvp_store_page_from_host() of these bytes restores the page
+ * bit for bit. Any byte range of it can be copied (`offset`, `bytes`), e.g. a
+ * staging page in host-slot-sized chunks.
+ *
+ * CPU store: memcpy, done when the call returns. CUDA store: cudaMemcpyAsync
+ * on the store's stream (`dst` should be pinned memory, kvp_cuda_host_alloc(),
+ * for an asynchronous copy): `dst` is complete after kvp_store_synchronize()
+ * or anything else that waits for the stream, and every later kernel or copy
+ * on the stream is ordered after it.
+ *
+ * @param[in,out] store  The store (its error text on failure).
+ * @param[in]     page   A pool page id, or a staging id (>= num_pages).
+ * @param[in]     offset First byte of the serialization to copy.
+ * @param[out]    dst    Host memory for `bytes` bytes.
+ * @param[in]     bytes  Bytes to copy; offset + bytes <= the page's size.
+ * @return #KVP_OK; #KVP_EINVAL for a bad page id, range or NULL `dst`;
+ *         #KVP_ECUDA when the CUDA runtime fails (detail in the store's
+ *         last error). Cost: `bytes` bytes over memory or the host link;
+ *         two copy calls per page on CUDA, one per (layer, side) for a
+ *         partial range.
+ */
+KVP_API int kvp_store_page_to_host(kvp_store_t *store, int32_t page, uint64_t offset, void *dst,
+                                   uint64_t bytes);
+
+/**
+ * @brief Copy host bytes into one page's serialization (the host tier's
+ *        swap-in): the inverse of kvp_store_page_to_host().
+ *
+ * CUDA store: cudaMemcpyAsync on the store's stream; `src` must stay
+ * unchanged until the stream has passed the copy (kvp_store_synchronize()).
+ * The bytes are not checked: they must come from kvp_store_page_to_host() of
+ * a store with the same layout.
+ *
+ * @param[in,out] store  The store.
+ * @param[in]     page   A pool page id, or a staging id (>= num_pages).
+ * @param[in]     offset First byte of the serialization to write.
+ * @param[in]     src    Host memory holding `bytes` bytes.
+ * @param[in]     bytes  Bytes to copy; offset + bytes <= the page's size.
+ * @return #KVP_OK; #KVP_EINVAL for a bad page id, range or NULL `src`;
+ *         #KVP_ECUDA when the CUDA runtime fails.
+ */
+KVP_API int kvp_store_page_from_host(kvp_store_t *store, int32_t page, uint64_t offset,
+                                     const void *src, uint64_t bytes);
+
+/**
+ * @brief Wait until the store's pending work (appends, operations, page
+ *        copies) is done.
+ *
+ * CPU store: nothing is ever pending; returns #KVP_OK at once. CUDA store:
+ * synchronizes the store's stream.
+ *
+ * @param[in,out] store The store.
+ * @return #KVP_OK; #KVP_EINVAL for NULL; #KVP_ECUDA when the stream reports
+ *         an error (e.g. a kernel fault: the detail names it).
+ */
+KVP_API int kvp_store_synchronize(kvp_store_t *store);
+
+/**
  * @brief The store's page I/O for a host tier (#kvp_page_io_t).
  *
  * A page's bytes are serialized as, for each layer, the page's K blocks of
  * every kv head followed by its V blocks (`page_bytes` for a pool page,
- * `staging_page_bytes` for a staging page). The functions validate the page
- * id and byte range and return #KVP_ENOTSUP on a backend that cannot copy.
- * The store must outlive the tier that uses them.
+ * `staging_page_bytes` for a staging page): the functions are
+ * kvp_store_page_to_host() and kvp_store_page_from_host() (see them for the
+ * CUDA store's stream). The store must outlive the tier that uses them.
  *
  * @param[in,out] store The store (the functions' `opaque`).
  * @param[out]    io    Filled in (`io->struct_size` must be set).
- * @return #KVP_OK, #KVP_EINVAL, #KVP_ENOTSUP.
+ * @return #KVP_OK or #KVP_EINVAL.
  */
 KVP_API int kvp_store_page_io(kvp_store_t *store, struct kvp_page_io *io);
 
@@ -2008,8 +2111,20 @@ KVP_API int kvp_dequantize(const kvp_quant_desc_t *desc, const void *src, int64_
 /* Execution context and paged attention                                     */
 /* ------------------------------------------------------------------------ */
 
-/** @brief Opaque execution context: worker threads and workspace. */
+/**
+ * @brief Opaque execution context: worker threads and workspace (CPU,
+ *        kvp_ctx_create()), or a device, stream and device workspace (CUDA,
+ *        kvp_cuda_ctx_create()). A context runs attention over stores of its
+ *        own backend.
+ */
 typedef struct kvp_ctx kvp_ctx_t;
+
+/**
+ * @brief The backend of a context.
+ * @param[in] ctx The context.
+ * @return A #kvp_backend, or -1 for NULL.
+ */
+KVP_API int32_t kvp_ctx_backend(const kvp_ctx_t *ctx);
 
 /** @brief Instruction sets the CPU kernels can use (#kvp_ctx_params_t::isa). */
 enum kvp_isa {
@@ -2065,9 +2180,9 @@ KVP_API void kvp_ctx_destroy(kvp_ctx_t *ctx);
 KVP_API const char *kvp_ctx_last_error(const kvp_ctx_t *ctx);
 
 /**
- * @brief The instruction set the context's kernels use.
+ * @brief The instruction set the context's CPU kernels use.
  * @param[in] ctx The context.
- * @return A #kvp_isa other than #KVP_ISA_AUTO, or -1 for NULL.
+ * @return A #kvp_isa other than #KVP_ISA_AUTO; -1 for NULL or a CUDA context.
  */
 KVP_API int32_t kvp_ctx_isa(const kvp_ctx_t *ctx);
 
@@ -2127,6 +2242,12 @@ KVP_API void kvp_attention_params_init(kvp_attention_params_t *p);
  * values use integer dot products (VNNI); their added error is bounded in
  * docs/formats.md. Thread-safe only with distinct contexts.
  *
+ * **CUDA** (a CUDA context and store on the same device): `q`, `out` and
+ * `lse` are device pointers; the view and `qo_indptr` are host arrays,
+ * checked here and uploaded on the context's stream (once for a run of
+ * calls with the same view, e.g. every layer of a step). The call enqueues
+ * the kernels and returns; `out` is ready when the stream is.
+ *
  * @param[in,out] ctx    Context (threads, workspace); its last error gets the detail.
  * @param[in]     store  The store holding the pages.
  * @param[in]     view   The batch's pages (CSR), from the page table.
@@ -2135,9 +2256,12 @@ KVP_API void kvp_attention_params_init(kvp_attention_params_t *p);
  *         the store (page size, page counts, q_heads), a page id out of range,
  *         a last_page_len outside 1..page_size, more query rows than tokens,
  *         or a bad scale; #KVP_ENOTSUP for a head_dim the kernels do not
- *         support (64, 80, 96, 128, 256 are). On error `out` is not written.
- *         Cost: one read of the batch's K/V bytes per 32 query rows of a
- *         kv head; no allocation.
+ *         support (64, 80, 96, 128, 256 are); #KVP_EINVAL when the context
+ *         and the store are of different backends or devices; #KVP_ENOMEM
+ *         when the schedule or the uploaded view exceed the context's
+ *         workspace; #KVP_ECUDA for a CUDA failure. On error `out` is not
+ *         written. Cost (CPU): one read of the batch's K/V bytes per 32 query
+ *         rows of a kv head; (CUDA): per 8 rows. No allocation.
  */
 KVP_API int kvp_attention(kvp_ctx_t *ctx, const kvp_store_t *store, const kvp_kv_view_t *view,
                           const kvp_attention_params_t *params);

@@ -5,6 +5,18 @@
  * Needs no CUDA headers: streams are passed as `void *` (a cudaStream_t).
  * In a CPU-only build these functions exist and return KVP_ENOTSUP, so one
  * binding works with either build (see kvp_build_has_cuda()).
+ *
+ * **How an engine uses the GPU.** Create the store with
+ * kvp_cuda_store_create() and the context with kvp_cuda_ctx_create(); then
+ * the generic functions of kvpage.h (kvp_store_append(),
+ * kvp_store_apply_ops(), kvp_attention(), ...) run on the device, enqueued
+ * on the object's stream. Tensors are device pointers; metadata (slots,
+ * operations, the CSR view) stays on the host, where the page table makes
+ * it, and is checked there and uploaded once per change. The `kvp_cuda_*`
+ * variants below take the stream explicitly (it becomes the object's
+ * stream). Nothing on the hot path allocates, synchronizes or prints; a
+ * CUDA failure becomes #KVP_ECUDA with the runtime's text in the object's
+ * last error.
  */
 #ifndef KVPAGE_CUDA_H
 #define KVPAGE_CUDA_H
@@ -56,6 +68,252 @@ KVP_API int kvp_cuda_device_count(int32_t *count, char *err, size_t err_size);
  */
 KVP_API int kvp_cuda_device_query(int32_t device, kvp_cuda_device_info_t *info,
                                   char *err, size_t err_size);
+
+/* ------------------------------------------------------------------------ */
+/* CUDA stores and contexts                                                  */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Device memory hooks (e.g. an engine's caching allocator).
+ *
+ * Leave both NULL for cudaMalloc / cudaFree. If one is set, both must be.
+ * `alloc` returns device memory of the store's or context's device, aligned
+ * to at least 256 bytes, or NULL on failure (reported as #KVP_ENOMEM); it is
+ * called with that device current. `stream` is the object's stream at the
+ * time (allocators that order memory by stream may use it). Called only
+ * from kvp_cuda_store_create() / kvp_cuda_ctx_create() (alloc) and the
+ * destroy functions (free): never on the hot path.
+ */
+typedef struct kvp_cuda_allocator {
+    /** Allocate `size` bytes of device memory; NULL on failure. */
+    void *(*alloc)(void *opaque, size_t size, void *stream);
+    /** Free memory returned by `alloc` (`ptr` is never NULL; `size` as allocated). */
+    void (*free)(void *opaque, void *ptr, size_t size, void *stream);
+    /** Passed unchanged to both hooks. */
+    void *opaque;
+} kvp_cuda_allocator_t;
+
+/**
+ * @brief Device, stream and memory of a CUDA store or context. Fill with
+ *        kvp_cuda_params_init().
+ */
+typedef struct kvp_cuda_params {
+    uint32_t struct_size;      /**< sizeof(kvp_cuda_params_t); set by init. */
+    int32_t device;            /**< Device ordinal; default 0. */
+    void *stream;              /**< cudaStream_t of every call until changed; NULL (default)
+                                    is the default stream. Never destroyed by libkvpage. */
+    void *arena;               /**< Store only: device memory the engine hands over for the
+                                    arena (aligned to #KVP_ARENA_ALIGN), or NULL to allocate.
+                                    The engine keeps ownership and must keep it alive until
+                                    kvp_store_destroy(). */
+    uint64_t arena_bytes;      /**< Size of `arena`: at least kvp_arena_bytes() of the
+                                    store's layout. Ignored when `arena` is NULL. */
+    uint64_t staging_bytes;    /**< Pinned host memory (and as much device memory) for the
+                                    metadata uploaded per call: slots and seals (store),
+                                    the CSR view and the schedule (context). 0 = default
+                                    (4 MiB: a 1M-page view, or 256k appended rows). */
+    kvp_cuda_allocator_t allocator; /**< Device allocations: the arena when `arena` is
+                                    NULL, the context's workspace, small per-object buffers. */
+} kvp_cuda_params_t;
+
+/**
+ * @brief Fill `p` with defaults (device 0, default stream, allocate the arena
+ *        with cudaMalloc, 4 MiB of staging) and set its struct_size.
+ * @param[out] p Parameters to initialise; NULL is ignored.
+ */
+KVP_API void kvp_cuda_params_init(kvp_cuda_params_t *p);
+
+/**
+ * @brief Create a store whose arena lives on a CUDA device.
+ *
+ * The arena is the CPU store's, byte for byte (docs/formats.md): one device
+ * allocation of exactly kvp_arena_bytes(), or the engine's memory
+ * (`cuda->arena`), or one call of the device allocator hook. Every generic
+ * store function then works on it (kvp_store_append(), kvp_store_apply_ops(),
+ * kvp_store_read(), kvp_store_region() with device addresses,
+ * kvp_store_page_to_host(), ...), enqueuing its kernels and copies on the
+ * store's stream. The fixed region (fp8 scales) is zeroed here, on the
+ * stream, before this returns.
+ *
+ * @param[in]  params   Shape, formats, page counts; `params->allocator` is
+ *                      used for the host-side metadata only.
+ * @param[in]  cuda     Device, stream, memory (NULL = kvp_cuda_params_init() defaults).
+ * @param[out] out      The new store; untouched on error.
+ * @param[out] err      Optional error-detail buffer (the CUDA runtime's text).
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL for bad parameters (an engine arena that is
+ *         too small or misaligned); #KVP_ENODEV when the device does not
+ *         exist or no driver is usable; #KVP_ENOMEM when device or pinned
+ *         memory cannot be had; #KVP_ECUDA for another CUDA error;
+ *         #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_store_create(const kvp_store_params_t *params, const kvp_cuda_params_t *cuda,
+                                  kvp_store_t **out, char *err, size_t err_size);
+
+/**
+ * @brief Create a context that runs attention on a CUDA device.
+ *
+ * Its device workspace (split-KV partial results) of
+ * `params->workspace_bytes` (default 16 MiB) and its staging memory are
+ * allocated here, so kvp_attention() allocates nothing. `params->threads`
+ * must be valid (1..256) but is not used; `params->isa` is ignored.
+ *
+ * @param[in]  params   Workspace size; host allocator for the context object.
+ * @param[in]  cuda     Device, stream, device allocator (NULL = defaults);
+ *                      `arena` and `arena_bytes` are ignored.
+ * @param[out] out      The new context; untouched on error.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL; #KVP_ENODEV; #KVP_ENOMEM; #KVP_ECUDA;
+ *         #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_ctx_create(const kvp_ctx_params_t *params, const kvp_cuda_params_t *cuda,
+                                kvp_ctx_t **out, char *err, size_t err_size);
+
+/**
+ * @brief Make `stream` the store's stream for every later call.
+ *
+ * Work already enqueued on the previous stream is ordered before any later
+ * work (an event the new stream waits for), so switching is always safe; it
+ * costs one event record and wait, and nothing when the stream is the same.
+ *
+ * @param[in,out] store  A CUDA store.
+ * @param[in]     stream A cudaStream_t (NULL: the default stream).
+ * @return #KVP_OK; #KVP_EINVAL for NULL or a CPU store; #KVP_ECUDA;
+ *         #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_store_set_stream(kvp_store_t *store, void *stream);
+
+/**
+ * @brief Make `stream` the context's stream for every later call (see
+ *        kvp_cuda_store_set_stream()).
+ * @param[in,out] ctx    A CUDA context.
+ * @param[in]     stream A cudaStream_t (NULL: the default stream).
+ * @return #KVP_OK; #KVP_EINVAL for NULL or a CPU context; #KVP_ECUDA;
+ *         #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_ctx_set_stream(kvp_ctx_t *ctx, void *stream);
+
+/**
+ * @brief kvp_store_append() on `stream`, which becomes the store's stream
+ *        (kvp_cuda_store_set_stream()).
+ * @param[in,out] store  A CUDA store.
+ * @param[in]     a      Rows (device), slots and ops (host).
+ * @param[in]     stream A cudaStream_t.
+ * @return As kvp_store_append(); #KVP_EINVAL for a CPU store; #KVP_ECUDA;
+ *         #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_append(kvp_store_t *store, const kvp_append_t *a, void *stream);
+
+/**
+ * @brief kvp_store_apply_ops() on `stream`, which becomes the store's stream.
+ * @param[in,out] store   A CUDA store.
+ * @param[in]     ops     Operations (host memory).
+ * @param[in]     num_ops Their number.
+ * @param[in]     stream  A cudaStream_t.
+ * @return As kvp_store_apply_ops(); #KVP_EINVAL for a CPU store;
+ *         #KVP_ECUDA; #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_apply_ops(kvp_store_t *store, const kvp_page_op_t *ops, int32_t num_ops,
+                               void *stream);
+
+/**
+ * @brief kvp_attention() on `stream`, which becomes the context's stream.
+ *
+ * The store's own stream is not involved: order the store's appends before
+ * this on the same stream, or with an event (kvp_cuda_store_set_stream()
+ * to the same stream is the simple way).
+ *
+ * @param[in,out] ctx    A CUDA context.
+ * @param[in]     store  A CUDA store on the same device.
+ * @param[in]     view   The batch's pages (host arrays).
+ * @param[in]     params Queries and outputs (device), `qo_indptr` (host).
+ * @param[in]     stream A cudaStream_t.
+ * @return As kvp_attention(); #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_attention(kvp_ctx_t *ctx, const kvp_store_t *store, const kvp_kv_view_t *view,
+                               const kvp_attention_params_t *params, void *stream);
+
+/**
+ * @brief kvp_store_page_to_host() on `stream`, which becomes the store's stream.
+ * @param[in,out] store  A CUDA store.
+ * @param[in]     page   A pool or staging page id.
+ * @param[in]     offset First byte of the page's serialization.
+ * @param[out]    dst    Host memory (pinned for an asynchronous copy).
+ * @param[in]     bytes  Bytes to copy.
+ * @param[in]     stream A cudaStream_t.
+ * @return As kvp_store_page_to_host(); #KVP_EINVAL for a CPU store;
+ *         #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_page_to_host(kvp_store_t *store, int32_t page, uint64_t offset, void *dst,
+                                  uint64_t bytes, void *stream);
+
+/**
+ * @brief kvp_store_page_from_host() on `stream`, which becomes the store's stream.
+ * @param[in,out] store  A CUDA store.
+ * @param[in]     page   A pool or staging page id.
+ * @param[in]     offset First byte of the page's serialization.
+ * @param[in]     src    Host memory (pinned for an asynchronous copy).
+ * @param[in]     bytes  Bytes to copy.
+ * @param[in]     stream A cudaStream_t.
+ * @return As kvp_store_page_from_host(); #KVP_EINVAL for a CPU store;
+ *         #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_page_from_host(kvp_store_t *store, int32_t page, uint64_t offset,
+                                    const void *src, uint64_t bytes, void *stream);
+
+/**
+ * @brief kvp_quantize() on the device: `src` and `dst` are device memory;
+ *        the blocks are byte-identical to kvp_quantize()'s.
+ *
+ * Enqueued on `stream` (which is not waited for). Unlike a store, nothing is
+ * kept between calls: the device the stream belongs to must be current.
+ *
+ * @param[in]  desc     Format and shape (as for kvp_quantize()).
+ * @param[in]  src      `[pages*page_size][heads][head_dim]` elements of `dtype` (device).
+ * @param[in]  pages    Number of pages (>= 1).
+ * @param[out] dst      `[pages][heads]` blocks (device).
+ * @param[in]  stream   A cudaStream_t.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL as kvp_quantize(); #KVP_ECUDA;
+ *         #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_quantize(const kvp_quant_desc_t *desc, const void *src, int64_t pages,
+                              void *dst, void *stream, char *err, size_t err_size);
+
+/**
+ * @brief kvp_dequantize() on the device (`src`, `dst` device memory), with
+ *        kvp_dequantize()'s exact output.
+ * @param[in]  desc     Format and shape.
+ * @param[in]  src      `[pages][heads]` blocks (device).
+ * @param[in]  pages    Number of pages (>= 1).
+ * @param[out] dst      `[pages*page_size][heads][head_dim]` elements of `dtype` (device).
+ * @param[in]  stream   A cudaStream_t.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL; #KVP_ECUDA; #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_dequantize(const kvp_quant_desc_t *desc, const void *src, int64_t pages,
+                                void *dst, void *stream, char *err, size_t err_size);
+
+/**
+ * @brief Allocate pinned (page-locked) host memory, for asynchronous page
+ *        copies (kvp_store_page_to_host()) and the host tier.
+ * @param[in]  bytes    Size (> 0).
+ * @param[out] ptr      The memory; untouched on error.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL; #KVP_ENOMEM; #KVP_ENODEV; #KVP_ENOTSUP in a
+ *         CPU-only build.
+ */
+KVP_API int kvp_cuda_host_alloc(uint64_t bytes, void **ptr, char *err, size_t err_size);
+
+/**
+ * @brief Free memory from kvp_cuda_host_alloc(). NULL is a no-op.
+ * @param[in] ptr The memory.
+ */
+KVP_API void kvp_cuda_host_free(void *ptr);
 
 #ifdef __cplusplus
 }

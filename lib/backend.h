@@ -1,8 +1,9 @@
 /*
- * The internal backend interface: what a backend (cpu, later cuda) must
- * implement so the public store / append / attention API works on it.
+ * The internal backend interface: what a backend (cpu, cuda) must
+ * implement so the public store / append / attention API works on it
+ * (lib/cpu/: the CPU; cuda/: CUDA devices).
  *
- * The front end (lib/store.c, lib/attention.c) validates every argument and
+ * The front end (lib/store.c, lib/ctx.c) validates every argument and
  * owns error text; a backend receives only checked arguments and moves
  * bytes. All backends produce the same bytes for the same inputs (the block
  * formats of lib/blockfmt.h), and attention results within the tolerances of
@@ -95,6 +96,7 @@ typedef struct kvp__pool kvp__pool; /* worker threads (lib/cpu/threads.c) */
 
 struct kvp_ctx {
     const kvp__backend *backend;
+    void *backend_state;         /* e.g. a CUDA device, stream and workspace */
     kvp_allocator_t allocator;
     int32_t threads;
     int32_t isa;                 /* resolved: never KVP_ISA_AUTO */
@@ -120,12 +122,28 @@ typedef struct {
 
 /* ---- the interface ---------------------------------------------------------- */
 
+/* Store and context creation with a backend (lib/store.c, lib/ctx.c): the
+ * front end checks the parameters, builds the geometry and calls the
+ * backend's arena_alloc / ctx_init with its own parameters (`bparams`: NULL
+ * for the CPU, a kvp_cuda_params_t for CUDA). */
+int kvp__store_create(const kvp_store_params_t *params, const kvp__backend *backend,
+                      const void *bparams, kvp_store_t **out, char *err, size_t err_size);
+int kvp__ctx_create(const kvp_ctx_params_t *params, const kvp__backend *backend,
+                    const void *bparams, kvp_ctx_t **out, char *err, size_t err_size);
+/* Argument checks shared by every backend's entry points. */
+int kvp__check_page_io(kvp_store_t *s, int32_t page, uint64_t offset, const void *host,
+                       uint64_t bytes);
+/* Bytes of one page's serialization (kvp_store_page_to_host()). */
+uint64_t kvp__page_io_bytes(const kvp_store_t *s, int32_t page);
+
 struct kvp__backend {
     const char *name;
+    int32_t id; /* kvp_backend */
     /* Arena memory: allocate s->arena_bytes at KVP_ARENA_ALIGN, zero the
-     * fixed region. */
-    int (*arena_alloc)(kvp_store_t *s, char *err, size_t err_size);
-    void (*arena_free)(kvp_store_t *s);
+     * fixed region, set fp8_k / fp8_v. */
+    int (*arena_alloc)(kvp_store_t *s, const void *bparams, char *err, size_t err_size);
+    /* Free the arena and every backend resource of the store. */
+    void (*store_fini)(kvp_store_t *s);
     /* Append (seals first, then rows); arguments validated. */
     int (*append)(kvp_store_t *s, const kvp_append_t *a, char *err, size_t err_size);
     /* COPY and UNSEAL operations, validated, in order, all layers. */
@@ -135,30 +153,28 @@ struct kvp__backend {
     int (*read)(const kvp_store_t *s, int32_t layer, int32_t page, int32_t t0, int32_t n,
                 float *k, float *v, char *err, size_t err_size);
     /* fp8 scale table access (device memory on GPUs). */
-    void (*set_fp8_scale)(kvp_store_t *s, int side, int32_t layer, int32_t h, float scale);
-    float (*get_fp8_scale)(const kvp_store_t *s, int side, int32_t layer, int32_t h);
+    int (*set_fp8_scale)(kvp_store_t *s, int side, int32_t layer, int32_t h, float scale,
+                         char *err, size_t err_size);
+    int (*get_fp8_scale)(const kvp_store_t *s, int side, int32_t layer, int32_t h, float *scale,
+                         char *err, size_t err_size);
+    /* Non-finite inputs so far. */
+    int (*nonfinite)(const kvp_store_t *s, uint64_t *count, char *err, size_t err_size);
+    /* Bytes [offset, offset+bytes) of a page's serialization to or from host
+     * memory; arguments validated. */
+    int (*page_io)(kvp_store_t *s, int32_t page, uint64_t offset, void *host, uint64_t bytes,
+                   int to_host, char *err, size_t err_size);
+    /* Wait for the store's pending work. */
+    int (*synchronize)(kvp_store_t *s, char *err, size_t err_size);
     /* Context resources (threads, workspace) and attention. */
-    int (*ctx_init)(kvp_ctx_t *c, char *err, size_t err_size);
+    int (*ctx_init)(kvp_ctx_t *c, const void *bparams, char *err, size_t err_size);
     void (*ctx_fini)(kvp_ctx_t *c);
     int (*attention)(kvp_ctx_t *c, const kvp__attn_args *a);
-    /* Bytes [offset, offset + bytes) of a page's serialization (for each
-     * layer: its K blocks, then its V blocks; kvp_store_page_io()) to or from
-     * host memory; arguments validated. NULL: not supported. */
-    int (*page_copy)(kvp_store_t *s, int32_t page, uint64_t offset, void *host, uint64_t bytes,
-                     int to_host, char *err, size_t err_size);
 };
 
-/* A page's serialization, one layer: where its K and V blocks start and how
- * many bytes each side holds (pool or staging page). */
-static inline void kvp__page_layer_span(const kvp_store_t *s, int32_t layer, int32_t page,
-                                        uint8_t **k, uint64_t *kn, uint8_t **v, uint64_t *vn) {
-    *k = kvp__block_k(s, layer, page, 0);
-    *v = kvp__block_v(s, layer, page, 0);
-    *kn = page < s->num_pages ? s->page_stride_k : s->spage_stride_k;
-    *vn = page < s->num_pages ? s->page_stride_v : s->spage_stride_v;
-}
+
 
 extern const kvp__backend kvp__cpu_backend;
+extern const kvp__backend kvp__cuda_backend; /* cuda/backend.cu, in CUDA builds */
 
 /* ISA probing (lib/cpu/isa.c). */
 bool kvp__cpu_has_avx2(void);

@@ -40,7 +40,8 @@ static int32_t best_isa(void) {
     return KVP_ISA_PORTABLE;
 }
 
-int kvp_ctx_create(const kvp_ctx_params_t *p, kvp_ctx_t **out, char *err, size_t err_size) {
+int kvp__ctx_create(const kvp_ctx_params_t *p, const kvp__backend *backend, const void *bparams,
+                    kvp_ctx_t **out, char *err, size_t err_size) {
     int rc = kvp__check_struct(p, sizeof *p, "params", err, err_size);
     if (rc != KVP_OK) return rc;
     rc = kvp__allocator_check(&p->allocator, err, err_size);
@@ -51,7 +52,8 @@ int kvp_ctx_create(const kvp_ctx_params_t *p, kvp_ctx_t **out, char *err, size_t
                          (int)p->threads);
     if (kvp_isa_name(p->isa) == NULL)
         return kvp__errf(err, err_size, KVP_EINVAL, "isa %d is not a kvp_isa", (int)p->isa);
-    if (!kvp_isa_supported(p->isa))
+    bool cpu = backend->id == KVP_BACKEND_CPU;
+    if (cpu && !kvp_isa_supported(p->isa))
         return kvp__errf(err, err_size, KVP_ENOTSUP, "this CPU cannot run the %s kernels",
                          kvp_isa_name(p->isa));
     if (p->reserved_ != 0)
@@ -61,12 +63,12 @@ int kvp_ctx_create(const kvp_ctx_params_t *p, kvp_ctx_t **out, char *err, size_t
         return kvp__errf(err, err_size, KVP_EINVAL, "workspace_bytes must be 4 KiB .. 1 TiB");
     kvp_ctx_t *c = (kvp_ctx_t *)kvp__calloc(&p->allocator, 1, sizeof *c, 64);
     if (c == NULL) return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate the context");
-    c->backend = &kvp__cpu_backend;
+    c->backend = backend;
     c->allocator = p->allocator;
     c->threads = p->threads;
-    c->isa = p->isa == KVP_ISA_AUTO ? best_isa() : p->isa;
+    c->isa = !cpu ? -1 : p->isa == KVP_ISA_AUTO ? best_isa() : p->isa;
     c->workspace_bytes = ws;
-    rc = c->backend->ctx_init(c, err, err_size);
+    rc = c->backend->ctx_init(c, bparams, err, err_size);
     if (rc != KVP_OK) {
         kvp__free(&p->allocator, c);
         return rc;
@@ -75,12 +77,18 @@ int kvp_ctx_create(const kvp_ctx_params_t *p, kvp_ctx_t **out, char *err, size_t
     return KVP_OK;
 }
 
+int kvp_ctx_create(const kvp_ctx_params_t *p, kvp_ctx_t **out, char *err, size_t err_size) {
+    return kvp__ctx_create(p, &kvp__cpu_backend, NULL, out, err, err_size);
+}
+
 void kvp_ctx_destroy(kvp_ctx_t *c) {
     if (c == NULL) return;
     kvp_allocator_t a = c->allocator;
     c->backend->ctx_fini(c);
     kvp__free(&a, c);
 }
+
+int32_t kvp_ctx_backend(const kvp_ctx_t *c) { return c == NULL ? -1 : c->backend->id; }
 
 const char *kvp_ctx_last_error(const kvp_ctx_t *c) { return c == NULL ? "" : c->error; }
 
@@ -149,6 +157,9 @@ int kvp_attention(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v,
     int rc = kvp__check_struct(p, sizeof *p, "params", c->error, sizeof c->error);
     if (rc != KVP_OK) return rc;
     if (s == NULL || v == NULL) return CTX_ERR(c, KVP_EINVAL, "store or view is NULL");
+    if (s->backend != c->backend)
+        return CTX_ERR(c, KVP_EINVAL, "the context runs on the %s backend, the store's arena is "
+                       "on the %s backend", c->backend->name, s->backend->name);
     const kvp_layout_t *l = &s->layout;
     if (p->layer < 0 || p->layer >= l->layers)
         return CTX_ERR(c, KVP_EINVAL, "layer %d out of range 0..%d", (int)p->layer,

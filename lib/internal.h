@@ -91,7 +91,8 @@ static inline bool kvp__format_valid(int32_t f) {
 int kvp__format_bits(int32_t f);
 /* int4 keys keep the head_dim/32 channels with the widest range in each page
  * as int8 (docs/formats.md, "int4 keys"). */
-static inline int kvp__k4_outliers(int32_t head_dim) { return head_dim / 32; }
+#define KVP__K4_OUTLIERS(head_dim) ((head_dim) / 32)
+static inline int kvp__k4_outliers(int32_t head_dim) { return KVP__K4_OUTLIERS(head_dim); }
 
 /* Bytes of one (page, layer, kv head) block before padding: elements plus
  * scale data. The one formula kvp_layout_compute() and the codec share. */

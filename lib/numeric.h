@@ -5,7 +5,9 @@
  *                       sign kept); fp16 overflow gives +-Inf, as F16C does.
  *   fp32 -> fp8 e4m3:   round-to-nearest-even, saturating to +-448; NaN -> 0
  *                       (the store never writes an fp8 NaN).
- * Header-only so tests, tools and every backend use the same code.
+ * Header-only so tests, tools and every backend use the same code: the
+ * CUDA backend compiles these very functions for the device (KVP__HD), so
+ * its bytes are the CPU's by construction, not by imitation.
  */
 #ifndef KVPAGE_NUMERIC_H
 #define KVPAGE_NUMERIC_H
@@ -14,19 +16,27 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t kvp__f32_bits(float f) {
+/* Host and device under nvcc; plain functions for C compilers and for the
+ * kernel simulator (which compiles .cu files as host C++). */
+#if defined(__CUDACC__)
+#define KVP__HD __host__ __device__
+#else
+#define KVP__HD
+#endif
+
+KVP__HD static inline uint32_t kvp__f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
 }
 
-static inline float kvp__bits_f32(uint32_t u) {
+KVP__HD static inline float kvp__bits_f32(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
 }
 
-static inline float kvp__f16_to_f32(uint16_t h) {
+KVP__HD static inline float kvp__f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
     if (exp == 0x1F) /* Inf or NaN */
@@ -38,7 +48,7 @@ static inline float kvp__f16_to_f32(uint16_t h) {
     return kvp__bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
-static inline uint16_t kvp__f32_to_f16(float f) {
+KVP__HD static inline uint16_t kvp__f32_to_f16(float f) {
     uint32_t x = kvp__f32_bits(f);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
     uint32_t ax = x & 0x7FFFFFFFu;
@@ -60,9 +70,9 @@ static inline uint16_t kvp__f32_to_f16(float f) {
     return (uint16_t)(sign | (r >> 13));
 }
 
-static inline float kvp__bf16_to_f32(uint16_t b) { return kvp__bits_f32((uint32_t)b << 16); }
+KVP__HD static inline float kvp__bf16_to_f32(uint16_t b) { return kvp__bits_f32((uint32_t)b << 16); }
 
-static inline uint16_t kvp__f32_to_bf16(float f) {
+KVP__HD static inline uint16_t kvp__f32_to_bf16(float f) {
     uint32_t x = kvp__f32_bits(f);
     if ((x & 0x7FFFFFFFu) > 0x7F800000u) /* NaN: quiet, sign kept */
         return (uint16_t)((x >> 16) | 0x0040u);
@@ -72,7 +82,7 @@ static inline uint16_t kvp__f32_to_bf16(float f) {
 }
 
 /* OCP FP8 E4M3 (bias 7, no infinities, max 448, NaN = S.1111.111). */
-static inline float kvp__e4m3_to_f32(uint8_t v) {
+KVP__HD static inline float kvp__e4m3_to_f32(uint8_t v) {
     uint32_t exp = (v >> 3) & 0xFu, mant = v & 0x7u;
     float mag;
     if (exp == 0xF && mant == 0x7) mag = NAN;
@@ -82,7 +92,7 @@ static inline float kvp__e4m3_to_f32(uint8_t v) {
 }
 
 /* Round to nearest even, saturate to +-448, NaN -> +0. */
-static inline uint8_t kvp__f32_to_e4m3(float f) {
+KVP__HD static inline uint8_t kvp__f32_to_e4m3(float f) {
     if (isnan(f)) return 0;
     uint8_t sign = signbit(f) ? 0x80 : 0;
     float a = fabsf(f);
@@ -102,6 +112,6 @@ static inline uint8_t kvp__f32_to_e4m3(float f) {
 }
 
 /* Round to nearest, ties to even, for |x| < 2^22 (what quantizers need). */
-static inline float kvp__rne(float x) { return nearbyintf(x); }
+KVP__HD static inline float kvp__rne(float x) { return nearbyintf(x); }
 
 #endif

@@ -49,8 +49,9 @@ int kvp_quant_block_bytes(const kvp_quant_desc_t *desc, uint64_t *bytes, char *e
     return KVP_OK;
 }
 
-/* Shared checks of both directions; returns the block format and sizes. */
-static int check_call(const kvp_quant_desc_t *q, const void *src, int64_t pages, void *dst,
+/* Shared checks of both directions (and of the CUDA backend's
+ * kvp_cuda_quantize / kvp_cuda_dequantize); returns the block format and size. */
+int kvp__quant_check(const kvp_quant_desc_t *q, const void *src, int64_t pages, void *dst,
                       kvp__blockfmt *f, uint64_t *block, char *err, size_t err_size) {
     int rc = check_desc(q, f, block, err, err_size);
     if (rc != KVP_OK) return rc;
@@ -70,7 +71,7 @@ int kvp_quantize(const kvp_quant_desc_t *q, const void *src, int64_t pages, void
                  size_t err_size) {
     kvp__blockfmt f;
     uint64_t block;
-    int rc = check_call(q, src, pages, dst, &f, &block, err, err_size);
+    int rc = kvp__quant_check(q, src, pages, dst, &f, &block, err, err_size);
     if (rc != KVP_OK) return rc;
     size_t P = (size_t)q->page_size, D = (size_t)q->head_dim, H = (size_t)q->heads;
     size_t es = kvp__dtype_size(q->dtype);
@@ -93,7 +94,7 @@ int kvp_dequantize(const kvp_quant_desc_t *q, const void *src, int64_t pages, vo
                    size_t err_size) {
     kvp__blockfmt f;
     uint64_t block;
-    int rc = check_call(q, src, pages, dst, &f, &block, err, err_size);
+    int rc = kvp__quant_check(q, src, pages, dst, &f, &block, err, err_size);
     if (rc != KVP_OK) return rc;
     size_t P = (size_t)q->page_size, D = (size_t)q->head_dim, H = (size_t)q->heads;
     size_t es = kvp__dtype_size(q->dtype);

@@ -67,8 +67,8 @@ static int check_store_params(const kvp_store_params_t *p, kvp_layout_t *layout,
     return KVP_OK;
 }
 
-int kvp_store_create(const kvp_store_params_t *params, kvp_store_t **out, char *err,
-                     size_t err_size) {
+int kvp__store_create(const kvp_store_params_t *params, const kvp__backend *backend,
+                      const void *bparams, kvp_store_t **out, char *err, size_t err_size) {
     kvp_layout_t layout;
     int rc = check_store_params(params, &layout, err, err_size);
     if (rc != KVP_OK) return rc;
@@ -85,7 +85,7 @@ int kvp_store_create(const kvp_store_params_t *params, kvp_store_t **out, char *
     if (s == NULL) return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate the store");
     s->allocator = *a;
     s->error = s->error_text;
-    s->backend = &kvp__cpu_backend;
+    s->backend = backend;
     s->layout = layout;
     s->k_order = params->k_order;
     s->num_pages = (int32_t)params->num_pages;
@@ -99,7 +99,7 @@ int kvp_store_create(const kvp_store_params_t *params, kvp_store_t **out, char *
         rc = kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate the store's scratch rows");
         goto fail;
     }
-    rc = s->backend->arena_alloc(s, err, err_size);
+    rc = s->backend->arena_alloc(s, bparams, err, err_size);
     if (rc != KVP_OK) goto fail;
     *out = s;
     return KVP_OK;
@@ -110,14 +110,21 @@ fail:
     return rc;
 }
 
+int kvp_store_create(const kvp_store_params_t *params, kvp_store_t **out, char *err,
+                     size_t err_size) {
+    return kvp__store_create(params, &kvp__cpu_backend, NULL, out, err, err_size);
+}
+
 void kvp_store_destroy(kvp_store_t *s) {
     if (s == NULL) return;
     kvp_allocator_t a = s->allocator;
-    if (s->arena != NULL) s->backend->arena_free(s);
+    s->backend->store_fini(s);
     kvp__free(&a, s->scratch);
     kvp__free(&a, s->scratch2);
     kvp__free(&a, s);
 }
+
+int32_t kvp_store_backend(const kvp_store_t *s) { return s == NULL ? -1 : s->backend->id; }
 
 const char *kvp_store_last_error(const kvp_store_t *s) { return s == NULL ? "" : s->error; }
 
@@ -202,9 +209,9 @@ int kvp_store_set_fp8_scale(kvp_store_t *s, int32_t layer, int32_t h, int32_t is
     if (rc != KVP_OK) return rc;
     if (!(scale >= 0.0f) || !isfinite(scale))
         return STORE_ERR(s, KVP_EINVAL, "fp8 scale must be finite and >= 0, got %g", (double)scale);
-    s->backend->set_fp8_scale(s, is_value, layer, h, scale);
-    s->error[0] = '\0';
-    return KVP_OK;
+    rc = s->backend->set_fp8_scale(s, is_value, layer, h, scale, s->error, KVP__STORE_ERR_SIZE);
+    if (rc == KVP_OK) s->error[0] = '\0';
+    return rc;
 }
 
 int kvp_store_get_fp8_scale(const kvp_store_t *cs, int32_t layer, int32_t h, int32_t is_value,
@@ -214,12 +221,17 @@ int kvp_store_get_fp8_scale(const kvp_store_t *cs, int32_t layer, int32_t h, int
     if (scale == NULL) return STORE_ERR(s, KVP_EINVAL, "scale is NULL");
     int rc = check_fp8_target(s, layer, h, is_value);
     if (rc != KVP_OK) return rc;
-    *scale = s->backend->get_fp8_scale(s, is_value, layer, h);
-    s->error[0] = '\0';
-    return KVP_OK;
+    rc = s->backend->get_fp8_scale(s, is_value, layer, h, scale, s->error, KVP__STORE_ERR_SIZE);
+    if (rc == KVP_OK) s->error[0] = '\0';
+    return rc;
 }
 
-uint64_t kvp_store_nonfinite_count(const kvp_store_t *s) { return s == NULL ? 0 : s->nonfinite; }
+uint64_t kvp_store_nonfinite_count(const kvp_store_t *s) {
+    if (s == NULL) return 0;
+    uint64_t n = 0;
+    if (s->backend->nonfinite(s, &n, s->error, KVP__STORE_ERR_SIZE) != KVP_OK) return s->nonfinite;
+    return n;
+}
 
 /* ---- page ids and operations -------------------------------------------------- */
 
@@ -385,48 +397,72 @@ int kvp_store_read(const kvp_store_t *cs, int32_t layer, int32_t page, int32_t t
     return rc;
 }
 
-/* ---- page I/O for the host tier ----------------------------------------- */
+/* ---- page I/O (the host tier's swaps) ------------------------------------------ */
 
-static int page_io_check(kvp_store_t *s, int32_t page, uint64_t offset, uint64_t bytes,
-                         const void *host) {
-    if (s->backend->page_copy == NULL)
-        return STORE_ERR(s, KVP_ENOTSUP, "the %s backend cannot copy pages to the host",
-                         s->backend->name);
-    if (page < 0 || page >= s->num_pages + s->num_staging)
-        return STORE_ERR(s, KVP_EINVAL, "page %d is not a page of this store (%d pool, %d staging)",
-                         (int)page, (int)s->num_pages, (int)s->num_staging);
-    uint64_t size = page < s->num_pages ? s->layout.page_bytes : s->layout.staging_page_bytes;
-    if (host == NULL || offset > size || bytes > size - offset)
-        return STORE_ERR(s, KVP_EINVAL,
-                         "page %d: bytes [%llu, %llu) outside its %llu bytes, or NULL host memory",
-                         (int)page, (unsigned long long)offset,
-                         (unsigned long long)(offset + bytes), (unsigned long long)size);
+uint64_t kvp__page_io_bytes(const kvp_store_t *s, int32_t page) {
+    return page < s->num_pages ? s->layout.page_bytes : s->layout.staging_page_bytes;
+}
+
+int kvp__check_page_io(kvp_store_t *s, int32_t page, uint64_t offset, const void *host,
+                       uint64_t bytes) {
+    if (!is_pool(s, page) && !is_staging(s, page))
+        return STORE_ERR(s, KVP_EINVAL, "page %d is not a page id (pool 0..%d, staging %d..%d)",
+                         (int)page, (int)s->num_pages - 1, (int)s->num_pages,
+                         (int)(s->num_pages + s->num_staging - 1));
+    uint64_t size = kvp__page_io_bytes(s, page);
+    if (offset > size || bytes > size - offset)
+        return STORE_ERR(s, KVP_EINVAL, "bytes %llu..%llu are outside page %d's %llu bytes",
+                         (unsigned long long)offset, (unsigned long long)(offset + bytes),
+                         (int)page, (unsigned long long)size);
+    if (bytes > 0 && host == NULL) return STORE_ERR(s, KVP_EINVAL, "host buffer is NULL");
     return KVP_OK;
 }
 
-static int io_to_host(void *opaque, int32_t page, uint64_t offset, void *dst, uint64_t bytes) {
-    kvp_store_t *s = (kvp_store_t *)opaque;
-    int rc = page_io_check(s, page, offset, bytes, dst);
+static int page_io(kvp_store_t *s, int32_t page, uint64_t offset, void *host, uint64_t bytes,
+                   int to_host) {
+    if (s == NULL) return KVP_EINVAL;
+    int rc = kvp__check_page_io(s, page, offset, host, bytes);
     if (rc != KVP_OK) return rc;
-    return s->backend->page_copy(s, page, offset, dst, bytes, 1, s->error, KVP__STORE_ERR_SIZE);
+    if (bytes > 0) rc = s->backend->page_io(s, page, offset, host, bytes, to_host, s->error,
+                                            KVP__STORE_ERR_SIZE);
+    if (rc == KVP_OK) s->error[0] = '\0';
+    return rc;
+}
+
+int kvp_store_page_to_host(kvp_store_t *s, int32_t page, uint64_t offset, void *dst,
+                           uint64_t bytes) {
+    return page_io(s, page, offset, dst, bytes, 1);
+}
+
+int kvp_store_page_from_host(kvp_store_t *s, int32_t page, uint64_t offset, const void *src,
+                             uint64_t bytes) {
+    /* the backend gets one pointer type for both directions; from_host only reads it */
+    void *host;
+    memcpy(&host, &src, sizeof host);
+    return page_io(s, page, offset, host, bytes, 0);
+}
+
+int kvp_store_synchronize(kvp_store_t *s) {
+    if (s == NULL) return KVP_EINVAL;
+    int rc = s->backend->synchronize(s, s->error, KVP__STORE_ERR_SIZE);
+    if (rc == KVP_OK) s->error[0] = '\0';
+    return rc;
+}
+
+/* The tier's kvp_page_io_t over the functions above (the store is `opaque`). */
+static int io_to_host(void *opaque, int32_t page, uint64_t offset, void *dst, uint64_t bytes) {
+    return kvp_store_page_to_host((kvp_store_t *)opaque, page, offset, dst, bytes);
 }
 
 static int io_from_host(void *opaque, int32_t page, uint64_t offset, const void *src,
                         uint64_t bytes) {
-    kvp_store_t *s = (kvp_store_t *)opaque;
-    int rc = page_io_check(s, page, offset, bytes, src);
-    if (rc != KVP_OK) return rc;
-    return s->backend->page_copy(s, page, offset, (void *)(uintptr_t)src, bytes, 0, s->error,
-                                 KVP__STORE_ERR_SIZE);
+    return kvp_store_page_from_host((kvp_store_t *)opaque, page, offset, src, bytes);
 }
 
 int kvp_store_page_io(kvp_store_t *s, kvp_page_io_t *io) {
     if (s == NULL) return KVP_EINVAL;
     int rc = kvp__check_struct(io, sizeof *io, "io", s->error, KVP__STORE_ERR_SIZE);
     if (rc != KVP_OK) return rc;
-    if (s->backend->page_copy == NULL)
-        return STORE_ERR(s, KVP_ENOTSUP, "the %s backend cannot copy pages to the host",
-                         s->backend->name);
     kvp_page_io_t r;
     memset(&r, 0, sizeof r);
     r.struct_size = sizeof r;

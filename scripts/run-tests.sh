@@ -40,6 +40,8 @@ if [ -z "$failed_programs" ]; then
     echo "[  PASSED  ] $((run - skipped)) test(s)."
     exit 0
 fi
-echo "[  PASSED  ] $((run - skipped - failed_tests)) test(s)."
+passed=$((run - skipped - failed_tests))
+[ "$passed" -lt 0 ] && passed=0 # a program that failed before running any test
+echo "[  PASSED  ] $passed test(s)."
 echo "[  FAILED  ] $failed_tests test(s) in:$failed_programs"
 exit 1

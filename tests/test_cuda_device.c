@@ -4,6 +4,7 @@
  * ENODEV cleanly; with a GPU, the device is described.
  */
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -60,10 +61,78 @@ static void test_device_discovery(void **state) {
     assert_int_equal(kvp_cuda_device_query(count, &info, err, sizeof err), KVP_ENODEV);
 }
 
+/* Stores, contexts and kernels: ENOTSUP in a CPU-only build, ENODEV in a
+ * CUDA build without a usable GPU (the simulated test suite covers the rest);
+ * both cleanly, with the reason. */
+static void test_entry_points_without_gpu(void **state) {
+    (void)state;
+    char err[KVP_ERR_SIZE] = "";
+    int32_t count = 0;
+    bool gpu = kvp_build_has_cuda() && kvp_cuda_device_count(&count, err, sizeof err) == KVP_OK;
+    if (gpu) {
+        print_message("a GPU is present: make test-cuda tests the backend on it\n");
+        return;
+    }
+    int want = kvp_build_has_cuda() ? KVP_ENODEV : KVP_ENOTSUP;
+    kvp_store_params_t sp;
+    kvp_store_params_init(&sp);
+    sp.layers = 1;
+    sp.kv_heads = 1;
+    sp.head_dim = 64;
+    sp.num_pages = 4;
+    kvp_cuda_params_t cp;
+    kvp_cuda_params_init(&cp);
+    assert_int_equal(cp.struct_size, sizeof cp);
+    assert_int_equal(cp.device, 0);
+    kvp_store_t *s = NULL;
+    err[0] = '\0';
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), want);
+    assert_null(s);
+    assert_true(strlen(err) > 0);
+    kvp_ctx_params_t xp;
+    kvp_ctx_params_init(&xp);
+    kvp_ctx_t *c = NULL;
+    err[0] = '\0';
+    assert_int_equal(kvp_cuda_ctx_create(&xp, &cp, &c, err, sizeof err), want);
+    assert_null(c);
+    assert_true(strlen(err) > 0);
+    void *p = NULL;
+    int rc = kvp_cuda_host_alloc(64, &p, err, sizeof err);
+    if (kvp_build_has_cuda()) assert_true(rc == KVP_OK || rc == KVP_ENODEV || rc == KVP_ENOMEM);
+    else assert_int_equal(rc, KVP_ENOTSUP);
+    kvp_cuda_host_free(rc == KVP_OK ? p : NULL);
+    kvp_quant_desc_t q;
+    memset(&q, 0, sizeof q);
+    q.struct_size = sizeof q;
+    q.format = KVP_FORMAT_FP16;
+    q.page_size = 16;
+    q.head_dim = 64;
+    q.heads = 1;
+    q.dtype = KVP_FORMAT_FP32;
+    float x[16 * 64];
+    uint8_t blk[2048];
+    if (!kvp_build_has_cuda()) {
+        assert_int_equal(kvp_cuda_quantize(&q, x, 1, blk, NULL, err, sizeof err), KVP_ENOTSUP);
+        assert_int_equal(kvp_cuda_dequantize(&q, blk, 1, x, NULL, err, sizeof err), KVP_ENOTSUP);
+    }
+    /* the CUDA-only calls on a CPU store say what is wrong */
+    kvp_store_t *cpu = NULL;
+    assert_int_equal(kvp_store_create(&sp, &cpu, err, sizeof err), KVP_OK);
+    assert_int_equal(kvp_cuda_store_set_stream(cpu, NULL), kvp_build_has_cuda() ? KVP_EINVAL : KVP_ENOTSUP);
+    assert_true(strlen(kvp_store_last_error(cpu)) > 0);
+    assert_int_equal(kvp_cuda_append(cpu, NULL, NULL), kvp_build_has_cuda() ? KVP_EINVAL : KVP_ENOTSUP);
+    assert_int_equal(kvp_cuda_page_to_host(cpu, 0, 0, blk, 8, NULL),
+                     kvp_build_has_cuda() ? KVP_EINVAL : KVP_ENOTSUP);
+    kvp_store_destroy(cpu);
+    assert_int_equal(kvp_cuda_store_set_stream(NULL, NULL), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_ctx_set_stream(NULL, NULL), KVP_EINVAL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_device_discovery),
+        cmocka_unit_test(test_entry_points_without_gpu),
     };
     return cmocka_run_group_tests_name("cuda_device", tests, NULL, NULL);
 }

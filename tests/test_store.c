@@ -492,6 +492,75 @@ static void test_append_bad_input(void **state) {
     kvp_store_destroy(s);
 }
 
+/* Page I/O (the host tier's swaps): a page's serialization is
+ * [layer][K blocks][V blocks], any byte range of it; copying it out and back
+ * restores the page bit for bit; bad ids and ranges change nothing. */
+static void test_page_io(void **state) {
+    (void)state;
+    const int32_t L = 3, H = 2, D = 32, P = 8;
+    kvp_store_t *s = make_store(L, H, D, P, KVP_FORMAT_INT8, KVP_FORMAT_INT4, 0, 6, 3);
+    assert_int_equal(kvp_store_backend(s), KVP_BACKEND_CPU);
+    kvp_layout_t lay = {.struct_size = sizeof lay};
+    assert_int_equal(kvp_store_layout(s, &lay), KVP_OK);
+    void *base;
+    uint64_t bytes;
+    assert_int_equal(kvp_store_arena(s, &base, &bytes), KVP_OK);
+    for (uint64_t i = lay.fixed_bytes; i < bytes; i++) ((uint8_t *)base)[i] = (uint8_t)(i * 131 + 7);
+    uint64_t pb = lay.page_bytes, sb = lay.staging_page_bytes;
+    uint8_t *buf = malloc((size_t)(pb + sb)), *part = malloc((size_t)(pb + sb));
+    assert_non_null(buf);
+    assert_non_null(part);
+    for (int32_t page = 0; page < 9; page++) {
+        bool stg = page >= 6;
+        uint64_t n = stg ? sb : pb;
+        assert_int_equal(kvp_store_page_to_host(s, page, 0, buf, n), KVP_OK);
+        /* the serialization, from the regions */
+        uint64_t at = 0;
+        for (int32_t l = 0; l < L; l++)
+            for (int32_t kind = 0; kind < 2; kind++) {
+                kvp_region_t r = {.struct_size = sizeof r};
+                assert_int_equal(kvp_store_region(s, l, stg ? kind + 2 : kind, &r), KVP_OK);
+                const uint8_t *src = (const uint8_t *)r.base + (uint64_t)(page - r.first_page) * r.page_stride;
+                assert_memory_equal(buf + at, src, (size_t)r.page_stride);
+                at += r.page_stride;
+            }
+        assert_true(at == n);
+        /* a range across block boundaries */
+        uint64_t off = n / 5 + 3, len = n / 2 + 1;
+        assert_int_equal(kvp_store_page_to_host(s, page, off, part, len), KVP_OK);
+        assert_memory_equal(part, buf + off, (size_t)len);
+    }
+    /* out, clobber, back in two halves: the same arena */
+    uint8_t *before = malloc((size_t)bytes);
+    assert_non_null(before);
+    memcpy(before, base, (size_t)bytes);
+    assert_int_equal(kvp_store_page_to_host(s, 4, 0, buf, pb), KVP_OK);
+    kvp_page_op_t clobber = {KVP_OP_COPY, 1, 4, 0, -1};
+    assert_int_equal(kvp_store_apply_ops(s, &clobber, 1), KVP_OK);
+    assert_true(memcmp(before, base, (size_t)bytes) != 0);
+    assert_int_equal(kvp_store_page_from_host(s, 4, 0, buf, pb / 2), KVP_OK);
+    assert_int_equal(kvp_store_page_from_host(s, 4, pb / 2, buf + pb / 2, pb - pb / 2), KVP_OK);
+    assert_memory_equal(before, base, (size_t)bytes);
+    assert_int_equal(kvp_store_synchronize(s), KVP_OK);
+    /* bad input: a status, the detail, nothing written */
+    assert_int_equal(kvp_store_page_to_host(s, 9, 0, buf, 8), KVP_EINVAL);
+    assert_non_null(strstr(kvp_store_last_error(s), "not a page id"));
+    assert_int_equal(kvp_store_page_to_host(s, -1, 0, buf, 8), KVP_EINVAL);
+    assert_int_equal(kvp_store_page_to_host(s, 0, pb - 7, buf, 8), KVP_EINVAL);
+    assert_non_null(strstr(kvp_store_last_error(s), "outside"));
+    assert_int_equal(kvp_store_page_from_host(s, 0, 0, NULL, 8), KVP_EINVAL);
+    assert_int_equal(kvp_store_page_from_host(s, 7, sb, buf, 1), KVP_EINVAL);
+    assert_memory_equal(before, base, (size_t)bytes);
+    assert_int_equal(kvp_store_page_to_host(s, 0, pb, buf, 0), KVP_OK); /* empty range */
+    assert_int_equal(kvp_store_page_to_host(NULL, 0, 0, buf, 8), KVP_EINVAL);
+    assert_int_equal(kvp_store_synchronize(NULL), KVP_EINVAL);
+    assert_int_equal(kvp_store_backend(NULL), -1);
+    free(before);
+    free(buf);
+    free(part);
+    kvp_store_destroy(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_and_sizes),
@@ -502,6 +571,7 @@ int main(void) {
         cmocka_unit_test(test_page_ops),
         cmocka_unit_test(test_fp8_scales),
         cmocka_unit_test(test_append_bad_input),
+        cmocka_unit_test(test_page_io),
     };
     return cmocka_run_group_tests_name("store", tests, NULL, NULL);
 }

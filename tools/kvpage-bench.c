@@ -16,7 +16,8 @@ static const struct {
     {"sched", bench_sched, "kvp_sched_step cost, 1,000 running + 1,000 waiting under pressure"},
     {"pool", bench_pool, "page pool and table vs. a naive baseline: alloc, decode, export, prefix"},
     {"utilization", bench_utilization, "KV memory utilization: static reservation vs. pages of 8/16/32"},
-    {"attention", bench_attention, "paged decode attention per format vs the read roof and a contiguous cache"},
+    {"attention", bench_attention, "paged decode attention per format vs the read roof and a contiguous cache "
+                                   "(--device cuda: on the GPU, vs a device copy)"},
 };
 
 static void usage(FILE *f) {

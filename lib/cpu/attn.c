@@ -521,7 +521,8 @@ int kvp__cpu_attention_contig(kvp_ctx_t *c, const kvp__contig *kv, int32_t q_hea
 
 /* ---- context resources ------------------------------------------------------------------------ */
 
-int kvp__cpu_ctx_init(kvp_ctx_t *c, char *err, size_t err_size) {
+int kvp__cpu_ctx_init(kvp_ctx_t *c, const void *bparams, char *err, size_t err_size) {
+    (void)bparams;
     c->scratch_stride = (sizeof(thread_scratch) + 63) & ~(uint64_t)63;
     c->scratch = (uint8_t *)kvp__malloc(&c->allocator, (size_t)(c->scratch_stride * (uint64_t)c->threads), 64);
     c->workspace = (uint8_t *)kvp__malloc(&c->allocator, (size_t)c->workspace_bytes, 64);

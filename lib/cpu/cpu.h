@@ -116,7 +116,7 @@ void kvp__pool_run(kvp__pool *p, kvp__job_fn fn, void *arg);
 
 /* ---- backend entry points ------------------------------------------------------ */
 
-int kvp__cpu_ctx_init(kvp_ctx_t *c, char *err, size_t err_size);
+int kvp__cpu_ctx_init(kvp_ctx_t *c, const void *bparams, char *err, size_t err_size);
 void kvp__cpu_ctx_fini(kvp_ctx_t *c);
 int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a);
 

@@ -28,7 +28,8 @@ static void advise_huge_pages(uint8_t *p, uint64_t bytes) {
 #endif
 }
 
-static int cpu_arena_alloc(kvp_store_t *s, char *err, size_t err_size) {
+static int cpu_arena_alloc(kvp_store_t *s, const void *bparams, char *err, size_t err_size) {
+    (void)bparams;
     bool libc = s->allocator.alloc == NULL;
     size_t align = libc && s->arena_bytes >= 4 * (uint64_t)HUGE_PAGE ? HUGE_PAGE : KVP_ARENA_ALIGN;
     s->arena = (uint8_t *)kvp__malloc(&s->allocator, (size_t)s->arena_bytes, align);
@@ -47,17 +48,32 @@ static int cpu_arena_alloc(kvp_store_t *s, char *err, size_t err_size) {
     return KVP_OK;
 }
 
-static void cpu_arena_free(kvp_store_t *s) {
+static void cpu_store_fini(kvp_store_t *s) {
     kvp__free(&s->allocator, s->arena);
     s->arena = NULL;
 }
 
-static void cpu_set_fp8_scale(kvp_store_t *s, int side, int32_t layer, int32_t h, float scale) {
+static int cpu_set_fp8_scale(kvp_store_t *s, int side, int32_t layer, int32_t h, float scale,
+                             char *err, size_t err_size) {
+    (void)err;
+    (void)err_size;
     *kvp__fp8_scale(s, side, layer, h) = scale;
+    return KVP_OK;
 }
 
-static float cpu_get_fp8_scale(const kvp_store_t *s, int side, int32_t layer, int32_t h) {
-    return *kvp__fp8_scale(s, side, layer, h);
+static int cpu_get_fp8_scale(const kvp_store_t *s, int side, int32_t layer, int32_t h,
+                             float *scale, char *err, size_t err_size) {
+    (void)err;
+    (void)err_size;
+    *scale = *kvp__fp8_scale(s, side, layer, h);
+    return KVP_OK;
+}
+
+static int cpu_nonfinite(const kvp_store_t *s, uint64_t *count, char *err, size_t err_size) {
+    (void)err;
+    (void)err_size;
+    *count = s->nonfinite;
+    return KVP_OK;
 }
 
 /* fp8 scale of a block's side, or 0 when the side is not fp8. */
@@ -249,41 +265,53 @@ static int cpu_read(const kvp_store_t *s, int32_t layer, int32_t page, int32_t t
     return KVP_OK;
 }
 
-/* Walk the page's serialization (per layer: K blocks, V blocks) and copy
- * the part that overlaps [offset, offset + bytes). */
-static int cpu_page_copy(kvp_store_t *s, int32_t page, uint64_t offset, void *host,
-                         uint64_t bytes, int to_host, char *err, size_t err_size) {
+/* ---- page I/O: the serialization [layer][K blocks][V blocks] ------------------------- */
+
+static int cpu_page_io(kvp_store_t *s, int32_t page, uint64_t offset, void *host, uint64_t bytes,
+                       int to_host, char *err, size_t err_size) {
     (void)err;
     (void)err_size;
+    bool pool = page < s->num_pages;
+    uint64_t kb = pool ? s->page_stride_k : s->spage_stride_k;
+    uint64_t vb = pool ? s->page_stride_v : s->spage_stride_v;
+    uint64_t end = offset + bytes, at = 0;
     uint8_t *h = (uint8_t *)host;
-    uint64_t at = 0, end = offset + bytes;
-    for (int32_t l = 0; l < s->layout.layers && at < end; l++) {
-        uint8_t *part[2];
-        uint64_t n[2];
-        kvp__page_layer_span(s, l, page, &part[0], &n[0], &part[1], &n[1]);
+    for (int32_t l = 0; l < s->layout.layers && at < end; l++)
         for (int side = 0; side < 2; side++) {
-            uint64_t lo = at > offset ? at : offset, hi = at + n[side] < end ? at + n[side] : end;
+            uint64_t len = side ? vb : kb;
+            uint64_t lo = at > offset ? at : offset, hi = at + len < end ? at + len : end;
             if (lo < hi) {
-                if (to_host) memcpy(h + (lo - offset), part[side] + (lo - at), hi - lo);
-                else memcpy(part[side] + (lo - at), h + (lo - offset), hi - lo);
+                uint8_t *dev = (side ? kvp__block_v(s, l, page, 0) : kvp__block_k(s, l, page, 0)) +
+                               (lo - at);
+                if (to_host) memcpy(h + (lo - offset), dev, (size_t)(hi - lo));
+                else memcpy(dev, h + (lo - offset), (size_t)(hi - lo));
             }
-            at += n[side];
+            at += len;
         }
-    }
+    return KVP_OK;
+}
+
+static int cpu_synchronize(kvp_store_t *s, char *err, size_t err_size) {
+    (void)s;
+    (void)err;
+    (void)err_size;
     return KVP_OK;
 }
 
 const kvp__backend kvp__cpu_backend = {
     "cpu",
+    KVP_BACKEND_CPU,
     cpu_arena_alloc,
-    cpu_arena_free,
+    cpu_store_fini,
     cpu_append,
     cpu_apply_ops,
     cpu_read,
     cpu_set_fp8_scale,
     cpu_get_fp8_scale,
+    cpu_nonfinite,
+    cpu_page_io,
+    cpu_synchronize,
     kvp__cpu_ctx_init,
     kvp__cpu_ctx_fini,
     kvp__cpu_attention,
-    cpu_page_copy,
 };

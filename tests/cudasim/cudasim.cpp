@@ -26,6 +26,59 @@ extern "C" void __sanitizer_finish_switch_fiber(void *fake_stack_save, const voi
                                                 size_t *size_old);
 #endif
 
+/* Context switches. swapcontext saves and restores the signal mask, a
+ * system call each way, and was most of the simulator's time. On x86-64 a
+ * fiber switch is a few instructions here: push the callee-saved registers
+ * (and the SSE/x87 control words) on the old stack, swap stack pointers, pop
+ * them from the new one. Elsewhere, or with CUDASIM_UCONTEXT=1 in the
+ * environment, ucontext is used. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CUDASIM_FAST_SWITCH 1
+extern "C" void cudasim_switch(void **save_sp, void *load_sp);
+extern "C" void cudasim_fiber_start();
+extern "C" void cudasim_fiber_main();
+__asm__(".text\n"
+        ".globl cudasim_switch\n"
+        ".type cudasim_switch,@function\n"
+        "cudasim_switch:\n"
+        "    .cfi_startproc\n"
+        "    endbr64\n"
+        "    pushq %rbp\n"
+        "    pushq %rbx\n"
+        "    pushq %r12\n"
+        "    pushq %r13\n"
+        "    pushq %r14\n"
+        "    pushq %r15\n"
+        "    subq $8, %rsp\n"
+        "    stmxcsr (%rsp)\n"
+        "    fnstcw 4(%rsp)\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    ldmxcsr (%rsp)\n"
+        "    fldcw 4(%rsp)\n"
+        "    addq $8, %rsp\n"
+        "    popq %r15\n"
+        "    popq %r14\n"
+        "    popq %r13\n"
+        "    popq %r12\n"
+        "    popq %rbx\n"
+        "    popq %rbp\n"
+        "    ret\n"
+        "    .cfi_endproc\n"
+        ".size cudasim_switch, .-cudasim_switch\n"
+        ".globl cudasim_fiber_start\n"
+        ".type cudasim_fiber_start,@function\n"
+        "cudasim_fiber_start:\n"
+        "    endbr64\n"
+        "    call cudasim_fiber_main\n"
+        "    ud2\n"
+        ".size cudasim_fiber_start, .-cudasim_fiber_start\n"
+        ".section .note.GNU-stack,\"\",@progbits\n"
+        ".text\n");
+#else
+#define CUDASIM_FAST_SWITCH 0
+#endif
+
 namespace cudasim {
 
 uint3 cur_threadIdx;
@@ -37,11 +90,45 @@ namespace {
 
 constexpr size_t kStackSize = 256 * 1024;
 
+/* Fiber stacks are kept between launches: allocating (and faulting in)
+ * 128 x 256 KiB per launch was most of the time of small launches. */
+std::vector<char *> g_stacks;
+#ifdef CUDASIM_ASAN
+extern "C" void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+#endif
+
+char *take_stack() {
+    char *p = nullptr;
+    if (!g_stacks.empty()) {
+        p = g_stacks.back();
+        g_stacks.pop_back();
+#ifdef CUDASIM_ASAN
+        /* frames of a fiber that never returned may have left poisoned redzones */
+        __asan_unpoison_memory_region(p, kStackSize);
+#endif
+        return p;
+    }
+    return static_cast<char *>(std::malloc(kStackSize));
+}
+
+void give_stack(char *p) {
+    if (p != nullptr) g_stacks.push_back(p);
+}
+
+/* Free the pool at exit, so leak checkers see nothing of ours. */
+struct StackPoolCleanup {
+    ~StackPoolCleanup() {
+        for (char *p : g_stacks) std::free(p);
+        g_stacks.clear();
+    }
+} g_stack_pool_cleanup;
+
 enum class State { Ready, AtBarrier, AtWarp, Done };
 enum class Collective { None, Exchange, Ballot, SyncWarp };
 
 struct Fiber {
     ucontext_t ctx;
+    void *sp = nullptr; /* saved stack pointer (fast switch) */
     char *stack = nullptr;
     uint3 tid{};
     unsigned warp = 0, lane = 0;
@@ -66,6 +153,8 @@ struct Block {
     const std::function<void()> *body = nullptr;
     Fiber *current = nullptr;
     ucontext_t sched;
+    void *sched_sp = nullptr;
+    bool fast = false; /* fast switch (else ucontext) */
     std::string error; /* first divergence found */
 #ifdef CUDASIM_ASAN
     const void *sched_bottom = nullptr;
@@ -91,16 +180,33 @@ cudaError_t set_error(cudaError_t e) {
 
 /* ---- fibers -------------------------------------------------------------------- */
 
+/* Save the running context into `from` (fiber or scheduler) and run `to`. */
+inline void raw_switch(Block *b, ucontext_t *from_ctx, void **from_sp, ucontext_t *to_ctx,
+                       void *to_sp) {
+#if CUDASIM_FAST_SWITCH
+    if (b->fast) {
+        (void)from_ctx;
+        (void)to_ctx;
+        cudasim_switch(from_sp, to_sp);
+        return;
+    }
+#endif
+    (void)b;
+    (void)from_sp;
+    (void)to_sp;
+    swapcontext(from_ctx, to_ctx);
+}
+
 void switch_to_scheduler(Fiber *f, bool exiting) {
+    Block *b = g_block;
 #ifdef CUDASIM_ASAN
     void *fake = nullptr;
-    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, g_block->sched_bottom,
-                                   g_block->sched_size);
-    swapcontext(&f->ctx, &g_block->sched);
+    __sanitizer_start_switch_fiber(exiting ? nullptr : &fake, b->sched_bottom, b->sched_size);
+    raw_switch(b, &f->ctx, &f->sp, &b->sched, b->sched_sp);
     __sanitizer_finish_switch_fiber(fake, &g_block->sched_bottom, &g_block->sched_size);
 #else
     (void)exiting;
-    swapcontext(&f->ctx, &g_block->sched);
+    raw_switch(b, &f->ctx, &f->sp, &b->sched, b->sched_sp);
 #endif
 }
 
@@ -116,16 +222,22 @@ void fiber_entry() {
     switch_to_scheduler(f, true);
 }
 
+} // namespace
+
+extern "C" void cudasim_fiber_main() { fiber_entry(); }
+
+namespace {
+
 void resume(Block *b, Fiber *f) {
     b->current = f;
     cur_threadIdx = f->tid;
 #ifdef CUDASIM_ASAN
     void *fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, f->stack, kStackSize);
-    swapcontext(&b->sched, &f->ctx);
+    raw_switch(b, &b->sched, &b->sched_sp, &f->ctx, f->sp);
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
-    swapcontext(&b->sched, &f->ctx);
+    raw_switch(b, &b->sched, &b->sched_sp, &f->ctx, f->sp);
 #endif
 }
 
@@ -221,7 +333,27 @@ std::string describe_deadlock(const Block *b) {
     return buf;
 }
 
-__attribute__((noinline)) void init_context(Fiber &f) {
+__attribute__((noinline)) void init_context(Fiber &f, bool fast) {
+#if CUDASIM_FAST_SWITCH
+    if (fast) {
+        /* A stack that cudasim_switch "returns" into cudasim_fiber_start:
+         * control words, six zeroed registers, the return address; the
+         * return leaves the stack 16-byte aligned for its call. */
+        uintptr_t top = ((uintptr_t)f.stack + kStackSize) & ~(uintptr_t)15;
+        uint64_t *sp = (uint64_t *)(top - 64);
+        uint32_t mxcsr = 0;
+        uint16_t fpcw = 0;
+        __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+        __asm__ volatile("fnstcw %0" : "=m"(fpcw));
+        std::memset(sp, 0, 64);
+        std::memcpy(sp, &mxcsr, 4);
+        std::memcpy((char *)sp + 4, &fpcw, 2);
+        sp[7] = (uint64_t)(uintptr_t)&cudasim_fiber_start;
+        f.sp = sp;
+        return;
+    }
+#endif
+    (void)fast;
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = kStackSize;
@@ -240,7 +372,7 @@ __attribute__((noinline)) void start_block(Block &b, dim3 block, size_t threads)
         f.warp = (unsigned)(i / 32);
         f.lane = (unsigned)(i % 32);
         f.state = State::Ready;
-        init_context(f);
+        init_context(f, b.fast);
     }
     for (size_t w = 0; w < b.warps.size(); w++) {
         Warp fresh;
@@ -343,12 +475,17 @@ cudaError_t launch_blocks(dim3 grid, dim3 block, size_t smem, const std::functio
 
     Block b;
     b.body = &body;
+    static const bool use_ucontext = [] {
+        const char *e = std::getenv("CUDASIM_UCONTEXT");
+        return e != nullptr && e[0] == '1';
+    }();
+    b.fast = CUDASIM_FAST_SWITCH && !use_ucontext;
     b.fibers.resize(threads);
     b.warps.resize((threads + 31) / 32);
     for (size_t i = 0; i < threads; i++) {
-        b.fibers[i].stack = static_cast<char *>(std::malloc(kStackSize));
+        b.fibers[i].stack = take_stack();
         if (!b.fibers[i].stack) {
-            for (size_t j = 0; j < i; j++) std::free(b.fibers[j].stack);
+            for (size_t j = 0; j < i; j++) give_stack(b.fibers[j].stack);
             g_launch_error = "cudasim: out of host memory for thread stacks";
             return cudaErrorMemoryAllocation;
         }
@@ -370,7 +507,7 @@ cudaError_t launch_blocks(dim3 grid, dim3 block, size_t smem, const std::functio
             }
     g_block = saved;
     g_dyn_smem = nullptr;
-    for (Fiber &f : b.fibers) std::free(f.stack);
+    for (Fiber &f : b.fibers) give_stack(f.stack);
     if (!ok) {
         g_launch_error = "cudasim: " + b.error;
         return cudaErrorLaunchFailure;
@@ -590,6 +727,27 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
                             cudaStream_t stream) {
     (void)stream;
     return cudaMemcpy(dst, src, n, kind);
+}
+
+cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t height, enum cudaMemcpyKind kind) {
+    (void)kind;
+    if (width == 0 || height == 0) return cudaSuccess;
+    if (!dst || !src || width > dpitch || width > spitch) return set_error(cudaErrorInvalidValue);
+    for (size_t r = 0; r < height; r++) {
+        uint8_t *d = static_cast<uint8_t *>(dst) + r * dpitch;
+        const uint8_t *s = static_cast<const uint8_t *>(src) + r * spitch;
+        if (!range_ok(d, width) || !range_ok(s, width)) return set_error(cudaErrorInvalidValue);
+        std::memmove(d, s, width);
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, enum cudaMemcpyKind kind,
+                              cudaStream_t stream) {
+    (void)stream;
+    return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
 }
 
 cudaError_t cudaMemset(void *p, int value, size_t n) {

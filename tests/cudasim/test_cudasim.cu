@@ -387,6 +387,35 @@ static void test_shared_memory_starts_poisoned(void **state) {
     cudaFree(d);
 }
 
+/* Strided copies (the host tier's page copies): rows of `width` bytes at
+ * two pitches, both directions, and a row that leaves its allocation. */
+static void test_memcpy_2d(void **state) {
+    (void)state;
+    const size_t width = 24, rows = 5, dpitch = 40, spitch = 64;
+    std::vector<unsigned char> src(rows * spitch), back(rows * width, 0);
+    for (size_t i = 0; i < src.size(); i++) src[i] = (unsigned char)(i * 7 + 3);
+    unsigned char *d = nullptr;
+    assert_int_equal(cudaMalloc((void **)&d, rows * dpitch), cudaSuccess);
+    assert_int_equal(cudaMemset(d, 0, rows * dpitch), cudaSuccess);
+    assert_int_equal(cudaMemcpy2DAsync(d, dpitch, src.data(), spitch, width, rows, cudaMemcpyHostToDevice,
+                                       0),
+                     cudaSuccess);
+    assert_int_equal(cudaMemcpy2D(back.data(), width, d, dpitch, width, rows, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    for (size_t r = 0; r < rows; r++)
+        assert_memory_equal(back.data() + r * width, src.data() + r * spitch, width);
+    std::vector<unsigned char> whole(rows * dpitch);
+    assert_int_equal(cudaMemcpy(whole.data(), d, whole.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(whole[width], 0); /* the pitch padding is untouched */
+#ifdef KVP_CUDASIM
+    /* at a pitch of 45 the last row ends 4 bytes past the allocation */
+    assert_int_equal(cudaMemcpy2D(d, dpitch + 5, src.data(), spitch, width, rows, cudaMemcpyHostToDevice),
+                     cudaErrorInvalidValue);
+    cudaGetLastError();
+#endif
+    assert_int_equal(cudaFree(d), cudaSuccess);
+}
+
 static void test_runtime_errors(void **state) {
     (void)state;
 #ifndef KVP_CUDASIM
@@ -440,6 +469,7 @@ int main(void) {
         cmocka_unit_test(test_half_types),
         cmocka_unit_test(test_dp4a),
         cmocka_unit_test(test_shared_memory_starts_poisoned),
+        cmocka_unit_test(test_memcpy_2d),
         cmocka_unit_test(test_runtime_errors),
     };
     return cmocka_run_group_tests_name("cudasim", tests, NULL, NULL);

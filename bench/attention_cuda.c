@@ -1,0 +1,571 @@
+/*
+ * kvpage-bench attention --device cuda: paged decode attention on a CUDA
+ * device, read against the device-to-device copy bandwidth measured in the
+ * same run, and against the same kernels over a contiguous cache.
+ *
+ * Same cases and JSON keys as the CPU benchmark (bench/attention.c): q_len 1,
+ * llama-3.1-8b shapes (32 q heads, 8 kv heads, head_dim 128, one layer),
+ * batch 1 and 16, context 1k/8k/32k, page 16 and 32, K/V fp16, int8, int4
+ * (and fp16 with dim-major keys, the CPU's preferred order). Pages are
+ * handed to sequences in a shuffled order. Times are CUDA-event medians.
+ * The bandwidth probe (`read_gbps`) is a device-to-device copy of 1 GiB
+ * (bytes read plus bytes written over the time). The last line is JSON.
+ *
+ * Without a usable device (or in a CPU-only build) it says why on stderr
+ * and exits with status 1.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "bench.h"
+#include "kvdist.h"
+#include "../tests/kvtable.h"
+#include "cuda_util.h"
+#include "kvpage_cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define Q_HEADS 32
+#define KV_HEADS 8
+#define HEAD_DIM 128
+#define TEMPLATE_PAGES 64
+#define ACC_TOKENS 4096
+#define ACC_SEQS 4
+#define PROBE_BYTES (1ull << 30)
+
+typedef struct {
+    const char *name;
+    int32_t format, k_order;
+} cuda_format;
+
+static const cuda_format formats[] = {
+    {"fp16", KVP_FORMAT_FP16, KVP_K_ORDER_TOKEN_MAJOR},
+    {"int8", KVP_FORMAT_INT8, KVP_K_ORDER_TOKEN_MAJOR},
+    {"int4", KVP_FORMAT_INT4, KVP_K_ORDER_TOKEN_MAJOR},
+    {"fp16-dm", KVP_FORMAT_FP16, KVP_K_ORDER_DIM_MAJOR},
+};
+#define NFORMATS ((int)(sizeof formats / sizeof *formats))
+
+typedef struct {
+    int fmt, page, batch, context;
+    double t_paged, t_contig, bytes;
+} result;
+
+typedef struct {
+    int quick, reps, device;
+    int only_fmt, only_page, only_batch, only_context;
+} options;
+
+static char g_err[KVP_ERR_SIZE];
+
+static int fail(const char *what) {
+    fprintf(stderr, "kvpage-bench attention --device cuda: %s: %s\n", what, g_err);
+    return -1;
+}
+
+/* ---- a store on the device, filled through the real append path ------------------------- */
+
+static kvp_store_t *make_store(const cuda_format *f, int32_t P, int64_t pages, int32_t staging,
+                               int device) {
+    kvp_store_params_t sp;
+    kvp_store_params_init(&sp);
+    sp.layers = 1;
+    sp.kv_heads = KV_HEADS;
+    sp.head_dim = HEAD_DIM;
+    sp.page_size = P;
+    sp.k_format = f->format;
+    sp.v_format = f->format;
+    sp.k_order = f->k_order;
+    sp.num_pages = (uint64_t)pages;
+    sp.num_staging = (uint64_t)staging;
+    kvp_cuda_params_t cp;
+    kvp_cuda_params_init(&cp);
+    cp.device = device;
+    kvp_store_t *s = NULL;
+    if (kvp_cuda_store_create(&sp, &cp, &s, g_err, sizeof g_err) != KVP_OK) {
+        fail("store");
+        return NULL;
+    }
+    return s;
+}
+
+/* Append `tokens` rows (host fp32) of one sequence, in steps of 256. */
+static int append_sequence(kvp_store_t *s, kvt_pool *pool, kvt_seq *seq, const float *k,
+                           const float *v, int32_t tokens, int device) {
+    enum { STEP = 256 };
+    int64_t slots[STEP];
+    kvp_page_op_t ops[STEP];
+    size_t row = (size_t)KV_HEADS * HEAD_DIM, bytes = (size_t)STEP * row * sizeof(float);
+    void *dk = NULL, *dv = NULL;
+    int rc = -1;
+    if (kvp__cuda_malloc(device, bytes, &dk, g_err, sizeof g_err) != KVP_OK ||
+        kvp__cuda_malloc(device, bytes, &dv, g_err, sizeof g_err) != KVP_OK) {
+        fail("device rows");
+        goto out;
+    }
+    for (int32_t t0 = 0; t0 < tokens; t0 += STEP) {
+        int32_t n = tokens - t0 < STEP ? tokens - t0 : STEP, nops = 0;
+        if (kvt_plan_append(pool, seq, n, 0, slots, ops, &nops) != 0) goto out;
+        if (kvp__cuda_memcpy(dk, k + (size_t)t0 * row, (size_t)n * row * 4, 0, g_err, sizeof g_err) ||
+            kvp__cuda_memcpy(dv, v + (size_t)t0 * row, (size_t)n * row * 4, 0, g_err, sizeof g_err)) {
+            fail("upload");
+            goto out;
+        }
+        kvp_append_t a;
+        kvp_append_init(&a);
+        a.rows = n;
+        a.dtype = KVP_FORMAT_FP32;
+        a.k = dk;
+        a.v = dv;
+        a.slots = slots;
+        a.ops = ops;
+        a.num_ops = nops;
+        if (kvp_store_append(s, &a) != KVP_OK || kvp_store_synchronize(s) != KVP_OK) {
+            snprintf(g_err, sizeof g_err, "%s", kvp_store_last_error(s));
+            fail("append");
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    kvp__cuda_free(device, dk);
+    kvp__cuda_free(device, dv);
+    return rc;
+}
+
+/* Copy bytes [0, have) of a device buffer over [have, total), doubling. */
+static int replicate(uint8_t *base, uint64_t have, uint64_t total) {
+    while (have < total) {
+        uint64_t n = have < total - have ? have : total - have;
+        if (kvp__cuda_memcpy(base + have, base, n, 2, g_err, sizeof g_err) != KVP_OK)
+            return fail("replicate");
+        have += n;
+    }
+    return 0;
+}
+
+/* TEMPLATE_PAGES pages of random K/V through append, then copies of them
+ * over the rest of the pool (timing does not depend on the values). */
+static int fill_pages(kvp_store_t *s, int32_t P, int64_t pages, kvd_rng *rng, int device) {
+    kvp_layout_t lay;
+    memset(&lay, 0, sizeof lay);
+    lay.struct_size = sizeof lay;
+    kvp_store_layout(s, &lay);
+    kvd_keys keys;
+    if (kvd_keys_init(&keys, rng, KV_HEADS, HEAD_DIM) != 0) return -1;
+    int32_t tpages = pages < TEMPLATE_PAGES ? (int32_t)pages : TEMPLATE_PAGES;
+    int32_t tokens = tpages * P;
+    size_t n = (size_t)tokens * KV_HEADS * HEAD_DIM;
+    float *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    int rc = -1;
+    if (k != NULL && v != NULL) {
+        kvd_fill_keys(&keys, rng, (size_t)tokens, k);
+        kvd_fill_normal(rng, n, v);
+        kvt_pool pool;
+        kvt_pool_init(&pool, P, (int32_t)pages, 1, lay.needs_staging);
+        kvt_seq seq;
+        kvt_seq_init(&seq);
+        rc = append_sequence(s, &pool, &seq, k, v, tokens, device);
+        kvt_seq_free(&seq);
+    }
+    if (rc == 0) {
+        kvp_region_t rk, rv;
+        memset(&rk, 0, sizeof rk);
+        memset(&rv, 0, sizeof rv);
+        rk.struct_size = rv.struct_size = sizeof rk;
+        kvp_store_region(s, 0, KVP_REGION_K, &rk);
+        kvp_store_region(s, 0, KVP_REGION_V, &rv);
+        rc = replicate(rk.base, (uint64_t)tpages * rk.page_stride, (uint64_t)pages * rk.page_stride);
+        if (rc == 0)
+            rc = replicate(rv.base, (uint64_t)tpages * rv.page_stride, (uint64_t)pages * rv.page_stride);
+    }
+    free(k);
+    free(v);
+    kvd_keys_free(&keys);
+    return rc;
+}
+
+/* ---- timing --------------------------------------------------------------------------------- */
+
+typedef struct {
+    kvp_ctx_t *ctx;
+    kvp_store_t *store;
+    kvp_kv_view_t view;
+    kvp_attention_params_t ap;
+    kvp__cuda_contig contig;
+    const float *q;
+    float *out;
+} attn_call;
+
+static int run_paged(void *arg) {
+    attn_call *c = arg;
+    return kvp_attention(c->ctx, c->store, &c->view, &c->ap);
+}
+
+static int run_contig(void *arg) {
+    attn_call *c = arg;
+    return kvp__cuda_attention_contig(c->ctx, &c->contig, c->q, c->out);
+}
+
+static void shuffle(int32_t *a, int64_t n, kvd_rng *rng) {
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(kvd_next(rng) % (uint64_t)(i + 1));
+        int32_t t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
+    const cuda_format *f = &formats[r->fmt];
+    int32_t P = r->page, B = r->batch, per = (r->context + P - 1) / P;
+    int64_t pages = (int64_t)B * per;
+    int rc = -1;
+    kvp_store_t *s = make_store(f, P, pages, B, o->device);
+    int32_t *ids = malloc((size_t)pages * sizeof *ids), *indptr = malloc((size_t)(B + 1) * 4);
+    int32_t *last = malloc((size_t)B * 4), *qo = malloc((size_t)(B + 1) * 4);
+    size_t qn = (size_t)B * Q_HEADS * HEAD_DIM;
+    float *qh = malloc(qn * sizeof *qh);
+    void *q = NULL, *out = NULL, *ck = NULL, *cv = NULL;
+    kvp_layout_t lay;
+    memset(&lay, 0, sizeof lay);
+    lay.struct_size = sizeof lay;
+    if (s == NULL || !ids || !indptr || !last || !qo || !qh) goto out;
+    if (fill_pages(s, P, pages, rng, o->device) != 0) goto out;
+    kvp_store_layout(s, &lay);
+    uint64_t kb = lay.k_block_bytes, vb = lay.v_block_bytes;
+    uint64_t run_k = (uint64_t)per * kb, run_v = (uint64_t)per * vb;
+    if (kvp__cuda_malloc(o->device, qn * 4, &q, g_err, sizeof g_err) ||
+        kvp__cuda_malloc(o->device, qn * 4, &out, g_err, sizeof g_err) ||
+        kvp__cuda_malloc(o->device, (uint64_t)B * KV_HEADS * run_k, &ck, g_err, sizeof g_err) ||
+        kvp__cuda_malloc(o->device, (uint64_t)B * KV_HEADS * run_v, &cv, g_err, sizeof g_err)) {
+        fail("device buffers");
+        goto out;
+    }
+    for (int64_t i = 0; i < pages; i++) ids[i] = (int32_t)i;
+    shuffle(ids, pages, rng);
+    for (int32_t b = 0; b <= B; b++) {
+        indptr[b] = b * per;
+        qo[b] = b;
+    }
+    for (int32_t b = 0; b < B; b++) last[b] = r->context - (per - 1) * P;
+    kvd_fill_normal(rng, qn, qh);
+    if (kvp__cuda_memcpy(q, qh, qn * 4, 0, g_err, sizeof g_err) != KVP_OK) {
+        fail("upload q");
+        goto out;
+    }
+    /* the contiguous cache: sequence 0, head 0's pages end to end, then that
+     * run copied to every (sequence, head) */
+    {
+        kvp_region_t rk, rv;
+        memset(&rk, 0, sizeof rk);
+        memset(&rv, 0, sizeof rv);
+        rk.struct_size = rv.struct_size = sizeof rk;
+        kvp_store_region(s, 0, KVP_REGION_K, &rk);
+        kvp_store_region(s, 0, KVP_REGION_V, &rv);
+        for (int32_t j = 0; j < per; j++) {
+            int32_t id = ids[j];
+            if (kvp__cuda_memcpy((uint8_t *)ck + (uint64_t)j * kb,
+                                 (uint8_t *)rk.base + (uint64_t)id * rk.page_stride, kb, 2, g_err,
+                                 sizeof g_err) ||
+                kvp__cuda_memcpy((uint8_t *)cv + (uint64_t)j * vb,
+                                 (uint8_t *)rv.base + (uint64_t)id * rv.page_stride, vb, 2, g_err,
+                                 sizeof g_err)) {
+                fail("contiguous cache");
+                goto out;
+            }
+        }
+        if (replicate(ck, run_k, (uint64_t)B * KV_HEADS * run_k) != 0 ||
+            replicate(cv, run_v, (uint64_t)B * KV_HEADS * run_v) != 0)
+            goto out;
+    }
+    attn_call c;
+    memset(&c, 0, sizeof c);
+    c.ctx = ctx;
+    c.store = s;
+    c.view.batch = B;
+    c.view.page_size = P;
+    c.view.num_pages = (int32_t)pages;
+    c.view.num_staging = lay.needs_staging ? B : 0;
+    c.view.indptr = indptr;
+    c.view.indices = ids;
+    c.view.last_page_len = last;
+    kvp_attention_params_init(&c.ap);
+    c.ap.q_heads = Q_HEADS;
+    c.ap.sm_scale = 1.0f / sqrtf((float)HEAD_DIM);
+    c.ap.qo_indptr = qo;
+    c.ap.q = q;
+    c.ap.out = out;
+    c.q = q;
+    c.out = out;
+    c.contig.k = ck;
+    c.contig.v = cv;
+    c.contig.k_block = kb;
+    c.contig.v_block = vb;
+    c.contig.k_format = f->format;
+    c.contig.v_format = f->format;
+    c.contig.k_order = f->k_order;
+    c.contig.page_size = P;
+    c.contig.head_dim = HEAD_DIM;
+    c.contig.batch = B;
+    c.contig.kv_heads = KV_HEADS;
+    c.contig.pages = per;
+    c.contig.kv_len = r->context;
+    c.contig.q_heads = Q_HEADS;
+    c.contig.sm_scale = c.ap.sm_scale;
+    r->bytes = (double)pages * (double)KV_HEADS * (double)(kb + vb);
+    if (kvp__cuda_time(NULL, run_paged, &c, o->reps, &r->t_paged, g_err, sizeof g_err) != KVP_OK) {
+        snprintf(g_err, sizeof g_err, "%s", kvp_ctx_last_error(ctx));
+        fail("paged attention");
+        goto out;
+    }
+    if (kvp__cuda_time(NULL, run_contig, &c, o->reps, &r->t_contig, g_err, sizeof g_err) != KVP_OK) {
+        snprintf(g_err, sizeof g_err, "%s", kvp_ctx_last_error(ctx));
+        fail("contiguous attention");
+        goto out;
+    }
+    rc = 0;
+out:
+    free(ids);
+    free(indptr);
+    free(last);
+    free(qo);
+    free(qh);
+    kvp__cuda_free(o->device, q);
+    kvp__cuda_free(o->device, out);
+    kvp__cuda_free(o->device, ck);
+    kvp__cuda_free(o->device, cv);
+    kvp_store_destroy(s);
+    return rc;
+}
+
+/* ---- accuracy against the float64 reference (4 x 4096 tokens, fresh inputs) ------------------- */
+
+static double accuracy(kvp_ctx_t *ctx, const cuda_format *f, int32_t P, kvd_rng *rng, int device) {
+    const int32_t T = ACC_TOKENS, per = T / P + 1;
+    kvp_store_t *s = make_store(f, P, (int64_t)per * ACC_SEQS, ACC_SEQS, device);
+    size_t n = (size_t)T * KV_HEADS * HEAD_DIM, qn = (size_t)Q_HEADS * HEAD_DIM;
+    float *k = malloc(n * 4), *v = malloc(n * 4), *q = malloc(qn * 4), *out = malloc(qn * 4);
+    double *ref = malloc(qn * 8), num = 0.0, den = 0.0;
+    void *dq = NULL, *dout = NULL;
+    int ok = s != NULL && k && v && q && out && ref &&
+             kvp__cuda_malloc(device, qn * 4, &dq, g_err, sizeof g_err) == KVP_OK &&
+             kvp__cuda_malloc(device, qn * 4, &dout, g_err, sizeof g_err) == KVP_OK;
+    kvp_layout_t lay;
+    memset(&lay, 0, sizeof lay);
+    lay.struct_size = sizeof lay;
+    kvt_pool pool;
+    if (ok) {
+        kvp_store_layout(s, &lay);
+        kvt_pool_init(&pool, P, per * ACC_SEQS, ACC_SEQS, lay.needs_staging);
+    }
+    for (int b = 0; b < ACC_SEQS && ok; b++) {
+        kvd_keys keys;
+        if (kvd_keys_init(&keys, rng, KV_HEADS, HEAD_DIM) != 0) {
+            ok = 0;
+            break;
+        }
+        kvd_fill_keys(&keys, rng, (size_t)T, k);
+        kvd_fill_normal(rng, n, v);
+        kvd_fill_normal(rng, qn, q);
+        kvt_seq seq;
+        kvt_seq_init(&seq);
+        ok = append_sequence(s, &pool, &seq, k, v, T, device) == 0 &&
+             kvp__cuda_memcpy(dq, q, qn * 4, 0, g_err, sizeof g_err) == KVP_OK;
+        if (ok) {
+            int32_t indptr[2], indices[ACC_TOKENS + 2], last[1], qo[2] = {0, 1};
+            kvp_kv_view_t view;
+            kvt_export(&pool, &seq, 1, indptr, indices, last, &view);
+            view.num_staging = lay.needs_staging ? ACC_SEQS : 0;
+            kvp_attention_params_t ap;
+            kvp_attention_params_init(&ap);
+            ap.q_heads = Q_HEADS;
+            ap.sm_scale = (float)kvd_sm_scale(&keys);
+            ap.qo_indptr = qo;
+            ap.q = dq;
+            ap.out = dout;
+            ok = kvp_attention(ctx, s, &view, &ap) == KVP_OK &&
+                 kvp__cuda_memcpy(out, dout, qn * 4, 1, g_err, sizeof g_err) == KVP_OK;
+            if (ok) {
+                kvd_attn ra = {Q_HEADS, KV_HEADS, HEAD_DIM, ap.sm_scale, 0.0, 1, -1};
+                kvd_reference(&ra, q, 1, k, v, T, ref);
+                for (size_t i = 0; i < qn; i++) {
+                    num += ((double)out[i] - ref[i]) * ((double)out[i] - ref[i]);
+                    den += ref[i] * ref[i];
+                }
+            }
+        }
+        kvt_seq_free(&seq);
+        kvd_keys_free(&keys);
+    }
+    kvp__cuda_free(device, dq);
+    kvp__cuda_free(device, dout);
+    kvp_store_destroy(s);
+    free(k);
+    free(v);
+    free(q);
+    free(out);
+    free(ref);
+    return ok && den > 0.0 ? sqrt(num / den) : -1.0;
+}
+
+/* ---- report --------------------------------------------------------------------------------- */
+
+static const result *find(const result *rs, int n, int fmt, int page, int batch, int context) {
+    for (int i = 0; i < n; i++)
+        if (rs[i].fmt == fmt && rs[i].page == page && rs[i].batch == batch && rs[i].context == context)
+            return &rs[i];
+    return NULL;
+}
+
+/* Median over page-32 cases with context >= 8k (what 1: speedup over fp16;
+ * 2: paged / contiguous at the longest context; 0: fraction of the copy
+ * bandwidth). */
+static double headline(const result *rs, int n, int fmt, int what, double gbps, int max_ctx) {
+    double v[128];
+    int k = 0;
+    for (int i = 0; i < n && k < 128; i++) {
+        const result *r = &rs[i];
+        if (r->fmt != fmt || r->page != 32 || r->context < 8192) continue;
+        if (what == 2 && r->context != max_ctx) continue;
+        const result *base = find(rs, n, 0, r->page, r->batch, r->context);
+        if (what == 0) v[k++] = r->bytes / r->t_paged / 1e9 / gbps;
+        else if (what == 1 && base != NULL) v[k++] = base->t_paged / r->t_paged;
+        else if (what == 2) v[k++] = r->t_contig / r->t_paged;
+    }
+    return k > 0 ? bench_median(v, k) : 0.0;
+}
+
+static int parse_options(int argc, char **argv, options *o) {
+    memset(o, 0, sizeof *o);
+    o->reps = 20;
+    o->only_fmt = o->only_page = o->only_batch = o->only_context = -1;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) o->quick = 1;
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) i++; /* "cuda": seen by the caller */
+        else if (!strcmp(argv[i], "--gpu") && i + 1 < argc) o->device = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--page") && i + 1 < argc) o->only_page = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o->only_batch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--context") && i + 1 < argc) o->only_context = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--format") && i + 1 < argc) {
+            const char *name = argv[++i];
+            for (int k = 0; k < NFORMATS; k++)
+                if (!strcmp(name, formats[k].name)) o->only_fmt = k;
+            if (o->only_fmt < 0) return -1;
+        } else return -1;
+    }
+    if (o->quick) o->reps = 10;
+    return o->device >= 0 ? 0 : -1;
+}
+
+int bench_attention_cuda(int argc, char **argv) {
+    options o;
+    if (parse_options(argc, argv, &o) != 0) {
+        fprintf(stderr, "usage: kvpage-bench attention --device cuda [--quick] [--gpu N]\n"
+                        "       [--format fp16|int8|int4|fp16-dm] [--page N] [--batch N] "
+                        "[--context N]   (run only matching cases)\n");
+        return 2;
+    }
+    kvp_cuda_device_info_t info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    int rc = kvp_cuda_device_query(o.device, &info, g_err, sizeof g_err);
+    if (rc != KVP_OK) {
+        fprintf(stderr, "kvpage-bench attention --device cuda: %s: %s\n", kvp_status_name(rc), g_err);
+        return 1;
+    }
+    double copy_gbps = 0.0;
+    if (kvp__cuda_copy_bandwidth(o.device, PROBE_BYTES, 10, &copy_gbps, g_err, sizeof g_err) != KVP_OK) {
+        fail("copy bandwidth probe");
+        return 1;
+    }
+    kvp_ctx_params_t xp;
+    kvp_ctx_params_init(&xp);
+    kvp_cuda_params_t cp;
+    kvp_cuda_params_init(&cp);
+    cp.device = o.device;
+    kvp_ctx_t *ctx = NULL;
+    if (kvp_cuda_ctx_create(&xp, &cp, &ctx, g_err, sizeof g_err) != KVP_OK) {
+        fail("context");
+        return 1;
+    }
+    kvd_rng rng;
+    kvd_seed(&rng, 20261129);
+    printf("attention decode on %s (cc %d.%d, %d SMs): llama-3.1-8b shapes (%d q heads, %d kv heads, "
+           "head_dim %d), q_len 1%s\n", info.name, info.cc_major, info.cc_minor, info.sm_count, Q_HEADS,
+           KV_HEADS, HEAD_DIM, o.quick ? ", --quick" : "");
+    printf("roof (same run): device-to-device copy %.1f GB/s (read + write)\n", copy_gbps);
+
+    double acc[3], acc16[3];
+    for (int f = 0; f < 3; f++) {
+        acc[f] = accuracy(ctx, &formats[f], 32, &rng, o.device);
+        acc16[f] = accuracy(ctx, &formats[f], 16, &rng, o.device);
+    }
+    printf("accuracy vs float64 reference (rel. L2 of the output; %d sequences of %d tokens, keys "
+           "with outlier channels):\n  page 32: fp16 %.2e  int8 %.2e  int4 %.2e\n"
+           "  page 16: fp16 %.2e  int8 %.2e  int4 %.2e\n\n", ACC_SEQS, ACC_TOKENS, acc[0], acc[1],
+           acc[2], acc16[0], acc16[1], acc16[2]);
+
+    static const int pages_full[] = {16, 32}, pages_quick[] = {32};
+    static const int batches[] = {1, 16};
+    static const int ctx_full[] = {1024, 8192, 32768}, ctx_quick[] = {8192, 32768};
+    const int *pg = o.quick ? pages_quick : pages_full;
+    int npg = o.quick ? 1 : 2;
+    const int *cx = o.quick ? ctx_quick : ctx_full;
+    int ncx = o.quick ? 2 : 3;
+    int one_ctx[1] = {o.only_context}, one_page[1] = {o.only_page};
+    if (o.only_context > 0) {
+        cx = one_ctx;
+        ncx = 1;
+    }
+    if (o.only_page > 0) {
+        pg = one_page;
+        npg = 1;
+    }
+    int nfmt = o.quick && o.only_fmt != 3 ? 3 : NFORMATS, max_ctx = cx[ncx - 1];
+    result rs[128];
+    int n = 0;
+    printf("%-9s %4s %5s %7s %10s %9s %7s %8s %10s\n", "format", "page", "batch", "context",
+           "time ms", "KV GB/s", "of copy", "vs fp16", "paged/contig");
+    for (int ip = 0; ip < npg; ip++)
+        for (int ib = 0; ib < 2; ib++)
+            for (int ic = 0; ic < ncx; ic++)
+                for (int f = 0; f < nfmt; f++) {
+                    if ((o.only_fmt >= 0 && f != o.only_fmt && f != 0) ||
+                        (o.only_batch >= 0 && batches[ib] != o.only_batch) || n >= 128)
+                        continue;
+                    result *r = &rs[n];
+                    memset(r, 0, sizeof *r);
+                    r->fmt = f;
+                    r->page = pg[ip];
+                    r->batch = batches[ib];
+                    r->context = cx[ic];
+                    if (run_case(&o, ctx, r, &rng) != 0) {
+                        kvp_ctx_destroy(ctx);
+                        return 1;
+                    }
+                    const result *base = find(rs, n + 1, 0, r->page, r->batch, r->context);
+                    double gbps = r->bytes / r->t_paged / 1e9;
+                    printf("%-9s %4d %5d %7d %10.4f %9.1f %7.2f %8.2f %10.2f\n", formats[f].name,
+                           r->page, r->batch, r->context, r->t_paged * 1e3, gbps, gbps / copy_gbps,
+                           base->t_paged / r->t_paged, r->t_contig / r->t_paged);
+                    fflush(stdout);
+                    n++;
+                }
+    double bw = headline(rs, n, 0, 0, copy_gbps, max_ctx);
+    double s8 = headline(rs, n, 1, 1, copy_gbps, max_ctx);
+    double s4 = headline(rs, n, 2, 1, copy_gbps, max_ctx);
+    double pc = headline(rs, n, 0, 2, copy_gbps, max_ctx);
+    printf("\nheadline (page 32, median over batch 1 and 16 at contexts >= 8k; paged/contig at %dk):\n"
+           "  fp16 %.2f of copy bandwidth, int8 %.2fx and int4 %.2fx faster than fp16, "
+           "paged/contiguous %.3f\n", max_ctx / 1024, bw, s8, s4, pc);
+    printf("{\"bench\": \"attention\", \"device\": \"cuda\", \"gpu\": \"%s\", \"threads\": 0, "
+           "\"isa\": \"cuda\", \"quick\": %s, \"read_gbps\": %.3f, \"fma_per_s\": null, "
+           "\"fp16_bw_fraction\": %.4f, \"int8_speedup\": %.4f, \"int4_speedup\": %.4f, "
+           "\"paged_vs_contiguous\": %.4f, \"fp16_rel_err\": %.3e, \"int8_rel_err\": %.3e, "
+           "\"int4_rel_err\": %.3e, \"int8_rel_err_page16\": %.3e, \"int4_rel_err_page16\": %.3e}\n",
+           info.name, o.quick ? "true" : "false", copy_gbps, bw, s8, s4, pc, acc[0], acc[1], acc[2],
+           acc16[1], acc16[2]);
+    kvp_ctx_destroy(ctx);
+    return 0;
+}

@@ -1,0 +1,348 @@
+/*
+ * CUDA backend: the attention context (device workspace, staging) and the
+ * host side of paged attention: schedule, upload, launch.
+ *
+ * Schedule. Units = (sequence, kv head, block of R rows); R = 1, 2, 4 or 8,
+ * the smallest power of two holding the longest sequence's rows of one kv
+ * head (the GQA group for decode), at most 8. When the units cannot fill the
+ * device (fewer than 4 CTAs per SM: small batches, long contexts), each
+ * sequence's pages are split into up to that factor of ranges of at least
+ * 256 tokens (flash-decoding); the splits' partial results (m, l, o) go to
+ * the context's workspace and a merge kernel combines them. No split when
+ * the workspace cannot hold the partials. Everything the kernels need about
+ * the batch (the CSR view, qo_indptr, the schedule) is uploaded in one copy,
+ * or not at all when it is identical to the last one (every layer of a step).
+ */
+#include "attention.cuh"
+#include "../lib/cuda_util.h"
+
+using namespace kvp_attn;
+
+#define MIN_SPLIT_TOKENS 256
+#define CTAS_PER_SM 4
+
+namespace {
+
+typedef void (*attn_kernel)(params);
+
+template <int D> struct kernels_of {
+    static constexpr attn_kernel attn[4] = {k_attention<D, 1>, k_attention<D, 2>, k_attention<D, 4>,
+                                            k_attention<D, 8>};
+    static constexpr attn_kernel merge[4] = {k_merge<D, 1>, k_merge<D, 2>, k_merge<D, 4>,
+                                             k_merge<D, 8>};
+    static int smem(int32_t kk, int32_t vk, int R) { return smem_plan<D>::bytes(kk, vk, R); }
+};
+
+int dim_index(int32_t D) {
+    switch (D) {
+    case 64: return 0;
+    case 80: return 1;
+    case 96: return 2;
+    case 128: return 3;
+    case 256: return 4;
+    default: return -1;
+    }
+}
+
+int32_t kind_of(int32_t format) {
+    return format == KVP_FORMAT_FP32 ? KIND_F32 : format == KVP_FORMAT_BF16 ? KIND_BF16 : KIND_F16;
+}
+
+/* Does the 16-byte loader cover this block format at page size P? */
+bool fast_loader(const kvp__blockfmt &f, int32_t P) {
+    switch (f.format) {
+    case KVP_FORMAT_INT8: return P % 4 == 0;
+    case KVP_FORMAT_INT4: return f.is_key ? P % 8 == 0 : P % 4 == 0;
+    default:
+        if (!kvp__blockfmt_dim_major(&f)) return true;
+        return P % (16 / kvp__plain_size(f.format)) == 0;
+    }
+}
+
+/* One attention call, as the host sees it (paged, or the contiguous baseline). */
+struct call {
+    kvp__geo g;
+    int32_t batch, group, q_heads;
+    const int32_t *qo;      /* [B+1]; NULL: one row per sequence (contiguous) */
+    const int32_t *indptr;  /* [B+1]; NULL: cpages per sequence (contiguous) */
+    const int32_t *indices; /* NULL for contiguous */
+    const int32_t *last;
+    int32_t cpages, ckv_len;
+    const void *cbase[2];
+    const void *q;
+    void *out;
+    float *lse;
+    int32_t dtype;
+    float sm_scale, soft_cap;
+    int32_t causal, window;
+};
+
+size_t up8(size_t x) { return (x + 7) & ~(size_t)7; }
+
+int launch(kvp_ctx_t *c, const call &in) {
+    kvp__cuda_ctx *cc = kvp__cctx(c);
+    char *err = c->error;
+    const size_t err_size = sizeof c->error;
+    const int32_t B = in.batch, P = in.g.P, D = in.g.D, H = in.g.H;
+    const int di = dim_index(D);
+    if (di < 0) return kvp__errf(err, err_size, KVP_ENOTSUP, "head_dim %d", (int)D);
+
+    /* rows per CTA */
+    int32_t max_rows = 0;
+    for (int32_t b = 0; b < B; b++) {
+        int32_t q_len = in.qo ? in.qo[b + 1] - in.qo[b] : 1;
+        if (q_len * in.group > max_rows) max_rows = q_len * in.group;
+    }
+    int R = 1, ri = 0;
+    while (R < max_rows && R < 8) {
+        R *= 2;
+        ri++;
+    }
+
+    /* metadata layout: int32 arrays, then int64 part_off, then indices */
+    const int32_t nnz = in.indptr ? in.indptr[B] : 0;
+    size_t o_qo = 0, o_indptr = o_qo + (size_t)(B + 1) * 4, o_last = o_indptr + (size_t)(B + 1) * 4;
+    size_t o_items = o_last + (size_t)B * 4, o_splits = o_items + (size_t)(B + 1) * 4;
+    size_t o_per = o_splits + (size_t)B * 4, o_merge = o_per + (size_t)B * 4;
+    size_t o_part = up8(o_merge + (size_t)(B + 1) * 4), o_idx = o_part + (size_t)B * 8;
+    size_t bytes = o_idx + (size_t)nnz * 4;
+    uint8_t *host = nullptr;
+    int rc = kvp__stage_begin(&cc->o, bytes, &host, err, err_size, "this batch's view and schedule");
+    if (rc != KVP_OK) return rc;
+    int32_t *qo = (int32_t *)(void *)(host + o_qo), *indptr = (int32_t *)(void *)(host + o_indptr);
+    int32_t *last = (int32_t *)(void *)(host + o_last), *items = (int32_t *)(void *)(host + o_items);
+    int32_t *splits = (int32_t *)(void *)(host + o_splits), *per = (int32_t *)(void *)(host + o_per);
+    int32_t *merge = (int32_t *)(void *)(host + o_merge);
+    int64_t *part = (int64_t *)(void *)(host + o_part);
+    for (int32_t b = 0; b <= B; b++) {
+        qo[b] = in.qo ? in.qo[b] : b;
+        indptr[b] = in.indptr ? in.indptr[b] : b * in.cpages;
+    }
+    for (int32_t b = 0; b < B; b++) last[b] = in.last ? in.last[b] : 0;
+    if (nnz > 0) memcpy(host + o_idx, in.indices, (size_t)nnz * 4);
+
+    /* units, then splits while the workspace holds their partials */
+    int64_t base_units = 0;
+    for (int32_t b = 0; b < B; b++) {
+        int32_t rows = (qo[b + 1] - qo[b]) * in.group;
+        base_units += rows > 0 ? (int64_t)H * ((rows + R - 1) / R) : 0;
+    }
+    const int64_t target = (int64_t)cc->sm_count * CTAS_PER_SM;
+    int64_t factor = base_units > 0 && base_units < target ? (target + base_units - 1) / base_units : 1;
+    const int32_t min_pages = (MIN_SPLIT_TOKENS + P - 1) / P;
+    const uint64_t part_floats = (uint64_t)R * (uint64_t)(D + 2);
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t used = 0;
+        for (int32_t b = 0; b < B; b++) {
+            int32_t pages = indptr[b + 1] - indptr[b], rows = (qo[b + 1] - qo[b]) * in.group;
+            int64_t s = factor, most = (pages + min_pages - 1) / min_pages;
+            if (s > most) s = most;
+            if (s < 1) s = 1;
+            int32_t pp = pages > 0 ? (int32_t)((pages + s - 1) / s) : 1;
+            s = pages > 0 ? (pages + pp - 1) / pp : 1;
+            splits[b] = (int32_t)s;
+            per[b] = pp;
+            part[b] = -1;
+            if (s > 1) {
+                part[b] = (int64_t)used;
+                used += (uint64_t)H * (uint64_t)((rows + R - 1) / R) * (uint64_t)s * part_floats;
+            }
+        }
+        if (used * sizeof(float) <= cc->partial_bytes) break;
+        factor = 1;
+    }
+    int64_t nitems = 0, nmerge = 0;
+    for (int32_t b = 0; b < B; b++) {
+        int32_t rows = (qo[b + 1] - qo[b]) * in.group;
+        int64_t units = rows > 0 ? (int64_t)H * ((rows + R - 1) / R) : 0;
+        items[b] = (int32_t)nitems;
+        merge[b] = (int32_t)nmerge;
+        nitems += units * splits[b];
+        if (splits[b] > 1) nmerge += units;
+    }
+    items[B] = (int32_t)nitems;
+    merge[B] = (int32_t)nmerge;
+    if (nitems > INT32_MAX)
+        return kvp__errf(err, err_size, KVP_EINVAL, "%lld work items exceed a launch",
+                         (long long)nitems);
+    const uint8_t *dev = nullptr;
+    rc = kvp__stage_commit(&cc->o, bytes, &dev, err, err_size);
+    if (rc != KVP_OK || nitems == 0) return rc;
+
+    params k;
+    memset(&k, 0, sizeof k);
+    k.g = in.g;
+    k.kind[0] = kind_of(in.g.fmt[0].format);
+    k.kind[1] = kind_of(in.g.fmt[1].format);
+    k.fast[0] = fast_loader(in.g.fmt[0], P);
+    k.fast[1] = fast_loader(in.g.fmt[1], P);
+    k.sfast = fast_loader(in.g.sfmt[0], P);
+    k.batch = B;
+    k.group = in.group;
+    k.q_heads = in.q_heads;
+    k.R = R;
+    k.qo = (const int32_t *)(const void *)(dev + o_qo);
+    k.indptr = (const int32_t *)(const void *)(dev + o_indptr);
+    k.last = (const int32_t *)(const void *)(dev + o_last);
+    k.item_start = (const int32_t *)(const void *)(dev + o_items);
+    k.splits = (const int32_t *)(const void *)(dev + o_splits);
+    k.split_pages = (const int32_t *)(const void *)(dev + o_per);
+    k.merge_start = (const int32_t *)(const void *)(dev + o_merge);
+    k.part_off = (const int64_t *)(const void *)(dev + o_part);
+    k.indices = (const int32_t *)(const void *)(dev + o_idx);
+    k.q = (const uint8_t *)in.q;
+    k.out = (uint8_t *)in.out;
+    k.lse = in.lse;
+    k.dtype = in.dtype;
+    k.esize = (int32_t)kvp__dtype_size(in.dtype);
+    k.sm_scale = in.sm_scale;
+    k.soft_cap = in.soft_cap;
+    k.causal = in.causal;
+    k.window = in.window;
+    k.partials = cc->partials;
+    k.contig = in.indices == nullptr;
+    k.cpages = in.cpages;
+    k.ckv_len = in.ckv_len;
+    k.cbase[0] = (const uint8_t *)in.cbase[0];
+    k.cbase[1] = (const uint8_t *)in.cbase[1];
+
+    attn_kernel ka = nullptr, km = nullptr;
+    int smem = 0;
+    switch (di) {
+#define KVP_PICK(i, Dv)                                                    \
+    case i:                                                                \
+        ka = kernels_of<Dv>::attn[ri];                                     \
+        km = kernels_of<Dv>::merge[ri];                                    \
+        smem = kernels_of<Dv>::smem(k.kind[0], k.kind[1], R);              \
+        break;
+        KVP_PICK(0, 64)
+        KVP_PICK(1, 80)
+        KVP_PICK(2, 96)
+        KVP_PICK(3, 128)
+        KVP_PICK(4, 256)
+#undef KVP_PICK
+    }
+    rc = kvp__cuda_status(KVP_LAUNCH(ka, dim3((unsigned)nitems), dim3(NT), (size_t)smem,
+                                     cc->o.stream, k),
+                          err, err_size, "attention kernel");
+    if (rc != KVP_OK || nmerge == 0) return rc;
+    return kvp__cuda_status(KVP_LAUNCH(km, dim3((unsigned)nmerge), dim3(NT), 0, cc->o.stream, k),
+                            err, err_size, "split merge kernel");
+}
+
+} // namespace
+
+int kvp__cuda_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
+    kvp__cuda_ctx *cc = kvp__cctx(c);
+    kvp__cuda_store *cs = kvp__cstore(a->store);
+    if (cs->o.device != cc->o.device)
+        return kvp__errf(c->error, sizeof c->error, KVP_EINVAL,
+                         "the context is on device %d, the store on device %d", cc->o.device,
+                         cs->o.device);
+    kvp__device_guard g;
+    int rc = kvp__device_enter(&g, cc->o.device, c->error, sizeof c->error);
+    if (rc != KVP_OK) return rc;
+    const kvp_attention_params_t *p = a->p;
+    call in;
+    memset(&in, 0, sizeof in);
+    in.g = kvp__make_geo(a->store, p->layer);
+    in.batch = a->view->batch;
+    in.group = a->group;
+    in.q_heads = p->q_heads;
+    in.qo = p->qo_indptr;
+    in.indptr = a->view->indptr;
+    in.indices = a->view->indices;
+    in.last = a->view->last_page_len;
+    in.q = p->q;
+    in.out = p->out;
+    in.lse = p->lse;
+    in.dtype = p->dtype;
+    in.sm_scale = p->sm_scale;
+    in.soft_cap = p->logit_soft_cap;
+    in.causal = p->causal;
+    in.window = p->window_left;
+    if (in.batch > 0 && in.indices == nullptr) {
+        static const int32_t none = 0; /* a batch whose sequences hold no page */
+        in.indices = &none;
+    }
+    rc = in.batch > 0 ? launch(c, in) : KVP_OK;
+    kvp__device_leave(&g);
+    return rc;
+}
+
+extern "C" int kvp__cuda_attention_contig(kvp_ctx_t *c, const kvp__cuda_contig *kv, const float *q,
+                                          float *out) {
+    if (c == nullptr || kv == nullptr || c->backend != &kvp__cuda_backend) return KVP_EINVAL;
+    kvp__cuda_ctx *cc = kvp__cctx(c);
+    kvp__device_guard g;
+    int rc = kvp__device_enter(&g, cc->o.device, c->error, sizeof c->error);
+    if (rc != KVP_OK) return rc;
+    call in;
+    memset(&in, 0, sizeof in);
+    in.g.P = kv->page_size;
+    in.g.D = kv->head_dim;
+    in.g.H = kv->kv_heads;
+    in.g.num_pages = INT32_MAX;
+    in.g.block[0] = kv->k_block;
+    in.g.block[1] = kv->v_block;
+    in.g.fmt[0] = kvp__blockfmt_make(kv->k_format, 1, kv->k_order, kv->page_size, kv->head_dim);
+    in.g.fmt[1] = kvp__blockfmt_make(kv->v_format, 0, KVP_K_ORDER_TOKEN_MAJOR, kv->page_size,
+                                     kv->head_dim);
+    in.g.sfmt[0] = kvp__blockfmt_make(KVP_FORMAT_FP16, 1, kv->k_order, kv->page_size, kv->head_dim);
+    in.g.sfmt[1] = kvp__blockfmt_make(KVP_FORMAT_FP16, 0, KVP_K_ORDER_TOKEN_MAJOR, kv->page_size,
+                                      kv->head_dim);
+    in.batch = kv->batch;
+    in.group = kv->q_heads / kv->kv_heads;
+    in.q_heads = kv->q_heads;
+    in.cpages = kv->pages;
+    in.ckv_len = kv->kv_len;
+    in.cbase[0] = kv->k;
+    in.cbase[1] = kv->v;
+    in.q = q;
+    in.out = out;
+    in.dtype = KVP_FORMAT_FP32;
+    in.sm_scale = kv->sm_scale;
+    in.causal = 1;
+    in.window = -1;
+    rc = launch(c, in);
+    kvp__device_leave(&g);
+    return rc;
+}
+
+/* ---- the context ------------------------------------------------------------------------------ */
+
+int kvp__cuda_ctx_init(kvp_ctx_t *c, const void *bparams, char *err, size_t err_size) {
+    kvp__cuda_ctx *cc = (kvp__cuda_ctx *)kvp__calloc(&c->allocator, 1, sizeof *cc, 64);
+    if (cc == nullptr) return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate the CUDA state");
+    c->backend_state = cc;
+    kvp__device_guard g;
+    int rc = kvp__obj_init(&cc->o, (const kvp_cuda_params_t *)bparams, &g, err, err_size);
+    if (rc == KVP_OK) {
+        int sms = 0;
+        cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cc->o.device);
+        rc = kvp__cuda_status(e, err, err_size, "cudaDeviceGetAttribute");
+        cc->sm_count = sms > 0 ? sms : 1;
+    }
+    if (rc == KVP_OK) {
+        void *w = nullptr;
+        rc = kvp__obj_alloc(&cc->o, c->workspace_bytes, &w, err, err_size, "the attention workspace");
+        cc->partials = (float *)w;
+        cc->partial_bytes = c->workspace_bytes;
+    }
+    kvp__device_leave(&g);
+    if (rc != KVP_OK) kvp__cuda_ctx_fini(c);
+    return rc;
+}
+
+void kvp__cuda_ctx_fini(kvp_ctx_t *c) {
+    kvp__cuda_ctx *cc = kvp__cctx(c);
+    if (cc == nullptr) return;
+    kvp__device_guard g;
+    bool entered = kvp__device_enter(&g, cc->o.device, nullptr, 0) == KVP_OK;
+    if (cc->partials != nullptr) (void)cudaStreamSynchronize(cc->o.stream);
+    kvp__obj_free(&cc->o, cc->partials, cc->partial_bytes);
+    kvp__obj_fini(&cc->o);
+    if (entered) kvp__device_leave(&g);
+    kvp__free(&c->allocator, cc);
+    c->backend_state = nullptr;
+}

@@ -1,0 +1,917 @@
+/*
+ * Paged attention on CUDA: the kernels (decode and chunked prefill, every
+ * format, split-KV with a merge kernel). docs/cuda.md describes the design;
+ * in short:
+ *
+ * Work item = one CTA of 128 threads = (sequence, kv head, block of R query
+ * rows of that head, split of its pages). Rows are (query token i, head g of
+ * the GQA group) pairs, so the query heads of a group share every K/V tile.
+ * The CTA walks its pages in tiles of TT tokens (32; 16 at head_dim 256):
+ *
+ *   A  page ids of the tile -> shared memory (block addresses per page,
+ *      page and token per tile row)
+ *   B  load: K and V blocks -> shared-memory tiles with coalesced 16-byte
+ *      loads, dequantized on the way (fused: no page-sized temporary in
+ *      device memory); elements kept as fp32, fp16 or bf16 ("kinds")
+ *   C  logits: 16 lanes per token (32 at head_dim 256), each with its
+ *      slice of the R query rows in registers; one reduce-scatter over
+ *      the lanes gives each row's dot product
+ *   D  online softmax: one warp per row, lanes over the tile's tokens
+ *   E  o += p v: each thread owns 2 channels of the R rows' accumulators
+ *      (fp32, registers) for a slice of the tile's tokens.
+ *
+ * Quantized formats land in the tiles as fp16: fp8 e4m3 exactly (its
+ * per-head scale multiplies the logit, and p for values), int8 value codes
+ * exactly (the token's scale multiplies p), int8/int4 keys and int4 values
+ * dequantized (rounding to fp16 adds far less error than the format's own:
+ * docs/cuda.md). A sequence's staging page is a tile of its own.
+ *
+ * Everything here compiles both with nvcc and, for CI, as C++ against the
+ * kernel simulator (tests/cudasim): no block relies on another, every
+ * thread reaches every barrier, every warp collective has all 32 lanes.
+ */
+#ifndef KVPAGE_CUDA_ATTENTION_CUH
+#define KVPAGE_CUDA_ATTENTION_CUH
+
+#include "common.cuh"
+
+#define KVP_ATTN_THREADS 128
+
+namespace kvp_attn {
+
+constexpr int NT = KVP_ATTN_THREADS;
+
+#if defined(__CUDACC__)
+#define KVP_UNROLL _Pragma("unroll")
+#else
+#define KVP_UNROLL
+#endif
+constexpr int NW = NT / 32;
+
+/* Element kinds of a shared-memory tile. */
+enum : int32_t { KIND_F32 = 0, KIND_F16 = 1, KIND_BF16 = 2 };
+
+/* Tile shape per head_dim. */
+template <int D> struct shape {
+    static constexpr int TT = D >= 256 ? 16 : 32;   /* tokens per tile */
+    static constexpr int LPT = D >= 256 ? 32 : 16;  /* lanes per token (logits) */
+    static constexpr int VEC = D / LPT;             /* channels per lane (logits) */
+    static constexpr int TG = NT / LPT;             /* tokens in flight (logits) */
+    static constexpr int TPR = D / 2;               /* threads per token row (o += p v) */
+    static constexpr int TS = NT / TPR;             /* token slices (o += p v) */
+};
+
+/* Everything a launch needs, by value. */
+struct params {
+    kvp__geo g;                 /* the layer's blocks */
+    int32_t kind[2];            /* tile kinds of pool pages: K, V */
+    int32_t fast[2];            /* the 16-byte loader applies to pool pages (K, V) */
+    int32_t sfast;              /* ... to staging pages (dim-major fp16 keys need P % 8 == 0) */
+    int32_t batch, group, q_heads, R;
+    const int32_t *qo, *indptr, *indices, *last;
+    const int32_t *item_start, *splits, *split_pages;
+    const int64_t *part_off;
+    const int32_t *merge_start;
+    const uint8_t *q;
+    uint8_t *out;
+    float *lse;
+    int32_t dtype, esize;
+    float sm_scale, soft_cap;
+    int32_t causal, window;
+    float *partials;
+    /* the contiguous baseline (kvpage-bench): blocks end to end per (b, h) */
+    int32_t contig, cpages, ckv_len;
+    const uint8_t *cbase[2];
+};
+
+/* ---- shared-memory layout --------------------------------------------------------------- */
+
+template <int D> struct smem_plan {
+    static constexpr int TT = shape<D>::TT;
+    /* row pitch in bytes: 16 bytes of padding keep 16-byte rows conflict-free */
+    static __host__ __device__ int pitch(int32_t kind) { return kind == KIND_F32 ? (D + 4) * 4 : (D + 8) * 2; }
+    static __host__ __device__ int tile_bytes(int32_t kind) { return TT * pitch(kind); }
+    /* offsets: K tile | V tile | S [R][TT] | P [TT][R] | vs [TT] | row info | tables */
+    static __host__ __device__ int bytes(int32_t kk, int32_t vk, int R) {
+        int tiles = tile_bytes(kk) + tile_bytes(vk);
+        int red = shape<D>::TS * R * D * 4; /* the final reduction reuses the tiles */
+        if (red > tiles) tiles = red;
+        return tiles + 2 * R * TT * 4 + TT * 4 + 16 * R + TT * 8 + TT * 16 + 64;
+    }
+};
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+__device__ __forceinline__ float f16_bits(uint16_t u) {
+    __half_raw r;
+    r.x = u;
+    return __half2float(__half(r));
+}
+__device__ __forceinline__ uint16_t f16_from(float v) {
+    __half h = __float2half_rn(v);
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+__device__ __forceinline__ uint16_t bf16_from(float v) {
+    __nv_bfloat16 h = __float2bfloat16_rn(v);
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+
+/* Store one element of a tile. */
+__device__ __forceinline__ void put(uint8_t *row, int d, int32_t kind, float v) {
+    if (kind == KIND_F32) reinterpret_cast<float *>(row)[d] = v;
+    else if (kind == KIND_F16) reinterpret_cast<uint16_t *>(row)[d] = f16_from(v);
+    else reinterpret_cast<uint16_t *>(row)[d] = (uint16_t)(kvp__f32_bits(v) >> 16); /* exact for bf16 data */
+}
+
+/* Read N consecutive elements of a tile row as fp32 (16-byte, 8, 4 or 2-byte
+ * accesses: the widest the alignment of N elements allows). */
+template <int N>
+__device__ __forceinline__ void get(const uint8_t *p, int32_t kind, float *out) {
+    if (kind == KIND_F32) {
+        if constexpr (N % 4 == 0) {
+            KVP_UNROLL
+            for (int i = 0; i < N; i += 4) {
+                float4 v = *reinterpret_cast<const float4 *>(p + 4 * i);
+                out[i] = v.x; out[i + 1] = v.y; out[i + 2] = v.z; out[i + 3] = v.w;
+            }
+        } else if constexpr (N % 2 == 0) {
+            KVP_UNROLL
+            for (int i = 0; i < N; i += 2) {
+                float2 v = *reinterpret_cast<const float2 *>(p + 4 * i);
+                out[i] = v.x; out[i + 1] = v.y;
+            }
+        } else {
+            KVP_UNROLL
+            for (int i = 0; i < N; i++) out[i] = reinterpret_cast<const float *>(p)[i];
+        }
+        return;
+    }
+    uint16_t h[N];
+    if constexpr (N % 8 == 0) {
+        KVP_UNROLL
+        for (int i = 0; i < N; i += 8) {
+            uint4 v = *reinterpret_cast<const uint4 *>(p + 2 * i);
+            memcpy(h + i, &v, 16);
+        }
+    } else if constexpr (N % 4 == 0) {
+        KVP_UNROLL
+        for (int i = 0; i < N; i += 4) {
+            uint2 v = *reinterpret_cast<const uint2 *>(p + 2 * i);
+            memcpy(h + i, &v, 8);
+        }
+    } else if constexpr (N % 2 == 0) {
+        KVP_UNROLL
+        for (int i = 0; i < N; i += 2) {
+            uint32_t v = *reinterpret_cast<const uint32_t *>(p + 2 * i);
+            memcpy(h + i, &v, 4);
+        }
+    } else {
+        KVP_UNROLL
+        for (int i = 0; i < N; i++) h[i] = reinterpret_cast<const uint16_t *>(p)[i];
+    }
+    if (kind == KIND_F16) {
+        KVP_UNROLL
+        for (int i = 0; i < N; i++) out[i] = f16_bits(h[i]);
+    } else {
+        KVP_UNROLL
+        for (int i = 0; i < N; i++) out[i] = kvp__bf16_to_f32(h[i]);
+    }
+}
+
+/* Reduce-scatter of R partial sums over the L lanes of a token (L >= R,
+ * both powers of two): each halving step trades half of the values with the
+ * partner lane, then the last value is summed over what remains. Every lane
+ * ends with the full sum of row row_of(lane); R - 1 + log2(L/R) shuffles
+ * instead of R log2(L). */
+template <int R, int L> struct rscatter {
+    static __device__ __forceinline__ int row_of(int ln) {
+        int r = 0;
+        int n = R, off = L / 2;
+        while (n > 1) {
+            if (ln & off) r += n / 2;
+            n /= 2;
+            off /= 2;
+        }
+        return r;
+    }
+    static __device__ __forceinline__ float run(float *v, int ln) {
+        int off = L / 2;
+KVP_UNROLL
+        for (int n = R; n > 1; n /= 2, off /= 2) {
+            const bool upper = (ln & off) != 0;
+KVP_UNROLL
+            for (int i = 0; i < n / 2; i++) {
+                float send = upper ? v[i] : v[i + n / 2];
+                float keep = upper ? v[i + n / 2] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+            }
+        }
+        float x = v[0];
+        for (; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+        return x;
+    }
+};
+
+/* ---- loaders: one tile of K or V blocks into shared memory ------------------------------------
+ *
+ * Tile row i is token tt[i] of tile page pj[i], whose block (this kv head)
+ * starts at blk[pj[i]]. The 16-byte loaders read words in the layout's own
+ * order (consecutive threads, consecutive words: coalesced) and scatter the
+ * decoded elements into token-major rows. They run in two steps: gather
+ * (every word of a thread, K's and V's, loaded into registers back to back,
+ * so a thread has all its loads in flight at once) and scatter (decode and
+ * store); a load cannot be hoisted above a shared-memory store the compiler
+ * cannot tell apart from it, so one fused loop would wait for each load in
+ * turn. Page sizes the 16-byte loaders do not cover use the generic loader,
+ * which decodes element by element with the reference decoder. */
+
+struct tile_ref {
+    uint8_t *base;          /* row 0 */
+    int pitch;              /* bytes per row */
+    int32_t kind;
+    uint8_t *const *blk;    /* [pages of the tile] */
+    const int32_t *pj, *tt; /* [TT] */
+    float *vs;              /* value tiles: per-row multiplier of p (int8 value scales) */
+    int ntok;
+};
+
+enum : int32_t { LD_GENERIC = 0, LD_PLAIN_TM, LD_PLAIN_DM, LD_K8, LD_K4, LD_V8, LD_V4 };
+
+__device__ __forceinline__ int32_t loader_of(const kvp__blockfmt &f, bool fast) {
+    if (!fast) return LD_GENERIC;
+    if (f.format == KVP_FORMAT_INT8) return f.is_key ? LD_K8 : LD_V8;
+    if (f.format == KVP_FORMAT_INT4) return f.is_key ? LD_K4 : LD_V4;
+    return kvp__blockfmt_dim_major(&f) ? LD_PLAIN_DM : LD_PLAIN_TM;
+}
+
+__device__ __forceinline__ int esize_of(int32_t format) {
+    return format == KVP_FORMAT_FP32 ? 4 : format == KVP_FORMAT_FP8_E4M3 ? 1 : 2;
+}
+
+/* Work items (16-byte words) of a tile. */
+template <int D> __device__ __forceinline__ int items_of(int32_t ld, int32_t format, int ntok) {
+    switch (ld) {
+    case LD_PLAIN_TM: return ntok * (D * esize_of(format) / 16);
+    case LD_PLAIN_DM: return (ntok + 16 / esize_of(format) - 1) / (16 / esize_of(format)) * D;
+    case LD_K8: return (ntok + 3) / 4 * (D / 4);
+    case LD_K4: return (ntok + 7) / 8 * (D / 4);
+    case LD_V8: return (ntok + 3) / 4 * (D / 4);
+    case LD_V4: return (ntok + 3) / 4 * (D / 8);
+    default: return 0;
+    }
+}
+
+/* A thread's words of one round: up to N of them (16-bit tiles need one
+ * round; fp32 two), and the scale words of the integer formats (at most NS
+ * items a thread). */
+template <int D> struct frag {
+    static constexpr int N = (shape<D>::TT * D * 2 / 16 + NT - 1) / NT;
+    static constexpr int NS = (shape<D>::TT * D / 16 + NT - 1) / NT;
+    uint4 w[N];
+    uint2 s[NS], m[NS];
+};
+
+__device__ __forceinline__ bool scaled(int32_t ld) { return ld >= LD_K8; }
+
+/* Items a thread handles per round, and a round's items for the block. */
+template <int D> __device__ __forceinline__ int per_thread(int32_t ld) {
+    return scaled(ld) ? frag<D>::NS : frag<D>::N;
+}
+
+/* Run f(k, c) for this thread's items c of a round: item k of PER. */
+template <int PER, typename F>
+__device__ __forceinline__ void each_item(int round, int total, F f) {
+    const int first = round * PER * NT + (int)threadIdx.x;
+    KVP_UNROLL
+    for (int k = 0; k < PER; k++) {
+        const int c = first + k * NT;
+        if (c >= total) break;
+        f(k, c);
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void gather(const tile_ref &T, int32_t ld, int32_t format, int P, int round,
+                                       frag<D> &fr) {
+    constexpr int N = frag<D>::N, NS = frag<D>::NS;
+    const int total = items_of<D>(ld, format, T.ntok), es = esize_of(format);
+    switch (ld) {
+    case LD_PLAIN_TM:
+        each_item<N>(round, total, [&](int k, int c) {
+            const int cpr = D * es / 16, i = c / cpr, w = c % cpr;
+            fr.w[k] = *reinterpret_cast<const uint4 *>(T.blk[T.pj[i]] + (size_t)T.tt[i] * D * es + 16 * w);
+        });
+        break;
+    case LD_PLAIN_DM:
+        each_item<N>(round, total, [&](int k, int c) {
+            const int i0 = c / D * (16 / es), d = c % D;
+            fr.w[k] = *reinterpret_cast<const uint4 *>(T.blk[T.pj[i0]] + ((size_t)d * P + T.tt[i0]) * es);
+        });
+        break;
+    case LD_K8:
+    case LD_K4:
+        each_item<NS>(round, total, [&](int k, int c) {
+            const int q = c % (D / 4), i0 = c / (D / 4) * (ld == LD_K8 ? 4 : 8);
+            const uint8_t *blk = T.blk[T.pj[i0]];
+            const size_t data = ld == LD_K8 ? (size_t)P * D : (size_t)P * D / 2;
+            const uint8_t *src = ld == LD_K8 ? blk + ((size_t)q * P + T.tt[i0]) * 4
+                                             : blk + ((size_t)q * (P / 2) + T.tt[i0] / 2) * 4;
+            fr.w[k] = *reinterpret_cast<const uint4 *>(src);
+            fr.s[k] = *reinterpret_cast<const uint2 *>(blk + data + 8 * q);
+            fr.m[k] = *reinterpret_cast<const uint2 *>(blk + data + 2 * D + 8 * q);
+        });
+        break;
+    case LD_V8:
+        each_item<NS>(round, total, [&](int k, int c) {
+            const int q = c % (D / 4), i0 = c / (D / 4) * 4, t = T.tt[i0];
+            const uint8_t *blk = T.blk[T.pj[i0]];
+            fr.w[k] = *reinterpret_cast<const uint4 *>(blk + (size_t)(t / 4) * 4 * D + 16 * q);
+            fr.s[k] = *reinterpret_cast<const uint2 *>(blk + (size_t)P * D + 2 * t);
+        });
+        break;
+    case LD_V4:
+        each_item<NS>(round, total, [&](int k, int c) {
+            constexpr int G = (D + KVP__V4_GROUP - 1) / KVP__V4_GROUP;
+            const int sq = c % (D / 8), i0 = c / (D / 8) * 4, t = T.tt[i0], g = (4 * sq) / 16;
+            const uint8_t *blk = T.blk[T.pj[i0]];
+            const uint8_t *sc = blk + (size_t)P * D / 2;
+            fr.w[k] = *reinterpret_cast<const uint4 *>(blk + (size_t)(t / 4) * 2 * D + 16 * sq);
+            fr.s[k] = *reinterpret_cast<const uint2 *>(sc + 2 * ((size_t)g * P + t));
+            fr.m[k] = *reinterpret_cast<const uint2 *>(sc + 2 * (size_t)G * P + 2 * ((size_t)g * P + t));
+        });
+        break;
+    default: break; /* LD_GENERIC */
+    }
+}
+
+__device__ __forceinline__ void fp16x4(float s0, float s1, float s2, float s3, uint8_t *dst) {
+    uint16_t h[4] = {f16_from(s0), f16_from(s1), f16_from(s2), f16_from(s3)};
+    uint2 w;
+    memcpy(&w, h, 8);
+    *reinterpret_cast<uint2 *>(dst) = w;
+}
+
+template <int D>
+__device__ __forceinline__ void scatter_item(const tile_ref &T, int32_t ld, int32_t format, uint4 word,
+                                             uint2 sw, uint2 mw, int c) {
+    const int es = esize_of(format);
+    uint8_t b[16];
+    memcpy(b, &word, 16);
+    switch (ld) {
+    case LD_PLAIN_TM: {
+        const int cpr = D * es / 16, i = c / cpr, w = c % cpr;
+        uint8_t *row = T.base + i * T.pitch;
+        if (format != KVP_FORMAT_FP8_E4M3) { /* the same bytes in the tile */
+            *reinterpret_cast<uint4 *>(row + 16 * w) = word;
+        } else { /* 16 e4m3 -> 16 fp16, exactly */
+            uint16_t h[16];
+            KVP_UNROLL
+            for (int e = 0; e < 16; e += 2) {
+                __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(
+                    (__nv_fp8x2_storage_t)(b[e] | (b[e + 1] << 8)), __NV_E4M3);
+                h[e] = r.x;
+                h[e + 1] = r.y;
+            }
+            uint4 lo, hi;
+            memcpy(&lo, h, 16);
+            memcpy(&hi, h + 8, 16);
+            *reinterpret_cast<uint4 *>(row + 32 * w) = lo;
+            *reinterpret_cast<uint4 *>(row + 32 * w + 16) = hi;
+        }
+        break;
+    }
+    case LD_PLAIN_DM: { /* E tokens of channel d, transposed into rows */
+        const int E = 16 / es, i0 = c / D * E, d = c % D;
+        for (int e = 0; e < E; e++) {
+            uint8_t *row = T.base + (i0 + e) * T.pitch;
+            if (format == KVP_FORMAT_FP32) {
+                float x;
+                memcpy(&x, b + 4 * e, 4);
+                reinterpret_cast<float *>(row)[d] = x;
+            } else if (format == KVP_FORMAT_FP8_E4M3) {
+                reinterpret_cast<uint16_t *>(row)[d] =
+                    __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b[e], __NV_E4M3).x;
+            } else {
+                uint16_t u;
+                memcpy(&u, b + 2 * e, 2);
+                reinterpret_cast<uint16_t *>(row)[d] = u;
+            }
+        }
+        break;
+    }
+    case LD_K8: case LD_K4: { /* fmaf(scale, code, min) -> fp16 */
+        const int q = c % (D / 4), i0 = c / (D / 4) * (ld == LD_K8 ? 4 : 8);
+        uint16_t sh[4], mh[4];
+        memcpy(sh, &sw, 8);
+        memcpy(mh, &mw, 8);
+        float sc[4], mn[4];
+        KVP_UNROLL
+        for (int j = 0; j < 4; j++) {
+            sc[j] = kvp__f16_to_f32(sh[j]);
+            mn[j] = kvp__f16_to_f32(mh[j]);
+        }
+        if (ld == LD_K8) {
+            KVP_UNROLL
+            for (int e = 0; e < 4; e++) /* token e: bytes 4e .. 4e+3 are channels 4q .. 4q+3 */
+                fp16x4(fmaf(sc[0], (float)b[4 * e], mn[0]), fmaf(sc[1], (float)b[4 * e + 1], mn[1]),
+                       fmaf(sc[2], (float)b[4 * e + 2], mn[2]), fmaf(sc[3], (float)b[4 * e + 3], mn[3]),
+                       T.base + (i0 + e) * T.pitch + 8 * q);
+        } else {
+            KVP_UNROLL
+            for (int e = 0; e < 8; e++) { /* token e: pair e/2, nibble e%2 */
+                const int o = 4 * (e / 2), sh4 = 4 * (e & 1);
+                fp16x4(fmaf(sc[0], (float)((b[o] >> sh4) & 15u), mn[0]),
+                       fmaf(sc[1], (float)((b[o + 1] >> sh4) & 15u), mn[1]),
+                       fmaf(sc[2], (float)((b[o + 2] >> sh4) & 15u), mn[2]),
+                       fmaf(sc[3], (float)((b[o + 3] >> sh4) & 15u), mn[3]),
+                       T.base + (i0 + e) * T.pitch + 8 * q);
+            }
+        }
+        break;
+    }
+    case LD_V8: { /* codes exactly; the token scales go to vs */
+        const int q = c % (D / 4), i0 = c / (D / 4) * 4;
+        KVP_UNROLL
+        for (int e = 0; e < 4; e++) /* token e: channel 4q + j is byte 4j + e */
+            fp16x4((float)(int8_t)b[e], (float)(int8_t)b[4 + e], (float)(int8_t)b[8 + e],
+                   (float)(int8_t)b[12 + e], T.base + (i0 + e) * T.pitch + 8 * q);
+        if (q == 0) {
+            uint16_t sh[4];
+            memcpy(sh, &sw, 8);
+            KVP_UNROLL
+            for (int e = 0; e < 4; e++) T.vs[i0 + e] = kvp__f16_to_f32(sh[e]);
+        }
+        break;
+    }
+    default: { /* LD_V4: slot 4sq + j of group g holds channels 32g + s (low), + W/2 (high) */
+        const int sq = c % (D / 8), i0 = c / (D / 8) * 4, g = (4 * sq) / 16;
+        const int w = D - g * KVP__V4_GROUP < KVP__V4_GROUP ? D - g * KVP__V4_GROUP : KVP__V4_GROUP;
+        const int d0 = g * KVP__V4_GROUP + (4 * sq) % 16;
+        uint16_t sh[4], mh[4];
+        memcpy(sh, &sw, 8);
+        memcpy(mh, &mw, 8);
+        KVP_UNROLL
+        for (int e = 0; e < 4; e++) {
+            const float sc = kvp__f16_to_f32(sh[e]), mn = kvp__f16_to_f32(mh[e]);
+            uint8_t *row = T.base + (i0 + e) * T.pitch;
+            fp16x4(fmaf(sc, (float)(b[e] & 15u), mn), fmaf(sc, (float)(b[4 + e] & 15u), mn),
+                   fmaf(sc, (float)(b[8 + e] & 15u), mn), fmaf(sc, (float)(b[12 + e] & 15u), mn),
+                   row + 2 * d0);
+            fp16x4(fmaf(sc, (float)(b[e] >> 4), mn), fmaf(sc, (float)(b[4 + e] >> 4), mn),
+                   fmaf(sc, (float)(b[8 + e] >> 4), mn), fmaf(sc, (float)(b[12 + e] >> 4), mn),
+                   row + 2 * (d0 + w / 2));
+        }
+        break;
+    }
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void scatter(const tile_ref &T, int32_t ld, int32_t format, int round,
+                                        const frag<D> &fr) {
+    const int total = items_of<D>(ld, format, T.ntok);
+    if (ld == LD_GENERIC) return;
+    if (scaled(ld)) {
+        each_item<frag<D>::NS>(round, total, [&](int k, int c) {
+            scatter_item<D>(T, ld, format, fr.w[k], fr.s[k], fr.m[k], c);
+        });
+    } else {
+        const uint2 none = make_uint2(0u, 0u);
+        each_item<frag<D>::N>(round, total, [&](int k, int c) {
+            scatter_item<D>(T, ld, format, fr.w[k], none, none, c);
+        });
+    }
+}
+
+template <int D>
+__device__ void load_generic(const tile_ref &T, const kvp__blockfmt &f) {
+    const bool v8 = !f.is_key && f.format == KVP_FORMAT_INT8;
+    for (int c = threadIdx.x; c < T.ntok * D; c += NT) {
+        int i = c / D, d = c % D;
+        const uint8_t *blk = T.blk[T.pj[i]];
+        float v;
+        if (v8) { /* as the 16-byte loader: the code exactly, the token's scale to vs */
+            v = (float)(int8_t)blk[kvp__v8_offset(f.page_size, D, T.tt[i], d)];
+            if (d == 0)
+                T.vs[i] = kvp__f16_to_f32(kvp__load_u16(blk + (size_t)f.page_size * D + 2 * T.tt[i]));
+        } else { /* fp8: the scale is applied later (logit / p), decode with 1 */
+            v = kvp__block_decode_one(&f, blk, T.tt[i], d, 1.0f);
+        }
+        put(T.base + i * T.pitch, d, T.kind, v);
+    }
+}
+
+/* int4 keys: the 16-byte loader decoded the outlier channels from zeroed int4
+ * entries (0); write their int8 values (docs/formats.md) over them. The
+ * generic loader's kvp__block_decode_one handles them already. */
+template <int D>
+__device__ void fix_k4_outliers(const tile_ref &T, const kvp__blockfmt &f) {
+    constexpr int R = KVP__K4_OUTLIERS(D);
+    if (R == 0) return;
+    __syncthreads(); /* the loader's writes to these channels come first */
+    for (int c = threadIdx.x; c < T.ntok * R; c += NT) {
+        const int i = c / R, j = c % R;
+        const uint8_t *ot = kvp__k4_table(&f, T.blk[T.pj[i]]);
+        const int d = kvp__load_u16(ot + 2 * j);
+        const float os = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (R + j)));
+        const float om = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (2 * R + j)));
+        put(T.base + i * T.pitch, d, T.kind, fmaf(os, (float)ot[6 * R + j * f.page_size + T.tt[i]], om));
+    }
+}
+
+/* Phase B: the K and V tiles. Value tiles also set vs[i], the multiplier of
+ * p for row i: int8 values' token scales (16-byte loader), else `vuni` (an
+ * fp8 scale, or 1). */
+template <int D>
+__device__ void load_tiles(const tile_ref &K, const kvp__blockfmt &fk, bool fast_k, const tile_ref &V,
+                           const kvp__blockfmt &fv, bool fast_v, int P, float vuni) {
+    const int32_t lk = loader_of(fk, fast_k), lv = loader_of(fv, fast_v);
+    if (fv.format != KVP_FORMAT_INT8) /* int8 values: the loaders set the token scales */
+        for (int i = threadIdx.x; i < V.ntok; i += NT) V.vs[i] = vuni;
+    const int nk = items_of<D>(lk, fk.format, K.ntok), nv = items_of<D>(lv, fv.format, V.ntok);
+    const int ck = per_thread<D>(lk) * NT, cv = per_thread<D>(lv) * NT;
+    const int rounds_k = (nk + ck - 1) / ck, rounds_v = (nv + cv - 1) / cv;
+    const int rounds = rounds_k > rounds_v ? rounds_k : rounds_v;
+    for (int r = 0; r < rounds; r++) {
+        frag<D> a, b;
+        gather<D>(K, lk, fk.format, P, r, a);
+        gather<D>(V, lv, fv.format, P, r, b);
+        scatter<D>(K, lk, fk.format, r, a);
+        scatter<D>(V, lv, fv.format, r, b);
+    }
+    if (lk == LD_GENERIC) load_generic<D>(K, fk);
+    if (lv == LD_GENERIC) load_generic<D>(V, fv);
+    if (lk == LD_K4) fix_k4_outliers<D>(K, fk);
+}
+
+/* ---- the kernel ------------------------------------------------------------------------------- */
+
+template <int D, int R>
+__global__ void __launch_bounds__(NT) k_attention(params p) {
+    using S = shape<D>;
+    constexpr int TT = S::TT, LPT = S::LPT, VEC = S::VEC, TG = S::TG, TPR = S::TPR, TS = S::TS;
+    constexpr int RW = (R + NW - 1) / NW; /* softmax rows per warp */
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const kvp__geo &g = p.g;
+    const int P = g.P, H = g.H;
+
+    /* ---- shared memory ---- */
+    KVP_DYNAMIC_SMEM(uint8_t, smem);
+    int32_t kind_k = p.kind[0], kind_v = p.kind[1];
+    /* staging tiles are fp16 on both sides; size the tiles for the widest kind */
+    const int kpitch_max = smem_plan<D>::pitch(kind_k), vpitch_max = smem_plan<D>::pitch(kind_v);
+    uint8_t *ktile = smem;
+    uint8_t *vtile = smem + TT * kpitch_max;
+    int tiles = TT * (kpitch_max + vpitch_max), red_bytes = TS * R * D * 4;
+    uint8_t *after = smem + (tiles > red_bytes ? tiles : red_bytes);
+    float *Sl = reinterpret_cast<float *>(after);            /* [R][TT] logits */
+    float *Pv = Sl + R * TT;                                   /* [TT][R] p for o += p v */
+    float *vs = Pv + TT * R;                                   /* [TT] value multipliers */
+    float *alpha = vs + TT;                                    /* [R] */
+    float *mfin = alpha + R;                                   /* [R] */
+    float *lfin = mfin + R;                                    /* [R] */
+    int32_t *rlo = reinterpret_cast<int32_t *>(lfin + R);      /* [R] */
+    int32_t *pj = rlo + R;                                     /* [TT] */
+    int32_t *tt = pj + TT;                                     /* [TT] */
+    uint8_t **kblk = reinterpret_cast<uint8_t **>(after + 2 * R * TT * 4 + TT * 4 + 16 * R + TT * 8);
+    uint8_t **vblk = kblk + TT;
+    float *red = reinterpret_cast<float *>(smem);              /* [TS][R][D], after the tiles */
+    __shared__ int32_t s_item[4];
+    __shared__ int32_t s_rhi[8];
+    __shared__ int32_t s_tile_staging;
+
+    /* ---- which work item ---- */
+    const int32_t item = (int32_t)blockIdx.x;
+    if (tid == 0) {
+        int32_t lo = 0, hi = p.batch - 1;
+        while (lo < hi) { /* last b with item_start[b] <= item */
+            int32_t mid = (lo + hi + 1) / 2;
+            if (p.item_start[mid] <= item) lo = mid;
+            else hi = mid - 1;
+        }
+        s_item[0] = lo;
+    }
+    __syncthreads();
+    const int32_t b = s_item[0];
+    const int32_t q_len = p.contig ? 1 : p.qo[b + 1] - p.qo[b];
+    const int32_t npages = p.contig ? p.cpages : p.indptr[b + 1] - p.indptr[b];
+    const int32_t kv_len = p.contig ? p.ckv_len : (npages == 0 ? 0 : (npages - 1) * P + p.last[b]);
+    const int32_t rows_per_head = q_len * p.group, RB = (rows_per_head + R - 1) / R;
+    const int32_t nsplit = p.splits[b], local = item - p.item_start[b];
+    const int32_t split = local % nsplit, unit = local / nsplit;
+    const int32_t h = unit / RB, rb = unit % RB;
+    const int32_t qbase = p.contig ? b : p.qo[b];
+
+    /* ---- rows: positions, masks; q slices in registers ---- */
+    if (tid < R) {
+        int32_t rr = rb * R + tid, lo = INT32_MAX, hi = -1;
+        if (rr < rows_per_head) {
+            int32_t i = rr / p.group, pos = kv_len - q_len + i;
+            hi = p.causal ? pos : kv_len - 1;
+            lo = p.window >= 0 && pos - p.window > 0 ? pos - p.window : 0;
+        }
+        rlo[tid] = lo;
+        s_rhi[tid] = hi;
+    }
+    const int tg = tid / LPT, ln = tid % LPT;
+    float qv[R][VEC];
+    KVP_UNROLL
+    for (int r = 0; r < R; r++) {
+        int32_t rr = rb * R + r;
+        if (rr < rows_per_head) {
+            int32_t i = rr / p.group, qh = h * p.group + rr % p.group;
+            const uint8_t *qp = p.q + (((size_t)(qbase + i) * p.q_heads + qh) * D + ln * VEC) * p.esize;
+            KVP_UNROLL
+            for (int v = 0; v < VEC; v++) qv[r][v] = kvp__load_elem(qp + v * p.esize, p.dtype) * p.sm_scale;
+        } else {
+            KVP_UNROLL
+            for (int v = 0; v < VEC; v++) qv[r][v] = 0.0f;
+        }
+    }
+    __syncthreads();
+    int32_t lo_min = INT32_MAX, hi_max = -1;
+    KVP_UNROLL
+    for (int r = 0; r < R; r++) {
+        lo_min = rlo[r] < lo_min ? rlo[r] : lo_min;
+        hi_max = s_rhi[r] > hi_max ? s_rhi[r] : hi_max;
+    }
+
+    /* ---- pages of this split, trimmed to what the rows can see ---- */
+    int32_t first = split * p.split_pages[b];
+    int32_t end = first + p.split_pages[b] < npages ? first + p.split_pages[b] : npages;
+    while (first < end && (first + 1) * P - 1 < lo_min) first++;
+    while (end > first && (end - 1) * P > hi_max) end--;
+    const bool last_staging = !p.contig && npages > 0 &&
+                              p.indices[p.indptr[b] + npages - 1] >= g.num_pages;
+    const float kscale_pool = g.fp8[0] != nullptr ? g.fp8[0][h] : 1.0f;
+    const float vscale_pool = g.fp8[1] != nullptr ? g.fp8[1][h] : 1.0f;
+
+    /* online-softmax state: rows r = warp + NW*k, lanes over tokens */
+    float m_run[RW], l_run[RW];
+    KVP_UNROLL
+    for (int k = 0; k < RW; k++) {
+        m_run[k] = -INFINITY;
+        l_run[k] = 0.0f;
+    }
+    /* o accumulators: 2 channels of the R rows, for token slice `slice` */
+    const int slice = tid / TPR, c2 = 2 * (tid % TPR);
+    float acc[R][2];
+    KVP_UNROLL
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.0f;
+
+    const int ppt = P <= TT ? TT / P : 1; /* whole pages per tile */
+    int32_t pg = first, tin = 0;
+    while (pg < end) {
+        /* ---- the next tile: pages [pg, pg+np) or tokens [tin, tin+ntok) of page pg ---- */
+        int32_t np, t0, ntok, pos0;
+        if (P <= TT) {
+            np = ppt < end - pg ? ppt : end - pg;
+            if (last_staging && np > 1 && pg + np == npages) np--; /* the staging page alone */
+            t0 = 0;
+            pos0 = pg * P;
+            ntok = np * P < kv_len - pos0 ? np * P : kv_len - pos0;
+        } else {
+            np = 1;
+            t0 = tin;
+            pos0 = pg * P + tin;
+            int32_t left = (P - tin) < (kv_len - pos0) ? (P - tin) : (kv_len - pos0);
+            ntok = TT < left ? TT : left;
+        }
+        const int32_t cur = pg;
+        if (P <= TT) {
+            pg += np;
+        } else {
+            tin += TT;
+            if (tin >= P || pg * P + tin >= kv_len) {
+                pg++;
+                tin = 0;
+            }
+        }
+        if (pos0 > hi_max || pos0 + ntok - 1 < lo_min) continue; /* nothing visible (uniform) */
+
+        /* A: page ids -> block addresses; rows -> (page, token) */
+        if (tid < np) {
+            uint8_t *kb, *vb;
+            int32_t stg = 0;
+            if (p.contig) {
+                uint64_t at = ((uint64_t)b * H + h) * (uint64_t)p.cpages + (uint64_t)(cur + tid);
+                kb = const_cast<uint8_t *>(p.cbase[0]) + at * g.block[0];
+                vb = const_cast<uint8_t *>(p.cbase[1]) + at * g.block[1];
+            } else {
+                int32_t id = p.indices[p.indptr[b] + cur + tid];
+                kb = kvp__geo_block(g, 0, id, h);
+                vb = kvp__geo_block(g, 1, id, h);
+                stg = id >= g.num_pages;
+            }
+            kblk[tid] = kb;
+            vblk[tid] = vb;
+            if (tid == 0) s_tile_staging = stg;
+        }
+        if (tid < ntok) {
+            pj[tid] = P <= TT ? tid / P : 0;
+            tt[tid] = P <= TT ? tid % P : t0 + tid;
+        }
+        __syncthreads(); /* A */
+        const bool stg = s_tile_staging != 0;
+        const int32_t kk = stg ? KIND_F16 : kind_k, vk = stg ? KIND_F16 : kind_v;
+        const float kscale = stg ? 1.0f : kscale_pool;
+
+        /* B: K and V tiles */
+        {
+            tile_ref K, V;
+            K.base = ktile;
+            K.pitch = smem_plan<D>::pitch(kk);
+            K.kind = kk;
+            K.blk = kblk;
+            K.pj = pj;
+            K.tt = tt;
+            K.vs = nullptr;
+            K.ntok = ntok;
+            V = K;
+            V.base = vtile;
+            V.pitch = smem_plan<D>::pitch(vk);
+            V.kind = vk;
+            V.blk = vblk;
+            V.vs = vs;
+            load_tiles<D>(K, stg ? g.sfmt[0] : g.fmt[0], stg ? p.sfast != 0 : p.fast[0] != 0, V,
+                          stg ? g.sfmt[1] : g.fmt[1], stg ? true : p.fast[1] != 0, P,
+                          stg ? 1.0f : vscale_pool);
+        }
+        __syncthreads(); /* B */
+
+        /* C: logits. Tokens base+tg; lanes ln hold channels [ln*VEC, +VEC). */
+        {
+            const int kp = smem_plan<D>::pitch(kk), es = kk == KIND_F32 ? 4 : 2;
+            for (int base = 0; base < ntok; base += TG) { /* uniform trip count */
+                const int t = base + tg;
+                float kv[VEC];
+                if (t < ntok) get<VEC>(ktile + t * kp + ln * VEC * es, kk, kv);
+                else
+                    KVP_UNROLL
+                    for (int v = 0; v < VEC; v++) kv[v] = 0.0f;
+                float part[R];
+                KVP_UNROLL
+                for (int r = 0; r < R; r++) {
+                    float a = 0.0f;
+                    KVP_UNROLL
+                    for (int v = 0; v < VEC; v++) a = fmaf(qv[r][v], kv[v], a);
+                    part[r] = a;
+                }
+                float x = rscatter<R, LPT>::run(part, ln);
+                const int r = rscatter<R, LPT>::row_of(ln);
+                if (t < ntok && ln % (LPT / R) == 0) {
+                    x *= kscale;
+                    if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
+                    int32_t pos = pos0 + t;
+                    if (pos < rlo[r] || pos > s_rhi[r]) x = -INFINITY;
+                    Sl[r * TT + t] = x;
+                }
+            }
+        }
+        __syncthreads(); /* C */
+
+        /* D: online softmax, one warp per row, lanes over tokens */
+        KVP_UNROLL
+        for (int k = 0; k < RW; k++) {
+            const int r = warp + NW * k;
+            if (r >= R) break; /* uniform per warp */
+            float s = lane < ntok ? Sl[r * TT + lane] : -INFINITY;
+            float mt = kvp__warp_max(s);
+            float m_new = m_run[k] > mt ? m_run[k] : mt, a = 1.0f, pr = 0.0f;
+            if (m_new != -INFINITY) {
+                a = expf(m_run[k] - m_new); /* 0 when nothing was seen yet */
+                pr = s == -INFINITY ? 0.0f : expf(s - m_new);
+            }
+            l_run[k] = l_run[k] * a + pr;
+            m_run[k] = m_new;
+            if (lane < ntok) Pv[lane * R + r] = pr * vs[lane];
+            if (lane == 0) alpha[r] = a;
+        }
+        __syncthreads(); /* D */
+
+        /* E: o = o * alpha + sum_t p v */
+        if (slice < TS) {
+            const int vp = smem_plan<D>::pitch(vk), es = vk == KIND_F32 ? 4 : 2;
+            KVP_UNROLL
+            for (int r = 0; r < R; r++) {
+                acc[r][0] *= alpha[r];
+                acc[r][1] *= alpha[r];
+            }
+            for (int t = slice; t < ntok; t += TS) {
+                float v[2], pr[R];
+                get<2>(vtile + t * vp + c2 * es, vk, v);
+                get<R>(reinterpret_cast<const uint8_t *>(Pv + t * R), KIND_F32, pr);
+                KVP_UNROLL
+                for (int r = 0; r < R; r++) {
+                    if (pr[r] != 0.0f) { /* masked tokens never touch o (as the CPU) */
+                        acc[r][0] = fmaf(pr[r], v[0], acc[r][0]);
+                        acc[r][1] = fmaf(pr[r], v[1], acc[r][1]);
+                    }
+                }
+            }
+        }
+    }
+
+    /* ---- finish: l and m per row, the token slices summed, out or partials ---- */
+    KVP_UNROLL
+    for (int k = 0; k < RW; k++) {
+        const int r = warp + NW * k;
+        if (r >= R) break;
+        float l = kvp__warp_sum(l_run[k]);
+        if (lane == 0) {
+            lfin[r] = l;
+            mfin[r] = m_run[k];
+        }
+    }
+    __syncthreads(); /* every tile read is done: the tiles become `red` */
+    if (slice < TS)
+        KVP_UNROLL
+        for (int r = 0; r < R; r++) {
+            red[(slice * R + r) * D + c2] = acc[r][0];
+            red[(slice * R + r) * D + c2 + 1] = acc[r][1];
+        }
+    __syncthreads();
+    for (int e = tid; e < R * D; e += NT) {
+        const int r = e / D, d = e % D;
+        const int32_t rr = rb * R + r;
+        if (rr >= rows_per_head) continue;
+        float o = 0.0f;
+        KVP_UNROLL
+        for (int s = 0; s < TS; s++) o += red[(s * R + r) * D + d];
+        const int32_t i = rr / p.group, qh = h * p.group + rr % p.group;
+        if (nsplit > 1) {
+            size_t at = (size_t)p.part_off[b] +
+                        (((size_t)unit * nsplit + split) * R + r) * (size_t)(D + 2);
+            if (d == 0) {
+                p.partials[at] = mfin[r];
+                p.partials[at + 1] = lfin[r];
+            }
+            p.partials[at + 2 + d] = o;
+            continue;
+        }
+        const float l = lfin[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const size_t row = (size_t)(qbase + i) * p.q_heads + qh;
+        uint8_t *op = p.out + (row * D + d) * p.esize;
+        const float x = o * inv;
+        if (p.dtype == KVP_FORMAT_FP32) *reinterpret_cast<float *>(op) = x;
+        else if (p.dtype == KVP_FORMAT_FP16) *reinterpret_cast<uint16_t *>(op) = f16_from(x);
+        else *reinterpret_cast<uint16_t *>(op) = bf16_from(x);
+        if (d == 0 && p.lse != nullptr) p.lse[row] = mfin[r] + logf(l);
+    }
+}
+
+/* Merge the split partials of one (sequence, unit): block per unit of the
+ * split sequences (merge_start prefix), threads over (row, channel). */
+template <int D, int R>
+__global__ void __launch_bounds__(NT) k_merge(params p) {
+    __shared__ int32_t s_b;
+    const int32_t m = (int32_t)blockIdx.x;
+    if (threadIdx.x == 0) {
+        int32_t lo = 0, hi = p.batch - 1;
+        while (lo < hi) {
+            int32_t mid = (lo + hi + 1) / 2;
+            if (p.merge_start[mid] <= m) lo = mid;
+            else hi = mid - 1;
+        }
+        s_b = lo;
+    }
+    __syncthreads();
+    const int32_t b = s_b, unit = m - p.merge_start[b], S = p.splits[b];
+    const int32_t q_len = p.contig ? 1 : p.qo[b + 1] - p.qo[b];
+    const int32_t rows_per_head = q_len * p.group, RB = (rows_per_head + R - 1) / R;
+    const int32_t h = unit / RB, rb = unit % RB;
+    const int32_t qbase = p.contig ? b : p.qo[b];
+    for (int e = threadIdx.x; e < R * D; e += NT) {
+        const int r = e / D, d = e % D;
+        const int32_t rr = rb * R + r;
+        if (rr >= rows_per_head) continue;
+        const float *part = p.partials + p.part_off[b] + ((size_t)unit * S * R + r) * (size_t)(D + 2);
+        const size_t sstride = (size_t)R * (D + 2);
+        float M = -INFINITY;
+        for (int s = 0; s < S; s++) M = part[s * sstride] > M ? part[s * sstride] : M;
+        float L = 0.0f, o = 0.0f;
+        for (int s = 0; s < S; s++) {
+            const float *q = part + s * sstride;
+            if (q[1] == 0.0f) continue; /* this split saw no token of the row */
+            float w = expf(q[0] - M);
+            L += q[1] * w;
+            o += q[2 + d] * w;
+        }
+        const int32_t i = rr / p.group, qh = h * p.group + rr % p.group;
+        const size_t row = (size_t)(qbase + i) * p.q_heads + qh;
+        const float x = L > 0.0f ? o / L : 0.0f;
+        uint8_t *op = p.out + (row * D + d) * p.esize;
+        if (p.dtype == KVP_FORMAT_FP32) *reinterpret_cast<float *>(op) = x;
+        else if (p.dtype == KVP_FORMAT_FP16) *reinterpret_cast<uint16_t *>(op) = f16_from(x);
+        else *reinterpret_cast<uint16_t *>(op) = bf16_from(x);
+        if (d == 0 && p.lse != nullptr) p.lse[row] = M + logf(L);
+    }
+}
+
+} // namespace kvp_attn
+
+#endif

@@ -1,0 +1,1279 @@
+/*
+ * The CUDA backend against the CPU backend (the reference).
+ *
+ * In CI (no GPU) this file is compiled as C++ with -DKVP_CUDASIM and linked
+ * with the backend's .cu files compiled the same way and the kernel simulator
+ * (tests/cudasim): every kernel of the backend runs, thread by thread. On a
+ * machine with a GPU, `make test-cuda` compiles the same file with nvcc and
+ * links it to the library's real kernels (tests that need the simulator's
+ * fault injection are skipped there).
+ *
+ * What is compared:
+ *  - stored bytes, bit for bit: whole arenas after every append (seals,
+ *    rows, staging pages, padding rows, NaN/Inf inputs, strided fp32 /
+ *    fp16 / bf16 inputs), after COPY and UNSEAL operations, fp8 scales and
+ *    calibration, the non-finite counter, kvp_store_read() values,
+ *    kvp_cuda_quantize / kvp_cuda_dequantize against kvp_quantize /
+ *    kvp_dequantize, and swap copies (kvp_store_page_to_host and back);
+ *  - attention within a tolerance of the CPU's portable (exact-decode)
+ *    kernels, relative L2 over the whole output:
+ *      TOL_EXACT 2e-5  when the tiles hold the stored values exactly
+ *                      (fp32, fp16, bf16, fp8 and int8 values): only the
+ *                      order of fp32 sums and exp/tanh differ;
+ *      TOL_F16   3e-3  when int8 / int4 keys or int4 values are
+ *                      dequantized into fp16 tiles (docs/cuda.md: the
+ *                      rounding adds ~1% of these formats' own error);
+ *    and against the float64 reference within test_attention.c's bounds.
+ *    Outputs and lse are poisoned (NaN) before each run and checked fully
+ *    written.
+ */
+#include "../cuda/compat.cuh"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+extern "C" {
+#include <cmocka.h>
+}
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvpage.h"
+#include "kvpage_cuda.h"
+#include "numeric.h"
+#include "kvtable.h"
+#include "../bench/kvdist.h"
+
+#define TOL_EXACT 2e-5
+#define TOL_F16 3e-3
+
+/* ---- device memory helpers --------------------------------------------------------------- */
+
+static void *dev_alloc(size_t bytes) {
+    void *p = nullptr;
+    assert_int_equal(cudaMalloc(&p, bytes ? bytes : 16), cudaSuccess);
+    return p;
+}
+static void *dev_copy(const void *host, size_t bytes) {
+    void *p = dev_alloc(bytes);
+    if (bytes) assert_int_equal(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    return p;
+}
+static void to_host(void *host, const void *dev, size_t bytes) {
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    if (bytes) assert_int_equal(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+static bool have_device(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return n > 0;
+}
+
+/* ---- a CPU store and a CUDA store with the same parameters --------------------------------- */
+
+typedef struct {
+    kvp_store_t *cpu, *gpu;
+    kvp_layout_t lay;
+    int32_t layers, H, D, P, num_pages, num_staging;
+} twin;
+
+static kvp_store_params_t store_params(int32_t layers, int32_t H, int32_t D, int32_t P, int32_t kf,
+                                       int32_t vf, int32_t order, int32_t pages, int32_t staging) {
+    kvp_store_params_t sp;
+    kvp_store_params_init(&sp);
+    sp.layers = layers;
+    sp.kv_heads = H;
+    sp.head_dim = D;
+    sp.page_size = P;
+    sp.k_format = kf;
+    sp.v_format = vf;
+    sp.k_order = order;
+    sp.num_pages = (uint64_t)pages;
+    sp.num_staging = (uint64_t)staging;
+    return sp;
+}
+
+/* Both arenas start with the same bytes, so unwritten bytes compare equal too. */
+static void twin_fill(twin *t, uint8_t pattern) {
+    void *cb, *gb;
+    uint64_t cn, gn;
+    assert_int_equal(kvp_store_arena(t->cpu, &cb, &cn), KVP_OK);
+    assert_int_equal(kvp_store_arena(t->gpu, &gb, &gn), KVP_OK);
+    assert_true(cn == gn);
+    uint64_t f = t->lay.fixed_bytes;
+    memset((uint8_t *)cb + f, pattern, (size_t)(cn - f));
+    assert_int_equal(cudaMemset((uint8_t *)gb + f, pattern, (size_t)(gn - f)), cudaSuccess);
+}
+
+static void twin_make(twin *t, int32_t layers, int32_t H, int32_t D, int32_t P, int32_t kf, int32_t vf,
+                      int32_t order, int32_t pages, int32_t staging) {
+    memset(t, 0, sizeof *t);
+    kvp_store_params_t sp = store_params(layers, H, D, P, kf, vf, order, pages, staging);
+    char err[KVP_ERR_SIZE] = "";
+    int rc = kvp_store_create(&sp, &t->cpu, err, sizeof err);
+    if (rc != KVP_OK) print_error("cpu store: %s\n", err);
+    assert_int_equal(rc, KVP_OK);
+    rc = kvp_cuda_store_create(&sp, NULL, &t->gpu, err, sizeof err);
+    if (rc != KVP_OK) print_error("cuda store: %s\n", err);
+    assert_int_equal(rc, KVP_OK);
+    assert_int_equal(kvp_store_backend(t->gpu), KVP_BACKEND_CUDA);
+    assert_int_equal(kvp_store_backend(t->cpu), KVP_BACKEND_CPU);
+    t->lay.struct_size = sizeof t->lay;
+    assert_int_equal(kvp_store_layout(t->cpu, &t->lay), KVP_OK);
+    t->layers = layers;
+    t->H = H;
+    t->D = D;
+    t->P = P;
+    t->num_pages = pages;
+    t->num_staging = t->lay.needs_staging ? staging : 0;
+    twin_fill(t, 0xA7);
+}
+
+static void twin_free(twin *t) {
+    kvp_store_destroy(t->cpu);
+    kvp_store_destroy(t->gpu);
+    t->cpu = t->gpu = nullptr;
+}
+
+/* Whole arenas, byte for byte; on a difference, say where. */
+static void twin_compare(twin *t, const char *what) {
+    assert_int_equal(kvp_store_synchronize(t->gpu), KVP_OK);
+    void *cb, *gb;
+    uint64_t n, gn;
+    assert_int_equal(kvp_store_arena(t->cpu, &cb, &n), KVP_OK);
+    assert_int_equal(kvp_store_arena(t->gpu, &gb, &gn), KVP_OK);
+    uint8_t *g = (uint8_t *)malloc((size_t)n);
+    assert_non_null(g);
+    to_host(g, gb, (size_t)n);
+    const uint8_t *c = (const uint8_t *)cb;
+    uint64_t diff = 0, first = 0;
+    for (uint64_t i = 0; i < n; i++)
+        if (c[i] != g[i]) {
+            if (diff == 0) first = i;
+            diff++;
+        }
+    if (diff != 0)
+        print_error("%s: %llu of %llu arena bytes differ, first at %llu (cpu %02x, cuda %02x); "
+                    "formats K %s V %s, P %d, D %d\n",
+                    what, (unsigned long long)diff, (unsigned long long)n, (unsigned long long)first,
+                    c[first], g[first], kvp_format_name(t->lay.k_format),
+                    kvp_format_name(t->lay.v_format), (int)t->P, (int)t->D);
+    free(g);
+    assert_true(diff == 0);
+    assert_true(kvp_store_nonfinite_count(t->cpu) == kvp_store_nonfinite_count(t->gpu));
+}
+
+/* Rows [rows][stride] of fp32 values as `dtype` bytes. */
+static uint8_t *as_dtype(const float *x, size_t n, int32_t dtype) {
+    size_t es = dtype == KVP_FORMAT_FP32 ? 4 : 2;
+    uint8_t *b = (uint8_t *)malloc(n * es + 1);
+    assert_non_null(b);
+    for (size_t i = 0; i < n; i++) {
+        if (dtype == KVP_FORMAT_FP32) {
+            memcpy(b + 4 * i, &x[i], 4);
+        } else {
+            uint16_t h = dtype == KVP_FORMAT_FP16 ? kvp__f32_to_f16(x[i]) : kvp__f32_to_bf16(x[i]);
+            memcpy(b + 2 * i, &h, 2);
+        }
+    }
+    return b;
+}
+
+/* Append the same rows to both stores (the CPU's from host memory, the
+ * GPU's from a device copy of the same bytes). */
+static void twin_append(twin *t, int32_t layer, int32_t rows, int32_t dtype, const float *k,
+                        const float *v, int64_t stride, const int64_t *slots,
+                        const kvp_page_op_t *ops, int32_t nops) {
+    size_t n = (size_t)(rows > 0 ? rows : 1) * (size_t)stride, es = dtype == KVP_FORMAT_FP32 ? 4 : 2;
+    uint8_t *hk = as_dtype(k, n, dtype), *hv = as_dtype(v, n, dtype);
+    void *dk = dev_copy(hk, n * es), *dv = dev_copy(hv, n * es);
+    kvp_append_t a;
+    kvp_append_init(&a);
+    a.layer = layer;
+    a.rows = rows;
+    a.dtype = dtype;
+    a.k_row_stride = a.v_row_stride = stride == (int64_t)t->H * t->D ? 0 : stride;
+    a.slots = slots;
+    a.ops = ops;
+    a.num_ops = nops;
+    a.k = hk;
+    a.v = hv;
+    int rc = kvp_store_append(t->cpu, &a);
+    if (rc != KVP_OK) print_error("cpu append: %s\n", kvp_store_last_error(t->cpu));
+    assert_int_equal(rc, KVP_OK);
+    a.k = dk;
+    a.v = dv;
+    rc = kvp_store_append(t->gpu, &a);
+    if (rc != KVP_OK) print_error("cuda append: %s\n", kvp_store_last_error(t->gpu));
+    assert_int_equal(rc, KVP_OK);
+    assert_int_equal(kvp_store_synchronize(t->gpu), KVP_OK); /* the device copies are freed next */
+    assert_int_equal(cudaFree(dk), cudaSuccess);
+    assert_int_equal(cudaFree(dv), cudaSuccess);
+    free(hk);
+    free(hv);
+}
+
+/* ---- bytes: append, seal, staging, every format ---------------------------------------------- */
+
+/* Several sequences grown in uneven batched steps (prefill chunks, decode
+ * steps, padding rows), with NaN / Inf / -0 inputs sprinkled in, every
+ * step appended to every layer and compared. */
+static void run_append_case(int32_t kf, int32_t vf, int32_t order, int32_t P, int32_t D,
+                            int32_t dtype, uint64_t seed) {
+    const int32_t H = 2, layers = 2, nseq = 3, steps = 6;
+    const int32_t pages = 64 / P + 12;
+    twin t;
+    twin_make(&t, layers, H, D, P, kf, vf, order, pages * nseq, nseq);
+    kvt_pool pool;
+    kvt_pool_init(&pool, P, pages * nseq, nseq, t.lay.needs_staging);
+    kvt_seq seqs[3];
+    for (int i = 0; i < nseq; i++) kvt_seq_init(&seqs[i]);
+    kvd_rng rng;
+    kvd_seed(&rng, seed);
+    const int64_t stride = (int64_t)H * D + (seed % 2 ? 8 : 0); /* strided rows on odd seeds */
+    for (int step = 0; step < steps; step++) {
+        int32_t want[3], rows = 0;
+        for (int i = 0; i < nseq; i++) {
+            want[i] = (int32_t)(kvd_next(&rng) % (uint64_t)(step == 0 ? 2 * P + 3 : P / 2 + 2));
+            rows += want[i] + 1; /* one padding row per sequence */
+        }
+        int64_t *slots = (int64_t *)malloc((size_t)rows * 8);
+        kvp_page_op_t *ops = (kvp_page_op_t *)malloc((size_t)(rows + 1) * sizeof *ops);
+        float *k = (float *)malloc((size_t)rows * (size_t)stride * 4);
+        float *v = (float *)malloc((size_t)rows * (size_t)stride * 4);
+        assert_true(slots && ops && k && v);
+        kvd_fill_normal(&rng, (size_t)rows * (size_t)stride, k);
+        kvd_fill_normal(&rng, (size_t)rows * (size_t)stride, v);
+        for (int64_t i = 0; i < (int64_t)rows * stride; i++) k[i] = 3.0f * k[i] + (float)(i % 7) - 3.0f;
+        int32_t nops = 0, row = 0;
+        for (int i = 0; i < nseq; i++) {
+            assert_int_equal(kvt_plan_append(&pool, &seqs[i], want[i], row, slots + row, ops, &nops), 0);
+            row += want[i];
+            slots[row++] = -1; /* padding */
+        }
+        /* non-finite and signed-zero inputs in a few rows */
+        if (step % 2 == 1 && rows > 2) {
+            k[1] = NAN;
+            v[stride + 2] = INFINITY;
+            k[(size_t)(rows - 2) * (size_t)stride + 3] = -INFINITY;
+            v[5] = NAN;
+            for (int32_t d = 0; d < D; d++) k[(size_t)stride + (size_t)d] = d % 2 ? -0.0f : 0.0f;
+        }
+        for (int32_t layer = 0; layer < layers; layer++)
+            twin_append(&t, layer, rows, dtype, layer ? v : k, layer ? k : v, stride, slots, ops, nops);
+        char what[128];
+        snprintf(what, sizeof what, "append step %d", step);
+        twin_compare(&t, what);
+        free(slots);
+        free(ops);
+        free(k);
+        free(v);
+    }
+    for (int i = 0; i < nseq; i++) kvt_seq_free(&seqs[i]);
+    twin_free(&t);
+}
+
+static void test_append_bytes(void **state) {
+    (void)state;
+    static const struct {
+        int32_t kf, vf, order, P, D, dtype;
+    } cases[] = {
+        {KVP_FORMAT_FP16, KVP_FORMAT_FP16, 0, 16, 64, KVP_FORMAT_FP32},
+        {KVP_FORMAT_FP16, KVP_FORMAT_FP16, 1, 8, 40, KVP_FORMAT_FP16},
+        {KVP_FORMAT_FP32, KVP_FORMAT_BF16, 0, 1, 16, KVP_FORMAT_BF16},
+        {KVP_FORMAT_BF16, KVP_FORMAT_FP32, 1, 32, 24, KVP_FORMAT_FP32},
+        {KVP_FORMAT_FP8_E4M3, KVP_FORMAT_FP8_E4M3, 0, 16, 32, KVP_FORMAT_FP32},
+        {KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, 1, 4, 16, KVP_FORMAT_FP16},
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT8, 0, 16, 64, KVP_FORMAT_FP32},
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT4, 1, 8, 40, KVP_FORMAT_BF16},
+        {KVP_FORMAT_INT4, KVP_FORMAT_INT4, 0, 32, 80, KVP_FORMAT_FP32},
+        {KVP_FORMAT_INT4, KVP_FORMAT_FP8_E4M3, 1, 2, 24, KVP_FORMAT_FP16},
+        {KVP_FORMAT_INT8, KVP_FORMAT_FP16, 1, 64, 16, KVP_FORMAT_FP32},
+        {KVP_FORMAT_INT4, KVP_FORMAT_INT8, 0, 6, 8, KVP_FORMAT_FP32},
+        {KVP_FORMAT_INT8, KVP_FORMAT_BF16, 0, 5, 16, KVP_FORMAT_FP16},
+        {KVP_FORMAT_FP16, KVP_FORMAT_INT4, 0, 3, 48, KVP_FORMAT_FP32},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        run_append_case(cases[i].kf, cases[i].vf, cases[i].order, cases[i].P, cases[i].D,
+                        cases[i].dtype, 1000 + i);
+}
+
+/* ---- bytes: page operations, reads, swap copies ------------------------------------------------ */
+
+static void fill_sequence(twin *t, kvt_pool *pool, kvt_seq *s, int32_t tokens, kvd_rng *rng) {
+    int64_t stride = (int64_t)t->H * t->D;
+    float *k = (float *)malloc((size_t)tokens * (size_t)stride * 4);
+    float *v = (float *)malloc((size_t)tokens * (size_t)stride * 4);
+    int64_t *slots = (int64_t *)malloc((size_t)tokens * 8);
+    kvp_page_op_t *ops = (kvp_page_op_t *)malloc((size_t)(tokens + 1) * sizeof *ops);
+    assert_true(k && v && slots && ops);
+    kvd_fill_normal(rng, (size_t)tokens * (size_t)stride, k);
+    kvd_fill_normal(rng, (size_t)tokens * (size_t)stride, v);
+    int32_t nops = 0;
+    assert_int_equal(kvt_plan_append(pool, s, tokens, 0, slots, ops, &nops), 0);
+    for (int32_t layer = 0; layer < t->layers; layer++)
+        twin_append(t, layer, tokens, KVP_FORMAT_FP32, k, v, stride, slots, ops, nops);
+    free(k);
+    free(v);
+    free(slots);
+    free(ops);
+}
+
+static void twin_ops(twin *t, const kvp_page_op_t *ops, int32_t n) {
+    int rc = kvp_store_apply_ops(t->cpu, ops, n);
+    assert_int_equal(rc, KVP_OK);
+    rc = kvp_store_apply_ops(t->gpu, ops, n);
+    if (rc != KVP_OK) print_error("cuda ops: %s\n", kvp_store_last_error(t->gpu));
+    assert_int_equal(rc, KVP_OK);
+}
+
+static void test_ops_read_and_swap(void **state) {
+    (void)state;
+    static const int32_t fmts[][3] = {
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT4, 16}, {KVP_FORMAT_INT4, KVP_FORMAT_FP8_E4M3, 8},
+        {KVP_FORMAT_FP16, KVP_FORMAT_INT8, 16}, {KVP_FORMAT_BF16, KVP_FORMAT_FP32, 4},
+    };
+    for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++) {
+        twin t;
+        const int32_t P = fmts[f][2], D = 32, H = 3;
+        twin_make(&t, 3, H, D, P, fmts[f][0], fmts[f][1], (int32_t)(f % 2), 24, 4);
+        kvt_pool pool;
+        kvt_pool_init(&pool, P, 24, 4, t.lay.needs_staging);
+        kvt_seq a, b;
+        kvt_seq_init(&a);
+        kvt_seq_init(&b);
+        kvd_rng rng;
+        kvd_seed(&rng, 77 + f);
+        fill_sequence(&t, &pool, &a, 3 * P + P / 2 + 1, &rng);
+        fill_sequence(&t, &pool, &b, 2 * P, &rng);
+        twin_compare(&t, "before ops");
+        /* COPY pool pages (one a no-op), UNSEAL a sealed page into a free
+         * staging page, then a COPY of that staging page (a chain: a second
+         * group), and another UNSEAL */
+        kvp_page_op_t ops[6];
+        int32_t n = 0;
+        int32_t free_pool = pool.next_pool, free_stg = t.num_pages + 3;
+        ops[n++] = {KVP_OP_COPY, a.pages[0], free_pool, 0, -1};
+        ops[n++] = {KVP_OP_COPY, a.pages[1], a.pages[1], 0, -1};
+        if (t.lay.needs_staging) {
+            ops[n++] = {KVP_OP_UNSEAL, a.pages[2], free_stg, P - 1, -1};
+            ops[n++] = {KVP_OP_COPY, free_stg, t.num_pages + 2, 0, -1};
+            ops[n++] = {KVP_OP_UNSEAL, b.pages[0], free_stg, 1, -1};
+        } else {
+            ops[n++] = {KVP_OP_COPY, b.pages[1], free_pool + 1, 0, -1};
+        }
+        twin_ops(&t, ops, n);
+        twin_compare(&t, "after COPY / UNSEAL");
+
+        /* kvp_store_read: the same fp32 values */
+        int32_t ids[3] = {a.pages[0], a.pages[2], t.lay.needs_staging ? a.staging : b.pages[1]};
+        size_t row = (size_t)H * D;
+        float *ck = (float *)malloc((size_t)P * row * 4), *cv = (float *)malloc((size_t)P * row * 4);
+        float *gk = (float *)malloc((size_t)P * row * 4), *gv = (float *)malloc((size_t)P * row * 4);
+        for (int i = 0; i < 3; i++)
+            for (int32_t layer = 0; layer < 3; layer++) {
+                int32_t t0 = i == 2 ? 0 : 1, cnt = i == 2 ? P / 2 : P - 1;
+                assert_int_equal(kvp_store_read(t.cpu, layer, ids[i], t0, cnt, ck, cv), KVP_OK);
+                assert_int_equal(kvp_store_read(t.gpu, layer, ids[i], t0, cnt, gk, gv), KVP_OK);
+                assert_memory_equal(ck, gk, (size_t)cnt * row * 4);
+                assert_memory_equal(cv, gv, (size_t)cnt * row * 4);
+            }
+        assert_int_equal(kvp_store_read(t.gpu, 0, ids[0], 0, P, NULL, gv), KVP_OK);
+        assert_int_equal(kvp_store_read(t.cpu, 0, ids[0], 0, P, NULL, cv), KVP_OK);
+        assert_memory_equal(cv, gv, (size_t)P * row * 4);
+        free(ck);
+        free(cv);
+        free(gk);
+        free(gv);
+
+        /* swap copies: every page's serialization is the CPU's; pinned and
+         * pageable host memory; a page copied out, clobbered, copied back
+         * (whole, and in chunks) restores the arena */
+        uint64_t pb = t.lay.page_bytes, sb = t.lay.staging_page_bytes;
+        uint8_t *pinned = nullptr;
+        char err[KVP_ERR_SIZE];
+        assert_int_equal(kvp_cuda_host_alloc(pb + sb, (void **)&pinned, err, sizeof err), KVP_OK);
+        uint8_t *cpu_buf = (uint8_t *)malloc((size_t)(pb + sb));
+        for (int32_t id = 0; id < t.num_pages + t.num_staging; id += (id < t.num_pages ? 5 : 1)) {
+            uint64_t bytes = id < t.num_pages ? pb : sb;
+            memset(pinned, 0, (size_t)bytes);
+            assert_int_equal(kvp_store_page_to_host(t.cpu, id, 0, cpu_buf, bytes), KVP_OK);
+            assert_int_equal(kvp_store_page_to_host(t.gpu, id, 0, pinned, bytes), KVP_OK);
+            assert_int_equal(kvp_store_synchronize(t.gpu), KVP_OK);
+            assert_memory_equal(cpu_buf, pinned, (size_t)bytes);
+            /* a range that starts and ends inside blocks */
+            uint64_t off = bytes / 3 + 5, len = bytes / 2;
+            memset(pinned, 0, (size_t)len);
+            assert_int_equal(kvp_cuda_page_to_host(t.gpu, id, off, pinned, len, nullptr), KVP_OK);
+            assert_int_equal(kvp_store_synchronize(t.gpu), KVP_OK);
+            assert_memory_equal(cpu_buf + off, pinned, (size_t)len);
+        }
+        int32_t victim = a.pages[1];
+        assert_int_equal(kvp_store_page_to_host(t.gpu, victim, 0, pinned, pb), KVP_OK);
+        kvp_page_op_t clobber = {KVP_OP_COPY, a.pages[0], victim, 0, -1};
+        assert_int_equal(kvp_store_apply_ops(t.gpu, &clobber, 1), KVP_OK);
+        assert_int_equal(kvp_store_page_from_host(t.gpu, victim, 0, pinned, pb / 2), KVP_OK);
+        assert_int_equal(kvp_cuda_page_from_host(t.gpu, victim, pb / 2, pinned + pb / 2, pb - pb / 2,
+                                                 nullptr),
+                         KVP_OK);
+        twin_compare(&t, "after a swap round trip");
+        /* bad ranges and ids change nothing */
+        assert_int_equal(kvp_store_page_to_host(t.gpu, victim, pb - 4, pinned, 8), KVP_EINVAL);
+        assert_non_null(strstr(kvp_store_last_error(t.gpu), "outside"));
+        assert_int_equal(kvp_store_page_to_host(t.gpu, t.num_pages + t.num_staging, 0, pinned, 8),
+                         KVP_EINVAL);
+        assert_int_equal(kvp_store_page_from_host(t.gpu, victim, 0, NULL, 8), KVP_EINVAL);
+        kvp_cuda_host_free(pinned);
+        free(cpu_buf);
+        kvt_seq_free(&a);
+        kvt_seq_free(&b);
+        twin_free(&t);
+    }
+}
+
+/* fp8 scales: set, get, calibration, and the bytes they lead to. */
+static void test_fp8_scales(void **state) {
+    (void)state;
+    twin t;
+    twin_make(&t, 2, 2, 16, 8, KVP_FORMAT_FP8_E4M3, KVP_FORMAT_FP8_E4M3, 0, 8, 0);
+    assert_int_equal(kvp_store_set_fp8_scale(t.cpu, 1, 1, 0, 0.25f), KVP_OK);
+    assert_int_equal(kvp_store_set_fp8_scale(t.gpu, 1, 1, 0, 0.25f), KVP_OK);
+    float s = -1.0f;
+    assert_int_equal(kvp_store_get_fp8_scale(t.gpu, 1, 1, 0, &s), KVP_OK);
+    assert_true(s == 0.25f);
+    assert_int_equal(kvp_store_get_fp8_scale(t.gpu, 0, 0, 0, &s), KVP_OK);
+    assert_true(s == 0.0f);
+    assert_int_equal(kvp_store_set_fp8_scale(t.gpu, 0, 0, 0, -1.0f), KVP_EINVAL);
+    kvt_pool pool;
+    kvt_pool_init(&pool, 8, 8, 0, false);
+    kvt_seq a;
+    kvt_seq_init(&a);
+    kvd_rng rng;
+    kvd_seed(&rng, 5);
+    fill_sequence(&t, &pool, &a, 11, &rng); /* calibrates every other (layer, head, side) */
+    twin_compare(&t, "fp8 after calibration");
+    for (int32_t layer = 0; layer < 2; layer++)
+        for (int32_t h = 0; h < 2; h++)
+            for (int32_t side = 0; side < 2; side++) {
+                float c = 0.0f, g = 0.0f;
+                assert_int_equal(kvp_store_get_fp8_scale(t.cpu, layer, h, side, &c), KVP_OK);
+                assert_int_equal(kvp_store_get_fp8_scale(t.gpu, layer, h, side, &g), KVP_OK);
+                assert_true(c == g && g > 0.0f);
+            }
+    /* a scale set back to 0 calibrates again on the next append */
+    assert_int_equal(kvp_store_set_fp8_scale(t.cpu, 0, 1, 1, 0.0f), KVP_OK);
+    assert_int_equal(kvp_store_set_fp8_scale(t.gpu, 0, 1, 1, 0.0f), KVP_OK);
+    fill_sequence(&t, &pool, &a, 9, &rng);
+    twin_compare(&t, "fp8 after recalibration");
+    kvt_seq_free(&a);
+    twin_free(&t);
+}
+
+/* ---- standalone quantize / dequantize ----------------------------------------------------------- */
+
+static void test_quantize_standalone(void **state) {
+    (void)state;
+    kvd_rng rng;
+    kvd_seed(&rng, 9);
+    for (int32_t f = 0; f < KVP_FORMAT_COUNT; f++)
+        for (int32_t is_value = 0; is_value < 2; is_value++)
+            for (int32_t order = 0; order < 2; order++) {
+                kvp_quant_desc_t q;
+                memset(&q, 0, sizeof q);
+                q.struct_size = sizeof q;
+                q.format = f;
+                q.is_value = is_value;
+                q.k_order = order;
+                q.page_size = 2 + 6 * order; /* 2 and 8 */
+                q.head_dim = is_value ? 40 : 24;
+                q.heads = 3;
+                q.dtype = (f + order) % 3 == 0 ? KVP_FORMAT_FP32
+                                                : (f + order) % 3 == 1 ? KVP_FORMAT_FP16 : KVP_FORMAT_BF16;
+                q.fp8_scale = 0.125f;
+                const int64_t pages = 3;
+                size_t n = (size_t)pages * q.page_size * q.heads * q.head_dim;
+                float *x = (float *)malloc(n * 4);
+                kvd_fill_normal(&rng, n, x);
+                x[3] = NAN;
+                x[n - 1] = -INFINITY;
+                uint8_t *src = as_dtype(x, n, q.dtype);
+                size_t es = q.dtype == KVP_FORMAT_FP32 ? 4 : 2;
+                uint64_t block = 0;
+                char err[KVP_ERR_SIZE];
+                assert_int_equal(kvp_quant_block_bytes(&q, &block, err, sizeof err), KVP_OK);
+                size_t bytes = (size_t)(pages * q.heads) * (size_t)block;
+                uint8_t *cpu = (uint8_t *)malloc(bytes), *gpu = (uint8_t *)malloc(bytes);
+                memset(cpu, 0x33, bytes);
+                assert_int_equal(kvp_quantize(&q, src, pages, cpu, err, sizeof err), KVP_OK);
+                void *dsrc = dev_copy(src, n * es), *dblk = dev_alloc(bytes);
+                assert_int_equal(cudaMemset(dblk, 0x33, bytes), cudaSuccess);
+                int rc = kvp_cuda_quantize(&q, dsrc, pages, dblk, nullptr, err, sizeof err);
+                if (rc != KVP_OK) print_error("kvp_cuda_quantize: %s\n", err);
+                assert_int_equal(rc, KVP_OK);
+                to_host(gpu, dblk, bytes);
+                if (memcmp(cpu, gpu, bytes) != 0)
+                    print_error("quantize %s %s order %d: bytes differ\n", kvp_format_name(f),
+                                is_value ? "values" : "keys", (int)order);
+                assert_memory_equal(cpu, gpu, bytes);
+                /* and back: the CPU's exact values, in the tensor's dtype */
+                uint8_t *cout = (uint8_t *)malloc(n * es), *gout = (uint8_t *)malloc(n * es);
+                assert_int_equal(kvp_dequantize(&q, cpu, pages, cout, err, sizeof err), KVP_OK);
+                void *dout = dev_alloc(n * es);
+                assert_int_equal(kvp_cuda_dequantize(&q, dblk, pages, dout, nullptr, err, sizeof err),
+                                 KVP_OK);
+                to_host(gout, dout, n * es);
+                assert_memory_equal(cout, gout, n * es);
+                /* bad input: the same checks as the CPU, nothing launched */
+                assert_int_equal(kvp_cuda_quantize(&q, dsrc, 0, dblk, nullptr, err, sizeof err), KVP_EINVAL);
+                assert_int_equal(kvp_cuda_dequantize(&q, NULL, 1, dout, nullptr, err, sizeof err),
+                                 KVP_EINVAL);
+                cudaFree(dsrc);
+                cudaFree(dblk);
+                cudaFree(dout);
+                free(x);
+                free(src);
+                free(cpu);
+                free(gpu);
+                free(cout);
+                free(gout);
+            }
+}
+
+/* ---- attention ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t kv_heads, q_heads, head_dim, page_size, k_format, v_format, k_order, batch;
+    const int32_t *kv_len, *q_len;
+    uint64_t seed;
+} batch_spec;
+
+typedef struct {
+    batch_spec spec;
+    twin t;
+    kvt_pool pool;
+    kvt_seq *seqs;
+    float **k, **v;
+    float *q;
+    int32_t *qo, *indptr, *indices, *last;
+    kvp_kv_view_t view;
+    int32_t rows;
+    double sm_scale;
+} batch;
+
+static void batch_build(batch *bt, const batch_spec *s) {
+    memset(bt, 0, sizeof *bt);
+    bt->spec = *s;
+    kvd_rng rng;
+    kvd_seed(&rng, s->seed);
+    kvd_keys keys;
+    assert_int_equal(kvd_keys_init(&keys, &rng, s->kv_heads, s->head_dim), 0);
+    bt->sm_scale = kvd_sm_scale(&keys);
+    int32_t pages = 0;
+    for (int32_t b = 0; b < s->batch; b++) pages += s->kv_len[b] / s->page_size + 1;
+    twin_make(&bt->t, 2, s->kv_heads, s->head_dim, s->page_size, s->k_format, s->v_format, s->k_order,
+              pages, s->batch);
+    kvt_pool_init(&bt->pool, s->page_size, pages, s->batch, bt->t.lay.needs_staging);
+    bt->seqs = (kvt_seq *)calloc((size_t)s->batch, sizeof *bt->seqs);
+    bt->k = (float **)calloc((size_t)s->batch, sizeof *bt->k);
+    bt->v = (float **)calloc((size_t)s->batch, sizeof *bt->v);
+    bt->qo = (int32_t *)malloc((size_t)(s->batch + 1) * 4);
+    size_t row = (size_t)s->kv_heads * (size_t)s->head_dim;
+    bt->qo[0] = 0;
+    for (int32_t b = 0; b < s->batch; b++) {
+        kvt_seq_init(&bt->seqs[b]);
+        size_t n = (size_t)(s->kv_len[b] > 0 ? s->kv_len[b] : 1) * row;
+        bt->k[b] = (float *)malloc(n * 4);
+        bt->v[b] = (float *)malloc(n * 4);
+        kvd_fill_keys(&keys, &rng, (size_t)s->kv_len[b], bt->k[b]);
+        kvd_fill_normal(&rng, (size_t)s->kv_len[b] * row, bt->v[b]);
+        /* uneven steps, as prefill chunks and decode steps come */
+        for (int32_t t0 = 0, step = 1; t0 < s->kv_len[b]; t0 += step, step = step * 5 % 61 + 1) {
+            if (step > s->kv_len[b] - t0) step = s->kv_len[b] - t0;
+            int64_t *slots = (int64_t *)malloc((size_t)step * 8);
+            kvp_page_op_t *ops = (kvp_page_op_t *)malloc((size_t)(step + 1) * sizeof *ops);
+            int32_t nops = 0;
+            assert_int_equal(kvt_plan_append(&bt->pool, &bt->seqs[b], step, 0, slots, ops, &nops), 0);
+            /* layer 1 has the data; layer 0 gets K and V swapped */
+            twin_append(&bt->t, 1, step, KVP_FORMAT_FP32, bt->k[b] + (size_t)t0 * row,
+                        bt->v[b] + (size_t)t0 * row, (int64_t)row, slots, ops, nops);
+            twin_append(&bt->t, 0, step, KVP_FORMAT_FP32, bt->v[b] + (size_t)t0 * row,
+                        bt->k[b] + (size_t)t0 * row, (int64_t)row, slots, ops, nops);
+            free(slots);
+            free(ops);
+        }
+        bt->qo[b + 1] = bt->qo[b] + s->q_len[b];
+    }
+    bt->rows = bt->qo[s->batch];
+    size_t qn = (size_t)(bt->rows > 0 ? bt->rows : 1) * (size_t)s->q_heads * (size_t)s->head_dim;
+    bt->q = (float *)malloc(qn * 4);
+    kvd_fill_normal(&rng, qn, bt->q);
+    bt->indptr = (int32_t *)malloc((size_t)(s->batch + 1) * 4);
+    bt->indices = (int32_t *)malloc((size_t)(pages + s->batch) * 4);
+    bt->last = (int32_t *)malloc((size_t)s->batch * 4);
+    kvt_export(&bt->pool, bt->seqs, s->batch, bt->indptr, bt->indices, bt->last, &bt->view);
+    kvd_keys_free(&keys);
+}
+
+static void batch_free(batch *bt) {
+    for (int32_t b = 0; b < bt->spec.batch; b++) {
+        kvt_seq_free(&bt->seqs[b]);
+        free(bt->k[b]);
+        free(bt->v[b]);
+    }
+    free(bt->seqs);
+    free(bt->k);
+    free(bt->v);
+    free(bt->q);
+    free(bt->qo);
+    free(bt->indptr);
+    free(bt->indices);
+    free(bt->last);
+    twin_free(&bt->t);
+}
+
+typedef struct {
+    int32_t causal, window_left, dtype;
+    float soft_cap;
+} attn_opts;
+
+static const attn_opts plain_opts = {1, -1, KVP_FORMAT_FP32, 0.0f};
+
+static kvp_ctx_t *cpu_ctx(void) {
+    kvp_ctx_params_t cp;
+    kvp_ctx_params_init(&cp);
+    cp.isa = KVP_ISA_PORTABLE; /* exact decode, fp32: the reference */
+    kvp_ctx_t *c = nullptr;
+    char err[KVP_ERR_SIZE];
+    assert_int_equal(kvp_ctx_create(&cp, &c, err, sizeof err), KVP_OK);
+    return c;
+}
+
+static kvp_ctx_t *gpu_ctx(uint64_t workspace) {
+    kvp_ctx_params_t cp;
+    kvp_ctx_params_init(&cp);
+    cp.workspace_bytes = workspace;
+    kvp_ctx_t *c = nullptr;
+    char err[KVP_ERR_SIZE] = "";
+    int rc = kvp_cuda_ctx_create(&cp, NULL, &c, err, sizeof err);
+    if (rc != KVP_OK) print_error("cuda ctx: %s\n", err);
+    assert_int_equal(rc, KVP_OK);
+    assert_int_equal(kvp_ctx_backend(c), KVP_BACKEND_CUDA);
+    assert_int_equal(kvp_ctx_isa(c), -1);
+    return c;
+}
+
+/* Run on one backend: out / lse as fp32 host arrays, checked fully written. */
+static void run_attention(kvp_ctx_t *c, batch *bt, bool gpu, const attn_opts *o, float *out,
+                          float *lse) {
+    const batch_spec *s = &bt->spec;
+    size_t n = (size_t)bt->rows * (size_t)s->q_heads * (size_t)s->head_dim;
+    size_t nl = (size_t)bt->rows * (size_t)s->q_heads;
+    size_t es = o->dtype == KVP_FORMAT_FP32 ? 4 : 2;
+    uint8_t *qh = as_dtype(bt->q, n, o->dtype);
+    uint8_t *oh = (uint8_t *)malloc(n * es + 1);
+    float *lh = (float *)malloc(nl * 4 + 4);
+    memset(oh, 0xFF, n * es); /* NaN in every dtype */
+    for (size_t i = 0; i < nl; i++) lh[i] = NAN;
+    void *qd = nullptr, *od = nullptr, *ld = nullptr;
+    kvp_attention_params_t ap;
+    kvp_attention_params_init(&ap);
+    ap.layer = 1;
+    ap.q_heads = s->q_heads;
+    ap.dtype = o->dtype;
+    ap.causal = o->causal;
+    ap.window_left = o->window_left;
+    ap.logit_soft_cap = o->soft_cap;
+    ap.sm_scale = (float)bt->sm_scale;
+    ap.qo_indptr = bt->qo;
+    if (gpu) {
+        qd = dev_copy(qh, n * es);
+        od = dev_copy(oh, n * es);
+        ld = dev_copy(lh, nl * 4);
+        ap.q = qd;
+        ap.out = od;
+        ap.lse = lse ? (float *)ld : nullptr;
+    } else {
+        ap.q = qh;
+        ap.out = oh;
+        ap.lse = lse ? lh : nullptr;
+    }
+    int rc = kvp_attention(c, gpu ? bt->t.gpu : bt->t.cpu, &bt->view, &ap);
+    if (rc != KVP_OK) print_error("attention (%s): %s\n", gpu ? "cuda" : "cpu", kvp_ctx_last_error(c));
+    assert_int_equal(rc, KVP_OK);
+    if (gpu) {
+        to_host(oh, od, n * es);
+        to_host(lh, ld, nl * 4);
+        cudaFree(qd);
+        cudaFree(od);
+        cudaFree(ld);
+    }
+    for (size_t i = 0; i < n; i++) {
+        float x;
+        if (es == 4) {
+            memcpy(&x, oh + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, oh + 2 * i, 2);
+            x = o->dtype == KVP_FORMAT_BF16 ? kvp__bf16_to_f32(h) : kvp__f16_to_f32(h);
+        }
+        if (!isfinite(x)) print_error("%s output %zu not written (%g)\n", gpu ? "cuda" : "cpu", i, (double)x);
+        assert_true(isfinite(x));
+        out[i] = x;
+    }
+    if (lse != nullptr) {
+        for (size_t i = 0; i < nl; i++) assert_true(isfinite(lh[i]));
+        memcpy(lse, lh, nl * 4);
+    }
+    free(qh);
+    free(oh);
+    free(lh);
+}
+
+static double rel_diff(const float *a, const float *ref, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - (double)ref[i];
+        num += e * e;
+        den += (double)ref[i] * (double)ref[i];
+    }
+    return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+static double ref_bound(int32_t f) {
+    switch (f) { /* tests/test_attention.c's bounds vs float64 */
+    case KVP_FORMAT_FP32: return 1e-5;
+    case KVP_FORMAT_FP16: return 2.5e-3;
+    case KVP_FORMAT_BF16: return 2e-2;
+    case KVP_FORMAT_INT8: return 1.5e-2;
+    case KVP_FORMAT_INT4: return 0.16;
+    default: return 0.3;
+    }
+}
+
+/* Tiles with fp16-rounded dequantized values: int8/int4 keys, int4 values. */
+static double tolerance(int32_t kf, int32_t vf) {
+    bool rounded = kf == KVP_FORMAT_INT8 || kf == KVP_FORMAT_INT4 || vf == KVP_FORMAT_INT4;
+    return rounded ? TOL_F16 : TOL_EXACT;
+}
+
+typedef struct {
+    double vs_cpu, vs_ref;
+    double lse; /* largest |lse difference| / (1 + |lse|) */
+} attn_result;
+
+/* GPU vs CPU (and vs the float64 reference) for one batch and options. */
+static attn_result compare_batch(batch *bt, kvp_ctx_t *cc, kvp_ctx_t *gc, const attn_opts *o,
+                                 bool check_lse) {
+    const batch_spec *s = &bt->spec;
+    size_t n = (size_t)bt->rows * (size_t)s->q_heads * (size_t)s->head_dim;
+    size_t nl = (size_t)bt->rows * (size_t)s->q_heads;
+    float *co = (float *)malloc(n * 4 + 4), *go = (float *)malloc(n * 4 + 4);
+    float *cl = (float *)malloc(nl * 4 + 4), *gl = (float *)malloc(nl * 4 + 4);
+    run_attention(cc, bt, false, o, co, check_lse ? cl : nullptr);
+    run_attention(gc, bt, true, o, go, check_lse ? gl : nullptr);
+    attn_result r;
+    r.vs_cpu = rel_diff(go, co, n);
+    r.lse = 0.0;
+    if (check_lse)
+        for (size_t i = 0; i < nl; i++) {
+            double e = fabs((double)gl[i] - (double)cl[i]) / (1.0 + fabs((double)cl[i]));
+            r.lse = e > r.lse ? e : r.lse;
+        }
+    /* float64 reference over the whole batch */
+    double *ref = (double *)malloc(n * 8 + 8);
+    kvd_attn a = {s->q_heads, s->kv_heads, s->head_dim, (double)(float)bt->sm_scale, (double)o->soft_cap,
+                  o->causal, o->window_left};
+    size_t per = (size_t)s->q_heads * (size_t)s->head_dim;
+    for (int32_t b = 0; b < s->batch; b++)
+        if (s->q_len[b] > 0)
+            kvd_reference(&a, bt->q + (size_t)bt->qo[b] * per, s->q_len[b], bt->k[b], bt->v[b],
+                          s->kv_len[b], ref + (size_t)bt->qo[b] * per);
+    r.vs_ref = kvd_rel_l2(go, ref, n);
+    free(ref);
+    free(co);
+    free(go);
+    free(cl);
+    free(gl);
+    return r;
+}
+
+static void check_batch(const batch_spec *s, kvp_ctx_t *cc, kvp_ctx_t *gc, const attn_opts *o,
+                        const char *label) {
+    batch bt;
+    batch_build(&bt, s);
+    attn_result r = compare_batch(&bt, cc, gc, o, true);
+    double tol = tolerance(s->k_format, s->v_format);
+    double rb = ref_bound(s->k_format) > ref_bound(s->v_format) ? ref_bound(s->k_format)
+                                                                 : ref_bound(s->v_format);
+    if (o->dtype == KVP_FORMAT_BF16) tol += 4e-3; /* out and q in bf16: 8 bits */
+    else if (o->dtype == KVP_FORMAT_FP16) tol += 5e-4;
+    if (o->dtype == KVP_FORMAT_BF16) rb += 1e-2;
+    bool ok = r.vs_cpu < tol && r.vs_ref < 1.5 * rb && r.lse < tol;
+    if (!ok || getenv("KVP_TEST_VERBOSE"))
+        print_message("  %-8s K %-8s V %-8s D %3d P %2d: vs cpu %.2e (tol %.1e), lse %.2e, vs f64 %.2e\n",
+                      label, kvp_format_name(s->k_format), kvp_format_name(s->v_format),
+                      (int)s->head_dim, (int)s->page_size, r.vs_cpu, tol, r.lse, r.vs_ref);
+    assert_true(ok);
+    batch_free(&bt);
+}
+
+/* Every K and V format (both key orders for plain keys), including mixed pairs. */
+static void test_attention_formats(void **state) {
+    (void)state;
+    kvp_ctx_t *cc = cpu_ctx(), *gc = gpu_ctx(0);
+    int32_t kv_len[] = {93, 40}, q_len[] = {1, 2};
+    for (int32_t f = 0; f < KVP_FORMAT_COUNT; f++)
+        for (int32_t order = 0; order < 2; order++) {
+            if (order == 1 && (f == KVP_FORMAT_INT8 || f == KVP_FORMAT_INT4)) continue;
+            batch_spec s = {2, 8, 64, 16, f, f, order, 2, kv_len, q_len, 300 + (uint64_t)f};
+            check_batch(&s, cc, gc, &plain_opts, "format");
+        }
+    static const int32_t pairs[][3] = {
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT4, 0},  {KVP_FORMAT_INT4, KVP_FORMAT_INT8, 1},
+        {KVP_FORMAT_FP16, KVP_FORMAT_INT8, 1},  {KVP_FORMAT_INT8, KVP_FORMAT_FP8_E4M3, 0},
+        {KVP_FORMAT_BF16, KVP_FORMAT_FP32, 0},  {KVP_FORMAT_FP8_E4M3, KVP_FORMAT_BF16, 1},
+        {KVP_FORMAT_INT4, KVP_FORMAT_FP16, 0},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        batch_spec s = {2, 4, 64, 8, pairs[i][0], pairs[i][1], pairs[i][2], 2, kv_len, q_len, 320 + i};
+        check_batch(&s, cc, gc, &plain_opts, "mixed");
+    }
+    kvp_ctx_destroy(cc);
+    kvp_ctx_destroy(gc);
+}
+
+/* Every head_dim x page size (1/8/16/32/64), fp16 and the integer formats. */
+static void test_attention_shapes(void **state) {
+    (void)state;
+    static const int32_t dims[] = {64, 80, 96, 128, 256};
+    static const int32_t pages[] = {1, 8, 16, 32, 64};
+    static const int32_t fmts[] = {KVP_FORMAT_FP16, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
+    kvp_ctx_t *cc = cpu_ctx(), *gc = gpu_ctx(0);
+    for (size_t d = 0; d < 5; d++)
+        for (size_t p = 0; p < 5; p++)
+            for (size_t f = 0; f < 3; f++) {
+                if (fmts[f] == KVP_FORMAT_INT4 && pages[p] % 2 != 0) continue;
+                int32_t kv_len = pages[p] > 8 ? 2 * pages[p] + 5 : 3 * pages[p] + 5, q_len = 2;
+                batch_spec s = {1, 2, dims[d], pages[p], fmts[f], fmts[f], (int32_t)((d + p) % 2), 1,
+                                &kv_len, &q_len, 400 + d * 10 + p};
+                check_batch(&s, cc, gc, &plain_opts, "shape");
+            }
+    kvp_ctx_destroy(cc);
+    kvp_ctx_destroy(gc);
+}
+
+/* Page sizes the 16-byte loaders do not cover (element-wise fallback), in
+ * whole-page tiles (P <= 32) and in chunks of a page (P > 32), with a
+ * sliding window that skips chunks. */
+static void test_attention_odd_pages(void **state) {
+    (void)state;
+    static const struct {
+        int32_t kf, vf, order, P, D;
+    } cases[] = {
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT8, 0, 50, 64},     {KVP_FORMAT_INT4, KVP_FORMAT_INT4, 0, 36, 80},
+        {KVP_FORMAT_INT4, KVP_FORMAT_INT8, 0, 6, 64},      {KVP_FORMAT_FP16, KVP_FORMAT_FP8_E4M3, 1, 3, 96},
+        {KVP_FORMAT_FP32, KVP_FORMAT_BF16, 1, 42, 64},     {KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT4, 1, 40, 128},
+        {KVP_FORMAT_BF16, KVP_FORMAT_INT8, 1, 5, 256},
+    };
+    kvp_ctx_t *cc = cpu_ctx(), *gc = gpu_ctx(0);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int32_t kv_len[] = {3 * cases[i].P + 7, 2 * cases[i].P}, q_len[] = {3, 1};
+        batch_spec s = {1, 2, cases[i].D, cases[i].P, cases[i].kf, cases[i].vf, cases[i].order, 2,
+                        kv_len, q_len, 800 + i};
+        check_batch(&s, cc, gc, &plain_opts, "odd page");
+        attn_opts w = {1, cases[i].P / 2 + 3, KVP_FORMAT_FP32, 0.0f};
+        check_batch(&s, cc, gc, &w, "window");
+    }
+    kvp_ctx_destroy(cc);
+    kvp_ctx_destroy(gc);
+}
+
+/* Ragged batches (chunked prefill, decode, speculative rows, a one-token
+ * sequence, one across hundreds of pages), GQA 1/4/8 and MQA; split-KV on
+ * (the simulator's 132 SMs want splits for any small batch) and off (a
+ * workspace too small for partials). */
+static void test_attention_ragged_and_splits(void **state) {
+    (void)state;
+    static const int32_t groups[][2] = {{4, 4}, {2, 8}, {1, 8}, {4, 32}};
+    int32_t kv_len[] = {1, 7, 130, 1603, 33};
+    int32_t q_len[] = {1, 7, 5, 1, 16};
+    kvp_ctx_t *cc = cpu_ctx(), *split = gpu_ctx(0), *nosplit = gpu_ctx(4096);
+    for (size_t g = 0; g < 4; g++) {
+        int32_t f = g % 2 ? KVP_FORMAT_INT8 : KVP_FORMAT_FP16;
+        batch_spec s = {groups[g][0], groups[g][1], 64, 8, f, f, 0, 5, kv_len, q_len, 500 + g};
+        batch bt;
+        batch_build(&bt, &s);
+        attn_result a = compare_batch(&bt, cc, split, &plain_opts, true);
+        attn_result b = compare_batch(&bt, cc, nosplit, &plain_opts, true);
+        double tol = tolerance(f, f);
+        if (getenv("KVP_TEST_VERBOSE") || !(a.vs_cpu < tol && b.vs_cpu < tol && a.lse < tol && b.lse < tol))
+            print_message("  kv %d q %d %s: split %.2e (lse %.2e), no split %.2e (lse %.2e)\n",
+                          (int)groups[g][0], (int)groups[g][1], kvp_format_name(f), a.vs_cpu, a.lse,
+                          b.vs_cpu, b.lse);
+        assert_true(a.vs_cpu < tol && a.lse < tol);
+        assert_true(b.vs_cpu < tol && b.lse < tol);
+        assert_true(a.vs_ref < ref_bound(f) && b.vs_ref < ref_bound(f));
+        batch_free(&bt);
+    }
+    kvp_ctx_destroy(cc);
+    kvp_ctx_destroy(split);
+    kvp_ctx_destroy(nosplit);
+}
+
+/* Causal off, sliding windows (with splits that see nothing), soft cap,
+ * fp16 / bf16 / fp32 q and out, lse. */
+static void test_attention_options(void **state) {
+    (void)state;
+    int32_t kv_len[] = {290, 300, 17};
+    int32_t q_len[] = {4, 1, 17};
+    static const attn_opts opts[] = {
+        {0, -1, KVP_FORMAT_FP32, 0.0f},  {1, 20, KVP_FORMAT_FP32, 0.0f},
+        {1, 0, KVP_FORMAT_FP32, 0.0f},   {1, -1, KVP_FORMAT_FP32, 5.0f},
+        {1, 60, KVP_FORMAT_FP16, 30.0f}, {0, 7, KVP_FORMAT_BF16, 0.0f},
+        {1, -1, KVP_FORMAT_FP16, 0.0f},
+    };
+    kvp_ctx_t *cc = cpu_ctx(), *gc = gpu_ctx(0);
+    for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+        int32_t f = i % 3 == 2 ? KVP_FORMAT_INT4 : i % 3 == 1 ? KVP_FORMAT_INT8 : KVP_FORMAT_FP16;
+        batch_spec s = {2, 4, 64, 16, f, f, 0, 3, kv_len, q_len, 600 + i};
+        check_batch(&s, cc, gc, &opts[i], "options");
+    }
+    kvp_ctx_destroy(cc);
+    kvp_ctx_destroy(gc);
+}
+
+/* ---- streams, errors, bad input ------------------------------------------------------------------ */
+
+static void test_streams(void **state) {
+    (void)state;
+    cudaStream_t s1, s2;
+    assert_int_equal(cudaStreamCreate(&s1), cudaSuccess);
+    assert_int_equal(cudaStreamCreate(&s2), cudaSuccess);
+    int32_t kv_len[] = {70}, q_len[] = {2};
+    batch_spec s = {2, 4, 64, 16, KVP_FORMAT_INT8, KVP_FORMAT_FP16, 0, 1, kv_len, q_len, 700};
+    batch bt;
+    batch_build(&bt, &s);
+    kvp_ctx_t *gc = gpu_ctx(0);
+    size_t n = (size_t)bt.rows * 4 * 64;
+    float *a = (float *)malloc(n * 4), *b = (float *)malloc(n * 4);
+    run_attention(gc, &bt, true, &plain_opts, a, nullptr);
+    /* the same on two other streams, switching the store's and the context's */
+    assert_int_equal(kvp_cuda_store_set_stream(bt.t.gpu, s1), KVP_OK);
+    assert_int_equal(kvp_cuda_ctx_set_stream(gc, s2), KVP_OK);
+    run_attention(gc, &bt, true, &plain_opts, b, nullptr);
+    assert_memory_equal(a, b, n * 4);
+    void *q = dev_copy(bt.q, n * 4), *o = dev_alloc(n * 4);
+    kvp_attention_params_t ap;
+    kvp_attention_params_init(&ap);
+    ap.layer = 1;
+    ap.q_heads = 4;
+    ap.sm_scale = (float)bt.sm_scale;
+    ap.qo_indptr = bt.qo;
+    ap.q = q;
+    ap.out = o;
+    assert_int_equal(kvp_cuda_attention(gc, bt.t.gpu, &bt.view, &ap, s1), KVP_OK);
+    assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
+    to_host(b, o, n * 4);
+    assert_memory_equal(a, b, n * 4);
+    /* explicit-stream variants on a CPU store say so */
+    assert_int_equal(kvp_cuda_store_set_stream(bt.t.cpu, s1), KVP_EINVAL);
+    assert_non_null(strstr(kvp_store_last_error(bt.t.cpu), "not a CUDA store"));
+    assert_int_equal(kvp_cuda_append(bt.t.cpu, NULL, s1), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_store_set_stream(bt.t.gpu, nullptr), KVP_OK);
+    cudaFree(q);
+    cudaFree(o);
+    free(a);
+    free(b);
+    kvp_ctx_destroy(gc);
+    batch_free(&bt);
+    assert_int_equal(cudaStreamDestroy(s1), cudaSuccess);
+    assert_int_equal(cudaStreamDestroy(s2), cudaSuccess);
+}
+
+/* Engine-provided memory: an arena handed over, and a device allocator hook. */
+typedef struct {
+    int allocs, frees;
+    size_t live;
+} hook_state;
+
+static void *hook_alloc(void *opaque, size_t size, void *stream) {
+    (void)stream;
+    hook_state *h = (hook_state *)opaque;
+    void *p = nullptr;
+    if (cudaMalloc(&p, size) != cudaSuccess) return nullptr;
+    h->allocs++;
+    h->live += size;
+    return p;
+}
+static void hook_free(void *opaque, void *ptr, size_t size, void *stream) {
+    (void)stream;
+    hook_state *h = (hook_state *)opaque;
+    h->frees++;
+    h->live -= size;
+    cudaFree(ptr);
+}
+
+static void test_engine_memory(void **state) {
+    (void)state;
+    kvp_store_params_t sp = store_params(2, 2, 64, 16, KVP_FORMAT_INT8, KVP_FORMAT_INT4, 0, 10, 2);
+    kvp_layout_t lay;
+    memset(&lay, 0, sizeof lay);
+    lay.struct_size = sizeof lay;
+    char err[KVP_ERR_SIZE] = "";
+    assert_int_equal(kvp_layout_compute(2, 2, 64, 16, KVP_FORMAT_INT8, KVP_FORMAT_INT4, &lay, err,
+                                        sizeof err),
+                     KVP_OK);
+    uint64_t need = 0;
+    assert_int_equal(kvp_arena_bytes(&lay, 10, 2, &need, err, sizeof err), KVP_OK);
+    void *mem = dev_alloc((size_t)need + 512);
+    kvp_cuda_params_t cp;
+    kvp_cuda_params_init(&cp);
+    cp.arena = mem;
+    cp.arena_bytes = need - 1;
+    kvp_store_t *s = nullptr;
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_EINVAL);
+    assert_non_null(strstr(err, "needs"));
+    assert_null(s);
+    cp.arena = (uint8_t *)mem + 16;
+    cp.arena_bytes = need;
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_EINVAL);
+    assert_non_null(strstr(err, "aligned"));
+    cp.arena = mem;
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_OK);
+    void *base = nullptr;
+    uint64_t bytes = 0;
+    assert_int_equal(kvp_store_arena(s, &base, &bytes), KVP_OK);
+    assert_ptr_equal(base, mem);
+    assert_true(bytes == need);
+    kvp_region_t r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    assert_int_equal(kvp_store_region(s, 1, KVP_REGION_STAGING_K, &r), KVP_OK);
+    assert_true((uint8_t *)r.base > (uint8_t *)mem && (uint8_t *)r.base < (uint8_t *)mem + need);
+    kvp_store_destroy(s); /* the engine's memory is not freed */
+    assert_int_equal(cudaMemset(mem, 0, (size_t)need), cudaSuccess);
+    assert_int_equal(cudaFree(mem), cudaSuccess);
+
+    hook_state h = {0, 0, 0};
+    kvp_cuda_params_init(&cp);
+    cp.allocator.alloc = hook_alloc;
+    cp.allocator.free = hook_free;
+    cp.allocator.opaque = &h;
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_OK);
+    assert_true(h.allocs >= 2 && h.live >= need);
+    kvp_ctx_params_t xp;
+    kvp_ctx_params_init(&xp);
+    kvp_ctx_t *c = nullptr;
+    int before = h.allocs;
+    assert_int_equal(kvp_cuda_ctx_create(&xp, &cp, &c, err, sizeof err), KVP_OK);
+    assert_true(h.allocs > before);
+    kvp_ctx_destroy(c);
+    kvp_store_destroy(s);
+    assert_true(h.live == 0 && h.frees == h.allocs);
+    cp.allocator.free = nullptr;
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_EINVAL);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    char err[KVP_ERR_SIZE] = "";
+    kvp_store_params_t sp = store_params(1, 2, 64, 16, KVP_FORMAT_FP16, KVP_FORMAT_FP16, 0, 4, 0);
+    kvp_store_t *s = nullptr;
+    kvp_cuda_params_t cp;
+    kvp_cuda_params_init(&cp);
+    /* parameters */
+    assert_int_equal(kvp_cuda_store_create(NULL, &cp, &s, err, sizeof err), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, NULL, err, sizeof err), KVP_EINVAL);
+    cp.struct_size = 0;
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_EINVAL);
+    kvp_cuda_params_init(&cp);
+    cp.device = -1;
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_EINVAL);
+    cp.device = 4096;
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_ENODEV);
+    assert_non_null(strstr(err, "does not exist"));
+    cp.device = 0;
+    cp.staging_bytes = 100;
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_EINVAL);
+    assert_null(s);
+    sp.head_dim = 7;
+    kvp_cuda_params_init(&cp);
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_EINVAL);
+    sp.head_dim = 64;
+
+    /* backends do not mix */
+    twin t;
+    twin_make(&t, 1, 2, 64, 16, KVP_FORMAT_FP16, KVP_FORMAT_FP16, 0, 8, 0);
+    kvp_ctx_t *cc = cpu_ctx(), *gc = gpu_ctx(0);
+    int32_t indptr[2] = {0, 1}, indices[1] = {0}, last[1] = {1}, qo[2] = {0, 1};
+    kvp_kv_view_t v = {1, 16, 8, 0, indptr, indices, last};
+    float qh[128] = {0}, oh[128];
+    kvp_attention_params_t ap;
+    kvp_attention_params_init(&ap);
+    ap.q_heads = 2;
+    ap.sm_scale = 0.125f;
+    ap.qo_indptr = qo;
+    ap.q = qh;
+    ap.out = oh;
+    assert_int_equal(kvp_attention(cc, t.gpu, &v, &ap), KVP_EINVAL);
+    assert_non_null(strstr(kvp_ctx_last_error(cc), "backend"));
+    assert_int_equal(kvp_attention(gc, t.cpu, &v, &ap), KVP_EINVAL);
+    /* the generic checks apply to CUDA stores (nothing enqueued) */
+    indices[0] = 99;
+    assert_int_equal(kvp_attention(gc, t.gpu, &v, &ap), KVP_EINVAL);
+    assert_non_null(strstr(kvp_ctx_last_error(gc), "not a page"));
+    indices[0] = 0;
+    int64_t slot = 999;
+    kvp_append_t a;
+    kvp_append_init(&a);
+    a.rows = 1;
+    a.dtype = KVP_FORMAT_FP32;
+    a.k = a.v = qh;
+    a.slots = &slot;
+    assert_int_equal(kvp_store_append(t.gpu, &a), KVP_EINVAL);
+    kvp_page_op_t bad = {KVP_OP_UNSEAL, 0, 1, 1, -1};
+    assert_int_equal(kvp_store_apply_ops(t.gpu, &bad, 1), KVP_EINVAL);
+    twin_compare(&t, "after rejected calls");
+    /* a workspace too small for the view: a clear error, nothing run */
+    kvp_cuda_params_init(&cp);
+    cp.staging_bytes = 4096;
+    kvp_ctx_params_t xp;
+    kvp_ctx_params_init(&xp);
+    kvp_ctx_t *small = nullptr;
+    assert_int_equal(kvp_cuda_ctx_create(&xp, &cp, &small, err, sizeof err), KVP_OK);
+    int32_t big_indptr[2] = {0, 600};
+    int32_t *big = (int32_t *)calloc(600, 4);
+    int32_t big_last[1] = {16};
+    kvp_store_params_t bp = store_params(1, 2, 64, 16, KVP_FORMAT_FP16, KVP_FORMAT_FP16, 0, 600, 0);
+    kvp_store_t *bs = nullptr;
+    assert_int_equal(kvp_cuda_store_create(&bp, NULL, &bs, err, sizeof err), KVP_OK);
+    for (int i = 0; i < 600; i++) big[i] = i;
+    kvp_kv_view_t bv = {1, 16, 600, 0, big_indptr, big, big_last};
+    assert_int_equal(kvp_attention(small, bs, &bv, &ap), KVP_ENOMEM);
+    assert_non_null(strstr(kvp_ctx_last_error(small), "staging_bytes"));
+    free(big);
+    kvp_store_destroy(bs);
+    kvp_ctx_destroy(small);
+    kvp_ctx_destroy(cc);
+    kvp_ctx_destroy(gc);
+    twin_free(&t);
+    /* stores and contexts of NULL */
+    assert_int_equal(kvp_cuda_store_set_stream(NULL, nullptr), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_ctx_set_stream(NULL, nullptr), KVP_EINVAL);
+    assert_int_equal(kvp_store_backend(NULL), -1);
+    assert_int_equal(kvp_ctx_backend(NULL), -1);
+    assert_int_equal(kvp_store_synchronize(NULL), KVP_EINVAL);
+    void *p = nullptr;
+    assert_int_equal(kvp_cuda_host_alloc(0, &p, err, sizeof err), KVP_EINVAL);
+    kvp_cuda_host_free(NULL);
+}
+
+#ifdef KVP_CUDASIM
+/* Faults the simulator can inject: allocation failures at every step of
+ * creation (nothing leaks), a failing kernel launch (KVP_ECUDA with the
+ * runtime's text, the store usable afterwards), no device at all. */
+static void test_injected_failures(void **state) {
+    (void)state;
+    char err[KVP_ERR_SIZE] = "";
+    kvp_store_params_t sp = store_params(1, 2, 64, 16, KVP_FORMAT_INT8, KVP_FORMAT_FP16, 0, 4, 2);
+    long base = cudasim::live_allocations();
+    for (long i = 0; i < 6; i++) {
+        cudasim::fail_malloc_at(i);
+        kvp_store_t *s = nullptr;
+        int rc = kvp_cuda_store_create(&sp, NULL, &s, err, sizeof err);
+        cudasim::fail_malloc_at(-1);
+        if (rc == KVP_OK) {
+            kvp_store_destroy(s);
+            continue;
+        }
+        assert_int_equal(rc, KVP_ENOMEM);
+        assert_true(strlen(err) > 0);
+        assert_null(s);
+        assert_int_equal(cudasim::live_allocations(), base);
+    }
+    for (long i = 0; i < 4; i++) {
+        cudasim::fail_malloc_at(i);
+        kvp_ctx_params_t xp;
+        kvp_ctx_params_init(&xp);
+        kvp_ctx_t *c = nullptr;
+        int rc = kvp_cuda_ctx_create(&xp, NULL, &c, err, sizeof err);
+        cudasim::fail_malloc_at(-1);
+        if (rc == KVP_OK) kvp_ctx_destroy(c);
+        else assert_int_equal(rc, KVP_ENOMEM);
+        assert_int_equal(cudasim::live_allocations(), base);
+    }
+    /* a launch that fails */
+    twin t;
+    twin_make(&t, 1, 2, 64, 16, KVP_FORMAT_INT8, KVP_FORMAT_FP16, 0, 4, 2);
+    float rows[2 * 128];
+    for (int i = 0; i < 256; i++) rows[i] = (float)i;
+    void *d = dev_copy(rows, sizeof rows);
+    int64_t slots[2] = {(int64_t)t.num_pages * 16, (int64_t)t.num_pages * 16 + 1};
+    kvp_append_t a;
+    kvp_append_init(&a);
+    a.rows = 2;
+    a.dtype = KVP_FORMAT_FP32;
+    a.k = a.v = d;
+    a.slots = slots;
+    cudasim::fail_next_launch(cudaErrorLaunchFailure);
+    assert_int_equal(kvp_store_append(t.gpu, &a), KVP_ECUDA);
+    assert_non_null(strstr(kvp_store_last_error(t.gpu), "append kernel"));
+    assert_int_equal(kvp_store_append(t.gpu, &a), KVP_OK); /* usable again */
+    assert_string_equal(kvp_store_last_error(t.gpu), "");
+    cudaFree(d);
+    twin_free(&t);
+    /* no device: create says ENODEV cleanly */
+    cudasim::set_no_device(true);
+    kvp_store_t *s = nullptr;
+    assert_int_equal(kvp_cuda_store_create(&sp, NULL, &s, err, sizeof err), KVP_ENODEV);
+    assert_non_null(strstr(err, "cudaGetDeviceCount"));
+    kvp_ctx_params_t xp;
+    kvp_ctx_params_init(&xp);
+    kvp_ctx_t *c = nullptr;
+    assert_int_equal(kvp_cuda_ctx_create(&xp, NULL, &c, err, sizeof err), KVP_ENODEV);
+    cudasim::set_no_device(false);
+    assert_int_equal(cudasim::live_allocations(), base);
+}
+#endif
+
+static int setup(void **state) {
+    (void)state;
+    if (!have_device()) {
+        print_message("no CUDA device: these tests need one (or the simulator)\n");
+        return -1;
+    }
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_append_bytes),
+        cmocka_unit_test(test_ops_read_and_swap),
+        cmocka_unit_test(test_fp8_scales),
+        cmocka_unit_test(test_quantize_standalone),
+        cmocka_unit_test(test_attention_formats),
+        cmocka_unit_test(test_attention_shapes),
+        cmocka_unit_test(test_attention_odd_pages),
+        cmocka_unit_test(test_attention_ragged_and_splits),
+        cmocka_unit_test(test_attention_options),
+        cmocka_unit_test(test_streams),
+        cmocka_unit_test(test_engine_memory),
+        cmocka_unit_test(test_bad_input),
+#ifdef KVP_CUDASIM
+        cmocka_unit_test(test_injected_failures),
+#endif
+    };
+#ifdef KVP_CUDASIM
+    const char *name = "cuda_backend (simulator)";
+#else
+    const char *name = "cuda_backend (GPU)";
+#endif
+    return cmocka_run_group_tests_name(name, tests, setup, NULL);
+}
