@@ -137,7 +137,7 @@ static size_t cache_index(const kv_shape_t *sh, int32_t layer, int32_t pos) {
     return ((size_t)layer * sh->max_len + (size_t)pos) * (size_t)sh->n_kv_heads * sh->head_dim;
 }
 
-static void contig_append(kv_cache_t *kv, int32_t layer, const float *k, const float *v) {
+static int contig_append(kv_cache_t *kv, int32_t layer, const float *k, const float *v) {
     contig_kv *c = as_contig(kv);
     const kv_shape_t *sh = &kv->shape;
     size_t tok = (size_t)sh->n_kv_heads * sh->head_dim;
@@ -147,6 +147,7 @@ static void contig_append(kv_cache_t *kv, int32_t layer, const float *k, const f
         memcpy(s->k + at, k + r * tok, tok * sizeof(float));
         memcpy(s->v + at, v + r * tok, tok * sizeof(float));
     }
+    return KV_OK;
 }
 
 /* One (row, kv head): the GQA group's query heads share each K/V row. */
@@ -172,13 +173,14 @@ static void attend_chunk(void *arg, long item, int tid) {
                 c->scratch + (size_t)tid * sh->max_len);
 }
 
-static void contig_attend(kv_cache_t *kv, int32_t layer, const float *q, float *out, float scale) {
+static int contig_attend(kv_cache_t *kv, int32_t layer, const float *q, float *out, float scale) {
     contig_kv *c = as_contig(kv);
     c->layer = layer;
     c->q = q;
     c->out = out;
     c->scale = scale;
     pool_run(kv->pool, attend_chunk, c, (long)c->rows * kv->shape.n_kv_heads);
+    return KV_OK;
 }
 
 static void contig_end(kv_cache_t *kv) {
