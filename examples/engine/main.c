@@ -607,24 +607,28 @@ static int parse_variants(const char *list, long page, eval_spec *specs, eval_va
 }
 
 static void eval_print(const char *file, int32_t n_tokens, const eval_cfg_t *cfg, const eval_variant_t *v,
-                       const eval_result_t *r, int32_t nv) {
+                       const eval_result_t *r, int32_t nv, double total_s) {
     double ref = eval_ppl(&r[0]);
-    printf("\n%-10s %10s %9s %12s %10s %8s %9s\n", "kv", "ppl", "dppl%", "mean KLD", "max KLD", "top1", "seconds");
+    printf("\n%-14s %10s %9s %12s %11s %10s %8s %8s\n", "kv (K/V)", "ppl", "dppl%", "mean KLD", "p99 KLD", "max KLD",
+           "top1", "seconds");
     for (int32_t i = 0; i < nv; i++)
-        printf("%-10s %10.4f %+8.3f%% %12.6f %10.6f %7.2f%% %9.1f\n", v[i].name, eval_ppl(&r[i]),
-               100 * (eval_ppl(&r[i]) / ref - 1), r[i].kl_sum / r[i].scored, r[i].kl_max,
+        printf("%-14s %10.4f %+8.3f%% %12.6f %11.6f %10.6f %7.2f%% %8.1f\n", v[i].name, eval_ppl(&r[i]),
+               100 * (eval_ppl(&r[i]) / ref - 1), r[i].kl_sum / r[i].scored, r[i].kl_p99, r[i].kl_max,
                100.0 * r[i].top1_same / r[i].scored, r[i].seconds);
-    printf("(%s: %d tokens, window %d, stride %d, %lld tokens scored; KLD and top-1 against %s)\n", file,
-           n_tokens, cfg->window, cfg->stride, (long long)r[0].scored, v[0].name);
+    printf("(%s: %d tokens, window %d, stride %d, %lld tokens scored; dppl, KLD and top-1 against %s%s; %.1f s)\n",
+           file, n_tokens, cfg->window, cfg->stride, (long long)r[0].scored, v[0].name,
+           strcmp(v[0].name, "contig") ? "" : ", the contiguous fp32 cache", total_s);
     printf("{\"ppl\": {");
     for (int32_t i = 0; i < nv; i++) printf("%s\"%s\": %.6f", i ? ", " : "", v[i].name, eval_ppl(&r[i]));
     printf("}, \"kld\": {");
     for (int32_t i = 0; i < nv; i++) printf("%s\"%s\": %.8f", i ? ", " : "", v[i].name, r[i].kl_sum / r[i].scored);
+    printf("}, \"kld_p99\": {");
+    for (int32_t i = 0; i < nv; i++) printf("%s\"%s\": %.8f", i ? ", " : "", v[i].name, r[i].kl_p99);
     printf("}, \"top1\": {");
     for (int32_t i = 0; i < nv; i++)
         printf("%s\"%s\": %.6f", i ? ", " : "", v[i].name, (double)r[i].top1_same / r[i].scored);
-    printf("}, \"tokens\": %lld, \"window\": %d, \"stride\": %d, \"reference\": \"%s\"}\n", (long long)r[0].scored,
-           cfg->window, cfg->stride, v[0].name);
+    printf("}, \"tokens\": %lld, \"window\": %d, \"stride\": %d, \"reference\": \"%s\", \"seconds\": %.1f}\n",
+           (long long)r[0].scored, cfg->window, cfg->stride, v[0].name, total_s);
 }
 
 static int cmd_eval(model_t *m, int argc, char **argv) {
@@ -669,8 +673,9 @@ static int cmd_eval(model_t *m, int argc, char **argv) {
     eval_result_t res[EVAL_MAX_VARIANTS];
     printf("kvpage-engine eval: %s, %zu bytes -> %d tokens; %d windows; %ld threads, %s kernels\n", file, len, n,
            eval_windows(n, cfg.window, cfg.stride), threads, qmat_isa_name(qmat_isa()));
+    double t0 = now_seconds();
     int rc = pool ? eval_run(m, pool, ids, n, &cfg, variants, nv, res) : KV_ENOMEM;
-    if (rc == 0) eval_print(file, n, &cfg, variants, res, nv);
+    if (rc == 0) eval_print(file, n, &cfg, variants, res, nv, now_seconds() - t0);
     else fprintf(stderr, "kvpage-engine eval: failed (%d)\n", rc);
     pool_destroy(pool);
     free(ids);

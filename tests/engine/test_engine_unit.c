@@ -851,6 +851,26 @@ static void test_eval_math(void **state) {
     for (int i = 0; i < 3; i++) want += exp(p[i] - lse) * ((p[i] - lse) + log(3.0));
     assert_true(fabs(eval_kl(p, r, 3) - want) < 1e-9);
     assert_true(fabs(eval_logsumexp(p, 3) - lse) < 1e-9);
+    assert_true(eval_kl_fast(p, q, 3) == 0);
+    assert_true(fabs(eval_kl_fast(p, r, 3) - want) < 1e-7);
+    /* eval_run's KL (its log-sum-exps from float exponentials) against the
+     * double one, on vocabulary-sized rows: differences like fp16's (KL
+     * ~3e-7; eval_run's absolute error is ~2e-10 there) and large ones */
+    enum { V = 49152 };
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V), *c = malloc(sizeof(float) * V);
+    for (int i = 0; i < V; i++) {
+        a[i] = rndf() * 8;
+        b[i] = a[i] + rndf() * 1e-2f;
+        c[i] = a[i] + rndf();
+    }
+    a[17] = 20; /* a peaked distribution, as a model's */
+    b[17] = 20.005f, c[17] = 19;
+    double kb = eval_kl(a, b, V), kc = eval_kl(a, c, V);
+    assert_true(kb > 1e-8 && kb < 1e-5 && kc > 1e-3);
+    assert_true(fabs(eval_kl_fast(a, b, V) - kb) < 2e-9);
+    assert_true(fabs(eval_kl_fast(a, c, V) - kc) < 1e-6 * kc);
+    assert_true(eval_kl_fast(a, a, V) == 0);
+    free(a), free(b), free(c);
     assert_int_equal(eval_windows(100, 512, 256), 1);
     assert_int_equal(eval_windows(512, 512, 256), 1);
     assert_int_equal(eval_windows(513, 512, 256), 2);
