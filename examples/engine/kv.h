@@ -116,6 +116,20 @@ struct kv_cache {
 
 /* The contiguous fp32 reference cache. NULL on bad shape or no memory. */
 kv_cache_t *kv_contig_create(const kv_shape_t *shape, pool_t *pool);
+/* Its storage of one sequence and layer: [max_len][n_kv_heads][head_dim]
+ * keys (is_v 0) or values; NULL for another cache or a bad id. For kv_sim. */
+float *kv_contig_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v);
+
+/* Quantization experiments (kv_sim.c): the contiguous cache with its K/V
+ * rounded as a paged int8/int4 cache would store them (fp16 tail page, each
+ * full page quantized when it fills), in schemes libkvpage does not have,
+ * so they can be measured before anyone builds them. Spec "KEY/VALUE[@PAGE]":
+ * keys fp16, int8, int4 (per channel over the page, as libkvpage), int4wN
+ * (int4, but the N channels of widest range in each page kept as int8),
+ * int4sN (int4, but the first N tokens of the sequence kept in fp16);
+ * values fp16, int8, int4 (as libkvpage). NULL with err on a bad spec. */
+kv_cache_t *kv_sim_create(const kv_shape_t *shape, pool_t *pool, const char *spec, char *err, size_t err_size);
+int kv_sim_check(const char *spec, char *err, size_t err_size); /* 0, or -1 with err */
 
 /* The paged cache on libkvpage (kv_paged.c). Formats are kvp_format values
  * (KVP_FORMAT_FP32 = 0 ... KVP_FORMAT_INT4 = 5, see <kvpage.h>). */

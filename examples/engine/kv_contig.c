@@ -210,6 +210,13 @@ static const kv_ops_t contig_ops = {
     contig_attach_prefix, contig_begin, contig_append, contig_attend, contig_end, contig_stats,
 };
 
+float *kv_contig_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v) {
+    contig_kv *c = as_contig(kv);
+    if (kv->ops != &contig_ops || !valid_seq(c, seq_id) || layer < 0 || layer >= kv->shape.n_layers) return NULL;
+    contig_seq *s = &c->seqs[seq_id];
+    return (is_v ? s->v : s->k) + cache_index(&kv->shape, layer, 0);
+}
+
 kv_cache_t *kv_contig_create(const kv_shape_t *shape, pool_t *pool) {
     if (shape->n_layers < 1 || shape->n_kv_heads < 1 || shape->head_dim < 1 || shape->max_seqs < 1 ||
         shape->max_len < 1 || shape->n_q_heads % shape->n_kv_heads != 0 || !pool)

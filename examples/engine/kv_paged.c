@@ -35,6 +35,7 @@ typedef struct {
     kvp_layout_t layout;
     uint64_t arena_bytes;
     int64_t num_pages;
+    int32_t threads; /* the library's attention threads */
     /* the current step */
     int32_t *num_new;
     int32_t num_new_cap;
@@ -167,8 +168,9 @@ static int paged_attend(kv_cache_t *kv, int32_t layer, const float *q, float *ou
     ap.sm_scale = scale;
     ap.q = q;
     ap.out = out;
-    /* the engine's workers sleep while the library's threads attend */
-    if (kv->pool) pool_park(kv->pool);
+    /* the engine's workers sleep while the library's threads attend (with
+     * one library thread the caller attends alone, and they may spin) */
+    if (kv->pool && p->threads > 1) pool_park(kv->pool);
     int rc = kvp_cache_attend(p->c, &ap);
     return rc == KVP_OK ? KV_OK : failed(p, "attend", rc);
 }
@@ -247,7 +249,7 @@ kv_cache_t *kv_paged_create(const kv_shape_t *shape, pool_t *pool, const kv_page
         cp.k_order = o->k_order;
         cp.max_seqs = shape->max_seqs;
         cp.prefix_cache = o->prefix_cache;
-        cp.threads = o->threads > 0 ? o->threads : pool ? pool_threads(pool) : 1;
+        cp.threads = p->threads = o->threads > 0 ? o->threads : pool ? pool_threads(pool) : 1;
         cp.num_pages = p->num_pages;
         rc = kvp_cache_create(&cp, &p->c, e, sizeof e);
     }

@@ -41,7 +41,8 @@ static void usage(FILE *o) {
             "      --raw                    prompts are plain text (no chat template)\n"
             "      --kv SPEC                the KV cache: fp32, fp16, bf16, fp8, int8 (default), int4, k8v4\n"
             "                               (K int8, V int4), KFMT/VFMT (e.g. int4/fp16), each with an\n"
-            "                               optional @PAGE (int4@32); or contig (the contiguous fp32 reference)\n"
+            "                               optional @PAGE (int4@32); or contig (the contiguous fp32 reference);\n"
+            "                               or sim:KEY/VALUE[@PAGE], a quantization experiment (kv.h)\n"
             "      --page N                 tokens per page (default 16)\n"
             "      --no-prefix-cache        prefill every prompt in full\n"
             "  eval [options]               perplexity over a text\n"
@@ -53,7 +54,8 @@ static void usage(FILE *o) {
             "      --page N                 default tokens per page (16)\n"
             "  bench [--prompt-tokens N] [--decode-tokens N] [--reps N] [--kv SPEC] [--page N]\n"
             "                               prefill and decode tokens/s, batch 1 and 4 (last line JSON)\n"
-            "common: --threads N (default 2)\n");
+            "common: --threads N (default 2): the engine's threads; --kv-threads N: libkvpage's attention\n"
+            "        threads (default: the same number; the engine's workers sleep while they run)\n");
 }
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -241,6 +243,9 @@ typedef struct {
 /* The KV cache named by `spec`: "contig" (the engine's contiguous fp32
  * reference), or libkvpage's paged cache in the formats kv_paged_parse()
  * reads, with `page` tokens per page unless the spec says "@PAGE". */
+/* --kv-threads: libkvpage's attention threads (0: as many as the engine's) */
+static long g_kv_threads;
+
 static kv_cache_t *make_kv(const char *spec, long page, int prefix_cache, const kv_shape_t *shape, pool_t *pool,
                            char *err, size_t err_size) {
     if (!strcmp(spec, "contig")) {
@@ -248,16 +253,20 @@ static kv_cache_t *make_kv(const char *spec, long page, int prefix_cache, const 
         if (!kv) snprintf(err, err_size, "cannot create the contiguous cache");
         return kv;
     }
+    if (!strncmp(spec, "sim:", 4)) return kv_sim_create(shape, pool, spec + 4, err, err_size);
     kv_paged_opts_t o;
     kv_paged_opts_init(&o);
     o.page_size = (int32_t)page;
     o.prefix_cache = prefix_cache;
+    o.threads = (int32_t)g_kv_threads;
     if (kv_paged_parse(spec, &o, err, err_size)) return NULL;
     return kv_paged_create(shape, pool, &o, err, err_size);
 }
 
 static const char *kv_name(const char *spec, const kv_cache_t *kv) {
-    return !strcmp(spec, "contig") ? "contiguous fp32 (the engine's reference)" : kv_paged_name(kv);
+    return !strcmp(spec, "contig")       ? "contiguous fp32 (the engine's reference)"
+           : !strncmp(spec, "sim:", 4) ? "simulated quantization (contiguous fp32 storage)"
+                                       : kv_paged_name(kv);
 }
 
 /* Tokens every prompt starts with (the shared system prompt). */
@@ -594,7 +603,8 @@ static int parse_variants(const char *list, long page, eval_spec *specs, eval_va
         kv_paged_opts_t o;
         kv_paged_opts_init(&o);
         char err[ERR_LEN];
-        if (strcmp(name, "contig") && kv_paged_parse(name, &o, err, sizeof err)) {
+        if (!strncmp(name, "sim:", 4) ? kv_sim_check(name + 4, err, sizeof err) != 0
+                                      : strcmp(name, "contig") && kv_paged_parse(name, &o, err, sizeof err)) {
             fprintf(stderr, "kvpage-engine eval: KV variant '%s': %s\n", name, err);
             return -1;
         }
@@ -694,6 +704,12 @@ int main(int argc, char **argv) {
                 kvp_version_string());
         return 1;
     }
+    for (int i = 3; i < argc; i++) /* a common option: take it out of the command's arguments */
+        if (!strcmp(argv[i], "--kv-threads")) {
+            g_kv_threads = opt_long(argc, argv, &i, 1, 256);
+            memmove(argv + i - 1, argv + i + 1, sizeof *argv * (size_t)(argc - i));
+            argc -= 2, i -= 2;
+        }
     const char *cmd = argv[1], *path = argv[2];
     if (!strcmp(cmd, "dump") || !strcmp(cmd, "--dump")) return cmd_dump(path);
     if (strcmp(cmd, "tokenize") && strcmp(cmd, "demo") && strcmp(cmd, "eval") && strcmp(cmd, "bench")) {
