@@ -352,11 +352,14 @@ demo: engine deps-model
 	@model=$$($(MODEL_CMD)) || exit $$?; \
 	    $(ENGINE_BIN) demo "$$model" --kv $(KV) $(DEMO_ARGS)
 
-# Perplexity over GPL-3 (window 512, stride 256) for every KV format through
-# libkvpage and the contiguous fp32 reference: a table, then one JSON line.
+# Perplexity and KL divergence over GPL-3 (window 512, stride 256) for every
+# KV format through libkvpage and the contiguous fp32 reference: a table, then
+# one JSON line. The first EVAL_TOKENS tokens (4,096 scored; 0 = the whole
+# text, 7,638 scored, about twice as long).
+EVAL_TOKENS ?= 4097
 eval: engine deps-model
 	@model=$$($(MODEL_CMD)) || exit $$?; \
-	    $(ENGINE_BIN) eval "$$model" $(EVAL_ARGS)
+	    $(ENGINE_BIN) eval "$$model" --max-tokens $(EVAL_TOKENS) $(EVAL_ARGS)
 
 # ---- install ----------------------------------------------------------------------
 # In kvpage.pc, directories under PREFIX are written relative to ${prefix}, so

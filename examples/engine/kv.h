@@ -130,6 +130,8 @@ float *kv_contig_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v);
  * values fp16, int8, int4 (as libkvpage). NULL with err on a bad spec. */
 kv_cache_t *kv_sim_create(const kv_shape_t *shape, pool_t *pool, const char *spec, char *err, size_t err_size);
 int kv_sim_check(const char *spec, char *err, size_t err_size); /* 0, or -1 with err */
+/* The rounded values it holds (as kv_contig_data), for tests. */
+float *kv_sim_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v);
 
 /* The paged cache on libkvpage (kv_paged.c). Formats are kvp_format values
  * (KVP_FORMAT_FP32 = 0 ... KVP_FORMAT_INT4 = 5, see <kvpage.h>). */

@@ -10,7 +10,10 @@
  * page's tokens, int8 values symmetric per token, int4 values asymmetric per
  * token in groups of 32 channels, scales and minimums rounded to fp16,
  * codes rounded to nearest even. Without int keys, values are quantized as
- * they are written (no staging), as libkvpage does. What it does not: the
+ * they are written (no staging), as libkvpage does. One simplification:
+ * every row is rounded to fp16 before its page is quantized, where the
+ * library quantizes rows written in the step that fills the page from their
+ * fp32 values (a difference far below the formats' own). What it does not: the
  * library's integer dot products (their added error is ~1% of the format's,
  * docs/formats.md) — attention here is the contiguous cache's fp32 code
  * over the dequantized values.
@@ -72,8 +75,8 @@ static void quant_sym8(float *x, int n) {
         if (isfinite(x[i])) amax = fmaxf(amax, fabsf(x[i]));
     float s = f16r(amax / 127), inv = s > 0 ? 1 / s : 0;
     for (int i = 0; i < n; i++) {
-        float c = nearbyintf(x[i] * inv);
-        x[i] = s * (c < -127 ? -127 : c > 127 ? 127 : c);
+        float c = nearbyintf(x[i] * inv); /* an integer code: no -0 */
+        x[i] = s * (float)(int)(c < -127 ? -127 : c > 127 ? 127 : c);
     }
 }
 
@@ -224,6 +227,10 @@ static int parse_scheme(const char *p, size_t len, int is_key, int *fmt, int *wi
         *(buf[4] == 'w' ? wide : sink) = (int)n;
     } else return -1;
     return 0;
+}
+
+float *kv_sim_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v) {
+    return kv->ops == &sim_ops ? kv_contig_data(as_sim(kv)->inner, seq_id, layer, is_v) : NULL;
 }
 
 typedef struct {

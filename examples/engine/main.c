@@ -33,10 +33,10 @@ static void usage(FILE *o) {
             "  dump (or --dump)             print metadata keys and every tensor's type/shape\n"
             "  tokenize [--ids] [--file F | TEXT]  token ids (all with --ids); checks decoding gives the text back\n"
             "  demo [options]               serve several prompts at once (continuous batching)\n"
-            "      --prompt TEXT            a user prompt (repeat; default: five built-in prompts)\n"
+            "      --prompt TEXT            a user prompt (repeat; default: eight built-in prompts)\n"
             "      --system TEXT            the shared system prompt\n"
-            "      --max-tokens N           tokens to generate per prompt (default 48)\n"
-            "      --max-active N           sequences in the batch at once (default 3)\n"
+            "      --max-tokens N           tokens to generate per prompt (default 96)\n"
+            "      --max-active N           sequences in the batch at once (default 4)\n"
             "      --temperature T --seed S sampling (default: greedy)\n"
             "      --raw                    prompts are plain text (no chat template)\n"
             "      --kv SPEC                the KV cache: fp32, fp16, bf16, fp8, int8 (default), int4, k8v4\n"
@@ -48,7 +48,7 @@ static void usage(FILE *o) {
             "  eval [options]               perplexity over a text\n"
             "      --file F                 the text (default /usr/share/common-licenses/GPL-3)\n"
             "      --window N --stride N    window and stride in tokens (default 512, 256)\n"
-            "      --max-tokens N           score at most the first N tokens of the text\n"
+            "      --max-tokens N           only the first N tokens of the text (0, the default: all)\n"
             "      --kv LIST                KV variants, comma-separated, as demo's --kv; the first is the\n"
             "                               reference for KL (default contig,fp32,fp16,bf16,fp8,int8,int4,k8v4)\n"
             "      --page N                 default tokens per page (16)\n"
@@ -206,7 +206,10 @@ static void demo_event(void *ctx, int32_t i, const char *what) {
     demo_ctx *d = ctx;
     request_t *r = &d->reqs[i];
     if (!strcmp(what, "join")) {
-        printf("  [%d] joins the batch (prompt %d tokens)\n", i + 1, r->n_prompt);
+        if (r->cached)
+            printf("  [%d] joins the batch (prompt %d tokens, %d of them found in the prefix cache)\n", i + 1,
+                   r->n_prompt, r->cached);
+        else printf("  [%d] joins the batch (prompt %d tokens)\n", i + 1, r->n_prompt);
     } else {
         flush_line(d, i, "");
         static const char *const why[] = {"", "end of turn", "token limit", "cache full"};
@@ -221,6 +224,9 @@ static const char *const default_prompts[] = {
     "Give three tips for writing clear C code.",
     "Explain in two sentences why the sky is blue.",
     "List the first five prime numbers.",
+    "Write a short story about a robot who learns to paint.",
+    "What are the main differences between cats and dogs as pets?",
+    "Describe how a bicycle works.",
 };
 /* Long enough to fill a few 16-token pages, so a prefix cache has something
  * to share between the requests. */
@@ -344,7 +350,7 @@ static void memory_report(const model_cfg_t *c, const kv_stats_t *kvs, const ser
 }
 
 static void demo_parse(int argc, char **argv, demo_opts *o) {
-    *o = (demo_opts){.system = default_system, .max_tokens = 48, .max_active = 3, .threads = 2, .page = 16,
+    *o = (demo_opts){.system = default_system, .max_tokens = 96, .max_active = 4, .threads = 2, .page = 16,
                      .kv = "int8", .prefix_cache = 1};
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--prompt") && o->n_prompts < 16) o->prompts[o->n_prompts++] = opt_value(argc, argv, &i);
@@ -649,7 +655,7 @@ static int cmd_eval(model_t *m, int argc, char **argv) {
         if (!strcmp(argv[i], "--file")) file = opt_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--window")) cfg.window = (int32_t)opt_long(argc, argv, &i, 2, 1 << 16);
         else if (!strcmp(argv[i], "--stride")) cfg.stride = (int32_t)opt_long(argc, argv, &i, 1, 1 << 16);
-        else if (!strcmp(argv[i], "--max-tokens")) max_tokens = opt_long(argc, argv, &i, 2, 1L << 30);
+        else if (!strcmp(argv[i], "--max-tokens")) max_tokens = opt_long(argc, argv, &i, 0, 1L << 30);
         else if (!strcmp(argv[i], "--threads")) threads = opt_long(argc, argv, &i, 1, 256);
         else if (!strcmp(argv[i], "--kv")) kvlist = opt_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--page")) page = opt_long(argc, argv, &i, 1, 4096);
@@ -658,8 +664,8 @@ static int cmd_eval(model_t *m, int argc, char **argv) {
             return 2;
         }
     }
-    if (cfg.stride > cfg.window) {
-        fprintf(stderr, "kvpage-engine eval: --stride must not exceed --window\n");
+    if (cfg.stride > cfg.window || max_tokens == 1) {
+        fprintf(stderr, "kvpage-engine eval: --stride must not exceed --window, --max-tokens must be 0 or >= 2\n");
         return 2;
     }
     cfg.chunk = cfg.window;

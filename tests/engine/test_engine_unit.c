@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <kvpage.h>
+
 #include "eval.h"
 #include "gguf.h"
 #include "kv.h"
@@ -728,6 +730,75 @@ static void test_kv_paged_parse(void **state) {
     assert_non_null(strstr(err, "KVP_EINVAL"));
 }
 
+/* kv_sim rounds a full page exactly as libkvpage stores it: its values are
+ * the bits kvp_quantize + kvp_dequantize give for the page (from the fp16
+ * staging values), for int8 and int4 keys and values; the tail page is
+ * fp16; int4w4 keeps its 4 widest channels to int8 precision. */
+static void test_kv_sim_matches_library(void **state) {
+    (void)state;
+    enum { P = 16, KVH = 2, HD = 64, ROW = KVH * HD, N = P + 5 };
+    static const char *const specs[] = {"int8/int8", "int4/int4", "int4/int8", "int4w4/int4"};
+    float *k = malloc(sizeof(float) * N * ROW), *v = malloc(sizeof(float) * N * ROW);
+    for (int i = 0; i < N * ROW; i++) {
+        k[i] = rndf() + ((i % HD) % 16 == 5 ? 8.0f * rndf() : 0.0f); /* outlier channels */
+        v[i] = rndf();
+    }
+    pool_t *pool = pool_create(1);
+    for (size_t c = 0; c < sizeof specs / sizeof *specs; c++) {
+        kv_shape_t sh = {1, KVH, KVH, HD, 1, 64};
+        char err[256];
+        kv_cache_t *kv = kv_sim_create(&sh, pool, specs[c], err, sizeof err);
+        assert_non_null(kv);
+        int32_t seq, q_start[2] = {0, N}, tokens[N] = {0};
+        assert_int_equal(kv->ops->seq_open(kv, &seq), KV_OK);
+        kv_batch_t b = {1, &seq, q_start, tokens};
+        assert_int_equal(kv->ops->begin_step(kv, &b), KV_OK);
+        assert_int_equal(kv->ops->append(kv, 0, k, v), KV_OK);
+        kv->ops->end_step(kv);
+        const float *ks = kv_sim_data(kv, seq, 0, 0), *vs = kv_sim_data(kv, seq, 0, 1);
+        /* the library's blocks from the fp16-rounded rows */
+        float *k16 = malloc(sizeof(float) * P * ROW), *v16 = malloc(sizeof(float) * P * ROW);
+        float *kl = malloc(sizeof(float) * P * ROW), *vl = malloc(sizeof(float) * P * ROW);
+        for (int i = 0; i < P * ROW; i++) {
+            k16[i] = fp16_to_fp32(fp32_to_fp16(k[i]));
+            v16[i] = fp16_to_fp32(fp32_to_fp16(v[i]));
+        }
+        int kf = specs[c][3] == '8' ? 4 : 5, vf = specs[c][strlen(specs[c]) - 1] == '8' ? 4 : 5;
+        for (int side = 0; side < 2; side++) {
+            kvp_quant_desc_t d = {.struct_size = sizeof d, .format = side ? vf : kf, .is_value = side,
+                                  .page_size = P, .head_dim = HD, .heads = KVH, .dtype = KVP_FORMAT_FP32};
+            uint64_t bytes;
+            assert_int_equal(kvp_quant_block_bytes(&d, &bytes, NULL, 0), KVP_OK);
+            void *blk = malloc(bytes * KVH);
+            assert_int_equal(kvp_quantize(&d, side ? v16 : k16, 1, blk, NULL, 0), KVP_OK);
+            assert_int_equal(kvp_dequantize(&d, blk, 1, side ? vl : kl, NULL, 0), KVP_OK);
+            free(blk);
+        }
+        if (strncmp(specs[c], "int4w", 5)) {
+            assert_memory_equal(ks, kl, sizeof(float) * P * ROW);
+        } else { /* 4 channels per head at int8 precision: error below int4's everywhere, 16x below on them */
+            double e_sim = 0, e_lib = 0;
+            for (int i = 0; i < P * ROW; i++) e_sim += fabs(ks[i] - k16[i]), e_lib += fabs(kl[i] - k16[i]);
+            assert_true(e_sim < 0.9 * e_lib);
+        }
+        assert_memory_equal(vs, vl, sizeof(float) * P * ROW);
+        for (int i = P * ROW; i < N * ROW; i++) { /* the tail page: fp16 */
+            assert_true(ks[i] == fp16_to_fp32(fp32_to_fp16(k[i])));
+            assert_true(vs[i] == fp16_to_fp32(fp32_to_fp16(v[i])));
+        }
+        free(k16), free(v16), free(kl), free(vl);
+        kv->ops->destroy(kv);
+    }
+    pool_destroy(pool);
+    free(k);
+    free(v);
+    char err[256];
+    assert_int_equal(kv_sim_check("int4w4/int4@32", err, sizeof err), 0);
+    assert_int_equal(kv_sim_check("int4/int4w4", err, sizeof err), -1); /* widest channels: keys only */
+    assert_int_equal(kv_sim_check("int4", err, sizeof err), -1);
+    assert_int_equal(kv_sim_check("int4/int4@15", err, sizeof err), -1);
+}
+
 /* ---- tokenizer on a hand-made vocabulary ----------------------------------------- */
 
 static uint32_t gpt2_cp(int b) {
@@ -897,6 +968,7 @@ int main(void) {
         cmocka_unit_test(test_pool),                cmocka_unit_test(test_kv_contig_attention),
         cmocka_unit_test(test_kv_contig_fork),      cmocka_unit_test(test_kv_paged_attention),
         cmocka_unit_test(test_kv_paged_fork),       cmocka_unit_test(test_kv_paged_parse),
+        cmocka_unit_test(test_kv_sim_matches_library),
         cmocka_unit_test(test_tokenizer_synthetic),
         cmocka_unit_test(test_unicode_classes),     cmocka_unit_test(test_eval_math),
     };
