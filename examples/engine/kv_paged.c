@@ -251,6 +251,7 @@ kv_cache_t *kv_paged_create(const kv_shape_t *shape, pool_t *pool, const kv_page
         cp.prefix_cache = o->prefix_cache;
         cp.threads = p->threads = o->threads > 0 ? o->threads : pool ? pool_threads(pool) : 1;
         cp.num_pages = p->num_pages;
+        cp.isa = o->isa;
         rc = kvp_cache_create(&cp, &p->c, e, sizeof e);
     }
     void *base;

@@ -265,6 +265,10 @@ static kv_cache_t *make_kv(const char *spec, long page, int prefix_cache, const 
     o.page_size = (int32_t)page;
     o.prefix_cache = prefix_cache;
     o.threads = (int32_t)g_kv_threads;
+    /* libkvpage's kernels: KVPAGE_ENGINE_KV_ISA=portable|avx2|avx512 (to compare their accuracy) */
+    const char *isa = getenv("KVPAGE_ENGINE_KV_ISA");
+    if (isa) o.isa = !strcmp(isa, "portable") ? KVP_ISA_PORTABLE : !strcmp(isa, "avx2") ? KVP_ISA_AVX2
+                     : !strcmp(isa, "avx512") ? KVP_ISA_AVX512 : KVP_ISA_AUTO;
     if (kv_paged_parse(spec, &o, err, err_size)) return NULL;
     return kv_paged_create(shape, pool, &o, err, err_size);
 }
