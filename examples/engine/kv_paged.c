@@ -17,8 +17,10 @@
  *
  * The library's attention runs on its own threads (kvp_cache_params_t::
  * threads) between two of the engine's matmuls, so the engine's pool is
- * parked (its workers sleep instead of spinning) while it runs: the two
- * thread sets then never compete for the cores.
+ * parked (its workers sleep instead of spinning) while it runs. The other
+ * way round the engine has no say: the library's workers spin for ~0.5 ms
+ * after each call before they sleep, through the engine's next matmuls
+ * (docs/PERFORMANCE.md measures it; --kv-threads 1 avoids it).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,7 +146,11 @@ static int paged_begin(kv_cache_t *kv, const kv_batch_t *b) {
         int32_t len = paged_len(kv, b->seq_ids[i]);
         if (p->num_new[i] < 1 || len < 0) return KV_EINVAL;
         /* the engine's per-sequence limit, as the contiguous cache has it */
-        if (len + p->num_new[i] > kv->shape.max_len) return KV_ENOSPC;
+        if (len + p->num_new[i] > kv->shape.max_len) {
+            snprintf(p->err, sizeof p->err, "begin_step: sequence %d would hold %d tokens, more than max_len %d",
+                     (int)b->seq_ids[i], (int)(len + p->num_new[i]), (int)kv->shape.max_len);
+            return KV_ENOSPC;
+        }
     }
     int rc = kvp_cache_begin_step(p->c, b->seq_ids, b->n_seqs, p->num_new, b->tokens);
     if (rc != KVP_OK) return failed(p, "begin_step", rc);
