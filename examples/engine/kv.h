@@ -140,6 +140,7 @@ typedef struct {
     int32_t page_size;    /* tokens per page (default 16; even for int4 keys) */
     int32_t prefix_cache; /* 1 (default): full pages stay cached for later prompts */
     int32_t threads;      /* the library's attention threads; 0 (default): the pool's count */
+    int32_t decode_threads; /* ... in steps of one row per sequence (decode); 0 (default): 1 */
     int32_t k_order;      /* kvp_k_order of plain-format keys (default token-major) */
     int32_t isa;          /* kvp_isa of the attention kernels (default auto) */
     int64_t num_pages;    /* pool pages; 0 (default): max_seqs x ceil(max_len / page_size) */

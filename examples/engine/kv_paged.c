@@ -15,12 +15,18 @@
  *                                    (prefill chunks and decode rows alike)
  *   stats                            kvp_pool_stats + the layout's byte counts
  *
- * The library's attention runs on its own threads (kvp_cache_params_t::
- * threads) between two of the engine's matmuls, so the engine's pool is
- * parked (its workers sleep instead of spinning) while it runs. The other
- * way round the engine has no say: the library's workers spin for ~0.5 ms
- * after each call before they sleep, through the engine's next matmuls
- * (docs/PERFORMANCE.md measures it; --kv-threads 1 avoids it).
+ * Threads. Attention runs on the library's threads (kvp_cache_params_t::
+ * threads, sized like the engine's pool) between two of the engine's
+ * matmuls, so the engine's pool is parked (its workers sleep instead of
+ * spinning) while it runs. The other way round the engine has no say: the
+ * library's workers spin for ~0.5 ms after each call before they sleep, and
+ * in decode the next call comes sooner, so they would spin through every
+ * matmul. Steps where every sequence brings one row (pure decode: short
+ * attention calls) therefore attend on a second context with
+ * `decode_threads` threads (default 1: the calling thread alone, nothing
+ * spins), over the cache's own store and step view (kvp_cache_step_view +
+ * kvp_attention), as llama.cpp sizes its threads apart for batches and for
+ * generation. docs/PERFORMANCE.md has the measurements.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +43,9 @@ typedef struct {
     kvp_layout_t layout;
     uint64_t arena_bytes;
     int64_t num_pages;
-    int32_t threads; /* the library's attention threads */
+    int32_t threads;     /* the cache context's attention threads (prefill steps) */
+    kvp_ctx_t *decode_ctx; /* pure-decode steps' context, or NULL: the cache's */
+    int decode_step;     /* this step brings one row per sequence */
     /* the current step */
     int32_t *num_new;
     int32_t num_new_cap;
@@ -81,6 +89,7 @@ static void paged_destroy(kv_cache_t *kv) {
     paged_kv *p = as_paged(kv);
     if (!p) return;
     kvp_cache_destroy(p->c);
+    kvp_ctx_destroy(p->decode_ctx);
     free(p->num_new);
     free(p);
 }
@@ -141,8 +150,10 @@ static int paged_begin(kv_cache_t *kv, const kv_batch_t *b) {
         p->num_new = nn;
         p->num_new_cap = b->n_seqs;
     }
+    p->decode_step = 1;
     for (int32_t i = 0; i < b->n_seqs; i++) {
         p->num_new[i] = b->q_start[i + 1] - b->q_start[i];
+        if (p->num_new[i] != 1) p->decode_step = 0;
         int32_t len = paged_len(kv, b->seq_ids[i]);
         if (p->num_new[i] < 1 || len < 0) return KV_EINVAL;
         /* the engine's per-sequence limit, as the contiguous cache has it */
@@ -174,6 +185,15 @@ static int paged_attend(kv_cache_t *kv, int32_t layer, const float *q, float *ou
     ap.sm_scale = scale;
     ap.q = q;
     ap.out = out;
+    if (p->decode_step && p->decode_ctx) { /* short calls: the decode context */
+        kvp_kv_view_t view;
+        int rc = kvp_cache_step_view(p->c, &view, NULL, &ap.qo_indptr, NULL);
+        if (rc == KVP_OK) rc = kvp_attention(p->decode_ctx, kvp_cache_store(p->c), &view, &ap);
+        if (rc == KVP_OK) return KV_OK;
+        snprintf(p->err, sizeof p->err, "attend (decode context): %s: %s", kvp_status_name(rc),
+                 kvp_ctx_last_error(p->decode_ctx));
+        return kv_code(rc);
+    }
     /* the engine's workers sleep while the library's threads attend (with
      * one library thread the caller attends alone, and they may spin) */
     if (kv->pool && p->threads > 1) pool_park(kv->pool);
@@ -262,6 +282,14 @@ kv_cache_t *kv_paged_create(const kv_shape_t *shape, pool_t *pool, const kv_page
     }
     void *base;
     if (rc == KVP_OK) rc = kvp_store_arena(kvp_cache_store(p->c), &base, &p->arena_bytes);
+    int32_t decode_threads = o->decode_threads > 0 ? o->decode_threads : 1;
+    if (rc == KVP_OK && decode_threads != p->threads) {
+        kvp_ctx_params_t xp;
+        kvp_ctx_params_init(&xp);
+        xp.threads = decode_threads;
+        xp.isa = o->isa;
+        rc = kvp_ctx_create(&xp, &p->decode_ctx, e, sizeof e);
+    }
     if (rc != KVP_OK) {
         snprintf(err, err_size, "libkvpage: %s: %s", kvp_status_name(rc), e);
         paged_destroy(&p->base);

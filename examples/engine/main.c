@@ -55,7 +55,8 @@ static void usage(FILE *o) {
             "  bench [--prompt-tokens N] [--decode-tokens N] [--reps N] [--kv SPEC] [--page N]\n"
             "                               prefill and decode tokens/s, batch 1 and 4 (last line JSON)\n"
             "common: --threads N (default 2): the engine's threads; --kv-threads N: libkvpage's attention\n"
-            "        threads (default: the same number; the engine's workers sleep while they run)\n");
+            "        threads (default: the same number; the engine's workers sleep while they run);\n"
+            "        --kv-decode-threads N: libkvpage's threads in pure decode steps (default 1)\n");
 }
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -249,8 +250,9 @@ typedef struct {
 /* The KV cache named by `spec`: "contig" (the engine's contiguous fp32
  * reference), or libkvpage's paged cache in the formats kv_paged_parse()
  * reads, with `page` tokens per page unless the spec says "@PAGE". */
-/* --kv-threads: libkvpage's attention threads (0: as many as the engine's) */
-static long g_kv_threads;
+/* --kv-threads: libkvpage's attention threads (0: as many as the engine's);
+ * --kv-decode-threads: theirs in pure decode steps (0: 1) */
+static long g_kv_threads, g_kv_decode_threads;
 
 static kv_cache_t *make_kv(const char *spec, long page, int prefix_cache, const kv_shape_t *shape, pool_t *pool,
                            char *err, size_t err_size) {
@@ -265,6 +267,7 @@ static kv_cache_t *make_kv(const char *spec, long page, int prefix_cache, const 
     o.page_size = (int32_t)page;
     o.prefix_cache = prefix_cache;
     o.threads = (int32_t)g_kv_threads;
+    o.decode_threads = (int32_t)g_kv_decode_threads;
     /* libkvpage's kernels: KVPAGE_ENGINE_KV_ISA=portable|avx2|avx512 (to compare their accuracy) */
     const char *isa = getenv("KVPAGE_ENGINE_KV_ISA");
     if (isa) o.isa = !strcmp(isa, "portable") ? KVP_ISA_PORTABLE : !strcmp(isa, "avx2") ? KVP_ISA_AVX2
@@ -715,8 +718,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     for (int i = 3; i < argc; i++) /* a common option: take it out of the command's arguments */
-        if (!strcmp(argv[i], "--kv-threads")) {
-            g_kv_threads = opt_long(argc, argv, &i, 1, 256);
+        if (!strcmp(argv[i], "--kv-threads") || !strcmp(argv[i], "--kv-decode-threads")) {
+            long *dst = !strcmp(argv[i], "--kv-threads") ? &g_kv_threads : &g_kv_decode_threads;
+            *dst = opt_long(argc, argv, &i, 1, 256);
             memmove(argv + i - 1, argv + i + 1, sizeof *argv * (size_t)(argc - i));
             argc -= 2, i -= 2;
         }
