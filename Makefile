@@ -2,8 +2,10 @@
 #
 #   make                 build/libkvpage.{a,so}, tools in build/bin/
 #   make demo            the main job: SmolLM2-135M decoding several prompts at once
-#                        (fetches the model into ~/.cache/kvpage if missing)
-#   make eval            perplexity of the model over GPL-3 (table, last line JSON)
+#                        with its KV cache in libkvpage (KV=int8 by default; also
+#                        fp32 fp16 bf16 fp8 int4 k8v4); fetches the model into
+#                        ~/.cache/kvpage if missing
+#   make eval            perplexity and KL of every KV format over GPL-3 (table, last line JSON)
 #   make test            unit tests (cmocka) + install/pkg-config consumer test
 #                        + the engine's tests (the model-dependent ones skip, saying
 #                        why, when the model cannot be fetched)
@@ -400,15 +402,22 @@ engine: all
 MODEL_CMD = scripts/fetch-model.sh
 
 # The main job: several prompts with a shared system prompt served through one
-# decode loop (continuous batching), streamed, then a memory report.
+# decode loop (continuous batching) with the KV cache in libkvpage (KV=int8 by
+# default: KV=fp32|fp16|bf16|fp8|int8|int4|k8v4, or contig for the engine's
+# contiguous fp32 reference), streamed, then a memory report from the pool.
+KV ?= int8
 demo: engine deps-model
 	@model=$$($(MODEL_CMD)) || exit $$?; \
-	    $(ENGINE_BIN) demo "$$model" $(DEMO_ARGS)
+	    $(ENGINE_BIN) demo "$$model" --kv $(KV) $(DEMO_ARGS)
 
-# Perplexity over GPL-3 (window 512, stride 256): a table, then one JSON line.
+# Perplexity and KL divergence over GPL-3 (window 512, stride 256) for every
+# KV format through libkvpage and the contiguous fp32 reference: a table, then
+# one JSON line. The first EVAL_TOKENS tokens (4,096 scored; 0 = the whole
+# text, 7,638 scored, about twice as long).
+EVAL_TOKENS ?= 4097
 eval: engine deps-model
 	@model=$$($(MODEL_CMD)) || exit $$?; \
-	    $(ENGINE_BIN) eval "$$model" $(EVAL_ARGS)
+	    $(ENGINE_BIN) eval "$$model" --max-tokens $(EVAL_TOKENS) $(EVAL_ARGS)
 
 # ---- install ----------------------------------------------------------------------
 # In kvpage.pc, directories under PREFIX are written relative to ${prefix}, so

@@ -8,7 +8,9 @@
  * outermost and variants inside, so the reference variant's (index 0) next-
  * token distributions of one window are held while the others are compared
  * with it: KL(P_ref || P_variant) per scored token, without storing a
- * distribution per token of the text.
+ * distribution per token of the text. Scoring (log-softmax over the
+ * vocabulary, NLL, KL, top-1) runs on the pool's threads, a row each, and
+ * is summed in row order: the results do not depend on the thread count.
  */
 #ifndef ENGINE_EVAL_H
 #define ENGINE_EVAL_H
@@ -30,6 +32,7 @@ typedef struct {
     double nll_sum;     /* sum of -log p(target) */
     double kl_sum;      /* sum over scored tokens of KL(ref || this) */
     double kl_max;
+    double kl_p99;      /* 99th percentile of the per-token KL */
     int64_t top1_same;  /* scored tokens whose argmax equals the reference's */
     int64_t scored;
     double seconds;
@@ -56,5 +59,9 @@ double eval_ppl(const eval_result_t *r);
  * KL(p || q) of two logit vectors' softmaxes. */
 double eval_logsumexp(const float *logits, int32_t n);
 double eval_kl(const float *ref_logits, const float *logits, int32_t n);
+/* The same KL as eval_run computes it (the log-sum-exps from float
+ * exponentials summed in double, the reference's probabilities in double);
+ * NaN if out of memory. */
+double eval_kl_fast(const float *ref_logits, const float *logits, int32_t n);
 
 #endif

@@ -22,16 +22,17 @@
  *     sequence, attention computed directly (two passes, exact softmax). It
  *     is the reference the paged implementation is compared against, and it
  *     stays.
- *   - (later) a libkvpage-backed cache: begin_step reserves and appends in
- *     the page table and exports the CSR view and slot mapping once for all
- *     layers; append quantizes on write through the slot mapping; attend runs
- *     paged attention over the CSR view; seq_attach_prefix looks the prompt up
- *     in the prefix cache; seq_fork is the table's fork. It plugs in by
- *     providing another kv_ops_t; the model code does not change.
+ *   - kv_paged.c: libkvpage's kvp_cache_t. begin_step reserves and appends
+ *     in the page table and exports the CSR view and slot mapping once for
+ *     all layers; append quantizes on write through the slot mapping; attend
+ *     runs paged attention over the CSR view; seq_attach_prefix looks the
+ *     prompt up in the prefix cache; seq_fork is the table's fork. K and V
+ *     formats fp32, fp16, bf16, fp8_e4m3, int8, int4, chosen separately.
  */
 #ifndef ENGINE_KV_H
 #define ENGINE_KV_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "pool.h"
@@ -62,7 +63,15 @@ typedef struct {
     uint64_t bytes_reserved;    /* bytes the cache has set aside for K/V */
     uint64_t bytes_live;        /* bytes the live tokens occupy */
     int64_t prefix_hit_tokens;  /* prompt tokens served from a prefix cache */
-    int64_t prefix_lookups;
+    int64_t prefix_hit_pages;   /* pages attached from it */
+    int64_t prefix_lookups;     /* prompts looked up */
+    int64_t prefix_lookup_tokens; /* prompt tokens looked up (hits + misses) */
+    /* paged caches (page_size 0 otherwise) */
+    int32_t page_size;
+    uint64_t page_bytes, staging_page_bytes; /* one page, all layers, K+V, scales included */
+    int64_t pages_total, pages_used, pages_cached, pages_peak; /* pool pages */
+    int64_t staging_used, staging_peak;  /* fp16 staging pages (int8/int4 keys) */
+    uint64_t bytes_peak;        /* most bytes held by used pages + staging pages after a step */
 } kv_stats_t;
 
 /* Return codes: 0, or one of these. */
@@ -89,10 +98,11 @@ typedef struct {
     int32_t (*seq_attach_prefix)(kv_cache_t *kv, int32_t seq_id, const int32_t *tokens, int32_t n);
     /* Make room for the batch's rows: all of it or nothing (KV_ENOSPC). */
     int (*begin_step)(kv_cache_t *kv, const kv_batch_t *batch);
-    /* k, v: [rows][n_kv_heads][head_dim] fp32 for this layer, after RoPE. */
-    void (*append)(kv_cache_t *kv, int32_t layer, const float *k, const float *v);
+    /* k, v: [rows][n_kv_heads][head_dim] fp32 for this layer, after RoPE.
+     * Fails only on an inconsistent call (e.g. outside a step). */
+    int (*append)(kv_cache_t *kv, int32_t layer, const float *k, const float *v);
     /* q: [rows][n_q_heads][head_dim] after RoPE; out: same shape. Causal. */
-    void (*attend)(kv_cache_t *kv, int32_t layer, const float *q, float *out, float scale);
+    int (*attend)(kv_cache_t *kv, int32_t layer, const float *q, float *out, float scale);
     /* The rows become part of their sequences (lengths advance). */
     void (*end_step)(kv_cache_t *kv);
     void (*stats)(const kv_cache_t *kv, kv_stats_t *out);
@@ -106,5 +116,49 @@ struct kv_cache {
 
 /* The contiguous fp32 reference cache. NULL on bad shape or no memory. */
 kv_cache_t *kv_contig_create(const kv_shape_t *shape, pool_t *pool);
+/* Its storage of one sequence and layer: [max_len][n_kv_heads][head_dim]
+ * keys (is_v 0) or values; NULL for another cache or a bad id. For kv_sim. */
+float *kv_contig_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v);
+
+/* Quantization experiments (kv_sim.c): the contiguous cache with its K/V
+ * rounded as a paged int8/int4 cache would store them (fp16 tail page, each
+ * full page quantized when it fills), in schemes libkvpage does not have,
+ * so they can be measured before anyone builds them. Spec "KEY/VALUE[@PAGE]":
+ * keys fp16, int8, int4 (per channel over the page, as libkvpage), int4wN
+ * (int4, but the N channels of widest range in each page kept as int8),
+ * int4sN (int4, but the first N tokens of the sequence kept in fp16);
+ * values fp16, int8, int4 (as libkvpage). NULL with err on a bad spec. */
+kv_cache_t *kv_sim_create(const kv_shape_t *shape, pool_t *pool, const char *spec, char *err, size_t err_size);
+int kv_sim_check(const char *spec, char *err, size_t err_size); /* 0, or -1 with err */
+/* The rounded values it holds (as kv_contig_data), for tests. */
+float *kv_sim_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v);
+
+/* The paged cache on libkvpage (kv_paged.c). Formats are kvp_format values
+ * (KVP_FORMAT_FP32 = 0 ... KVP_FORMAT_INT4 = 5, see <kvpage.h>). */
+typedef struct {
+    int32_t k_format, v_format;
+    int32_t page_size;    /* tokens per page (default 16; even for int4 keys) */
+    int32_t prefix_cache; /* 1 (default): full pages stay cached for later prompts */
+    int32_t threads;      /* the library's attention threads; 0 (default): the pool's count */
+    int32_t decode_threads; /* ... in steps of one row per sequence (decode); 0 (default): 1 */
+    int32_t k_order;      /* kvp_k_order of plain-format keys (default token-major) */
+    int32_t isa;          /* kvp_isa of the attention kernels (default auto) */
+    int64_t num_pages;    /* pool pages; 0 (default): max_seqs x ceil(max_len / page_size) */
+} kv_paged_opts_t;
+
+void kv_paged_opts_init(kv_paged_opts_t *o); /* fp16/fp16, page 16, prefix cache on */
+/* Parse a KV variant name into formats and page size: "fp32", "fp16",
+ * "bf16", "fp8" (or "fp8_e4m3"), "int8", "int4", "k8v4" (K int8, V int4),
+ * "KFMT/VFMT" (e.g. "int4/fp16"), each optionally followed by "@PAGE"
+ * ("int4@32"). Other fields of *o are left as they are. 0, or -1 with a
+ * sentence in err. */
+int kv_paged_parse(const char *spec, kv_paged_opts_t *o, char *err, size_t err_size);
+/* NULL with the reason in err (the library's detail text) on failure. */
+kv_cache_t *kv_paged_create(const kv_shape_t *shape, pool_t *pool, const kv_paged_opts_t *o, char *err,
+                            size_t err_size);
+/* The detail of the paged cache's last failed call, and its description
+ * ("libkvpage paged int8/int8, page 16"). */
+const char *kv_paged_last_error(const kv_cache_t *kv);
+const char *kv_paged_name(const kv_cache_t *kv);
 
 #endif

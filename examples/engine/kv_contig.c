@@ -137,7 +137,7 @@ static size_t cache_index(const kv_shape_t *sh, int32_t layer, int32_t pos) {
     return ((size_t)layer * sh->max_len + (size_t)pos) * (size_t)sh->n_kv_heads * sh->head_dim;
 }
 
-static void contig_append(kv_cache_t *kv, int32_t layer, const float *k, const float *v) {
+static int contig_append(kv_cache_t *kv, int32_t layer, const float *k, const float *v) {
     contig_kv *c = as_contig(kv);
     const kv_shape_t *sh = &kv->shape;
     size_t tok = (size_t)sh->n_kv_heads * sh->head_dim;
@@ -147,6 +147,7 @@ static void contig_append(kv_cache_t *kv, int32_t layer, const float *k, const f
         memcpy(s->k + at, k + r * tok, tok * sizeof(float));
         memcpy(s->v + at, v + r * tok, tok * sizeof(float));
     }
+    return KV_OK;
 }
 
 /* One (row, kv head): the GQA group's query heads share each K/V row. */
@@ -172,13 +173,14 @@ static void attend_chunk(void *arg, long item, int tid) {
                 c->scratch + (size_t)tid * sh->max_len);
 }
 
-static void contig_attend(kv_cache_t *kv, int32_t layer, const float *q, float *out, float scale) {
+static int contig_attend(kv_cache_t *kv, int32_t layer, const float *q, float *out, float scale) {
     contig_kv *c = as_contig(kv);
     c->layer = layer;
     c->q = q;
     c->out = out;
     c->scale = scale;
     pool_run(kv->pool, attend_chunk, c, (long)c->rows * kv->shape.n_kv_heads);
+    return KV_OK;
 }
 
 static void contig_end(kv_cache_t *kv) {
@@ -207,6 +209,13 @@ static const kv_ops_t contig_ops = {
     "contiguous fp32", contig_destroy, contig_open,  contig_fork, contig_close, contig_len,
     contig_attach_prefix, contig_begin, contig_append, contig_attend, contig_end, contig_stats,
 };
+
+float *kv_contig_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v) {
+    contig_kv *c = as_contig(kv);
+    if (kv->ops != &contig_ops || !valid_seq(c, seq_id) || layer < 0 || layer >= kv->shape.n_layers) return NULL;
+    contig_seq *s = &c->seqs[seq_id];
+    return (is_v ? s->v : s->k) + cache_index(&kv->shape, layer, 0);
+}
 
 kv_cache_t *kv_contig_create(const kv_shape_t *shape, pool_t *pool) {
     if (shape->n_layers < 1 || shape->n_kv_heads < 1 || shape->head_dim < 1 || shape->max_seqs < 1 ||

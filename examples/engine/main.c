@@ -25,6 +25,7 @@
 #include "tokenizer.h"
 
 #define ERR_LEN 512
+#define EVAL_MAX_VARIANTS 16
 
 static void usage(FILE *o) {
     fprintf(o,
@@ -32,20 +33,30 @@ static void usage(FILE *o) {
             "  dump (or --dump)             print metadata keys and every tensor's type/shape\n"
             "  tokenize [--ids] [--file F | TEXT]  token ids (all with --ids); checks decoding gives the text back\n"
             "  demo [options]               serve several prompts at once (continuous batching)\n"
-            "      --prompt TEXT            a user prompt (repeat; default: five built-in prompts)\n"
+            "      --prompt TEXT            a user prompt (repeat; default: eight built-in prompts)\n"
             "      --system TEXT            the shared system prompt\n"
-            "      --max-tokens N           tokens to generate per prompt (default 48)\n"
-            "      --max-active N           sequences in the batch at once (default 3)\n"
+            "      --max-tokens N           tokens to generate per prompt (default 96)\n"
+            "      --max-active N           sequences in the batch at once (default 4)\n"
             "      --temperature T --seed S sampling (default: greedy)\n"
             "      --raw                    prompts are plain text (no chat template)\n"
+            "      --kv SPEC                the KV cache: fp32, fp16, bf16, fp8, int8 (default), int4, k8v4\n"
+            "                               (K int8, V int4), KFMT/VFMT (e.g. int4/fp16), each with an\n"
+            "                               optional @PAGE (int4@32); or contig (the contiguous fp32 reference);\n"
+            "                               or sim:KEY/VALUE[@PAGE], a quantization experiment (kv.h)\n"
+            "      --page N                 tokens per page (default 16)\n"
+            "      --no-prefix-cache        prefill every prompt in full\n"
             "  eval [options]               perplexity over a text\n"
             "      --file F                 the text (default /usr/share/common-licenses/GPL-3)\n"
             "      --window N --stride N    window and stride in tokens (default 512, 256)\n"
-            "      --max-tokens N           score at most the first N tokens of the text\n"
-            "      --kv LIST                KV variants, comma-separated (default fp32)\n"
-            "  bench [--prompt-tokens N] [--decode-tokens N] [--reps N]\n"
+            "      --max-tokens N           only the first N tokens of the text (0, the default: all)\n"
+            "      --kv LIST                KV variants, comma-separated, as demo's --kv; the first is the\n"
+            "                               reference for KL (default contig,fp32,fp16,bf16,fp8,int8,int4,k8v4)\n"
+            "      --page N                 default tokens per page (16)\n"
+            "  bench [--prompt-tokens N] [--decode-tokens N] [--reps N] [--kv SPEC] [--page N]\n"
             "                               prefill and decode tokens/s, batch 1 and 4 (last line JSON)\n"
-            "common: --threads N (default 2)\n");
+            "common: --threads N (default 2): the engine's threads; --kv-threads N: libkvpage's attention\n"
+            "        threads (default: the same number; the engine's workers sleep while they run);\n"
+            "        --kv-decode-threads N: libkvpage's threads in pure decode steps (default 1)\n");
 }
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -196,7 +207,10 @@ static void demo_event(void *ctx, int32_t i, const char *what) {
     demo_ctx *d = ctx;
     request_t *r = &d->reqs[i];
     if (!strcmp(what, "join")) {
-        printf("  [%d] joins the batch (prompt %d tokens)\n", i + 1, r->n_prompt);
+        if (r->cached)
+            printf("  [%d] joins the batch (prompt %d tokens, %d of them found in the prefix cache)\n", i + 1,
+                   r->n_prompt, r->cached);
+        else printf("  [%d] joins the batch (prompt %d tokens)\n", i + 1, r->n_prompt);
     } else {
         flush_line(d, i, "");
         static const char *const why[] = {"", "end of turn", "token limit", "cache full"};
@@ -205,18 +219,15 @@ static void demo_event(void *ctx, int32_t i, const char *what) {
     fflush(stdout);
 }
 
-static int32_t total_prompt(const request_t *reqs, int32_t n) {
-    int32_t t = 0;
-    for (int32_t i = 0; i < n; i++) t += reqs[i].n_prompt;
-    return t;
-}
-
 static const char *const default_prompts[] = {
     "What is the capital of France? Answer in one sentence.",
     "Write a haiku about the sea.",
     "Give three tips for writing clear C code.",
     "Explain in two sentences why the sky is blue.",
     "List the first five prime numbers.",
+    "Write a short story about a robot who learns to paint.",
+    "What are the main differences between cats and dogs as pets?",
+    "Describe how a bicycle works.",
 };
 /* Long enough to fill a few 16-token pages, so a prefix cache has something
  * to share between the requests. */
@@ -229,64 +240,125 @@ typedef struct {
     const char *prompts[16];
     int n_prompts;
     const char *system;
-    long max_tokens, max_active, threads, seed;
+    long max_tokens, max_active, threads, seed, page;
     double temperature;
-    int raw; /* prompts as plain text, no chat template */
+    int raw;          /* prompts as plain text, no chat template */
+    const char *kv;   /* "contig" or a paged spec (kv_paged_parse) */
+    int prefix_cache; /* 0: --no-prefix-cache */
 } demo_opts;
 
-/* Tokens every prompt starts with (the shared system prompt), and what a
- * prefix cache with 16-token pages would have saved. */
-static void shared_prefix_report(const request_t *reqs, int32_t n) {
+/* The KV cache named by `spec`: "contig" (the engine's contiguous fp32
+ * reference), or libkvpage's paged cache in the formats kv_paged_parse()
+ * reads, with `page` tokens per page unless the spec says "@PAGE". */
+/* --kv-threads: libkvpage's attention threads (0: as many as the engine's);
+ * --kv-decode-threads: theirs in pure decode steps (0: 1) */
+static long g_kv_threads, g_kv_decode_threads;
+
+static kv_cache_t *make_kv(const char *spec, long page, int prefix_cache, const kv_shape_t *shape, pool_t *pool,
+                           char *err, size_t err_size) {
+    if (!strcmp(spec, "contig")) {
+        kv_cache_t *kv = kv_contig_create(shape, pool);
+        if (!kv) snprintf(err, err_size, "cannot create the contiguous cache");
+        return kv;
+    }
+    if (!strncmp(spec, "sim:", 4)) return kv_sim_create(shape, pool, spec + 4, err, err_size);
+    kv_paged_opts_t o;
+    kv_paged_opts_init(&o);
+    o.page_size = (int32_t)page;
+    o.prefix_cache = prefix_cache;
+    o.threads = (int32_t)g_kv_threads;
+    o.decode_threads = (int32_t)g_kv_decode_threads;
+    /* libkvpage's kernels: KVPAGE_ENGINE_KV_ISA=portable|avx2|avx512 (to compare their accuracy) */
+    const char *isa = getenv("KVPAGE_ENGINE_KV_ISA");
+    if (isa) o.isa = !strcmp(isa, "portable") ? KVP_ISA_PORTABLE : !strcmp(isa, "avx2") ? KVP_ISA_AVX2
+                     : !strcmp(isa, "avx512") ? KVP_ISA_AVX512 : KVP_ISA_AUTO;
+    if (kv_paged_parse(spec, &o, err, err_size)) return NULL;
+    return kv_paged_create(shape, pool, &o, err, err_size);
+}
+
+static const char *kv_name(const char *spec, const kv_cache_t *kv) {
+    return !strcmp(spec, "contig")       ? "contiguous fp32 (the engine's reference)"
+           : !strncmp(spec, "sim:", 4) ? "simulated quantization (contiguous fp32 storage)"
+                                       : kv_paged_name(kv);
+}
+
+/* Tokens every prompt starts with (the shared system prompt). */
+static int32_t shared_prefix(const request_t *reqs, int32_t n) {
     int32_t common = reqs[0].n_prompt;
     for (int32_t i = 1; i < n; i++) {
         int32_t k = 0;
         while (k < common && k < reqs[i].n_prompt && reqs[i].prompt[k] == reqs[0].prompt[k]) k++;
         common = k;
     }
-    int32_t pages = common / 16;
-    if (common == reqs[0].n_prompt && pages * 16 == common) pages--; /* one token must stay to prefill */
-    printf("  shared prompt prefix: %d tokens in all %d prompts; a prefix cache with 16-token pages would "
-           "reuse %d pages (%d tokens) for each of %d later prompts: %d of %d prompt tokens not prefilled\n",
-           common, n, pages, pages * 16, n - 1, pages * 16 * (n - 1), total_prompt(reqs, n));
+    return common;
 }
 
+static double mib(double bytes) { return bytes / 1048576.0; }
+
+/* What the run's KV memory would have been in an fp16 contiguous cache that
+ * reserves max_len tokens per sequence (what engines without paging do),
+ * against what the cache really held. Byte counts: libkvpage's layout. */
 static void memory_report(const model_cfg_t *c, const kv_stats_t *kvs, const serve_stats_t *st,
-                          int32_t max_len) {
-    kvp_layout_t fp16 = {.struct_size = sizeof fp16}, int8 = {.struct_size = sizeof int8};
+                          const request_t *reqs, int32_t n, int32_t max_len) {
+    kvp_layout_t fp16 = {.struct_size = sizeof fp16};
     char err[KVP_ERR_SIZE];
-    if (kvp_layout_compute(c->n_layers, c->n_kv_heads, c->head_dim, 16, KVP_FORMAT_FP16, KVP_FORMAT_FP16,
-                           &fp16, err, sizeof err) != KVP_OK ||
-        kvp_layout_compute(c->n_layers, c->n_kv_heads, c->head_dim, 16, KVP_FORMAT_INT8, KVP_FORMAT_INT8,
-                           &int8, err, sizeof err) != KVP_OK) {
+    if (kvp_layout_compute(c->n_layers, c->n_kv_heads, c->head_dim, 16, KVP_FORMAT_FP16, KVP_FORMAT_FP16, &fp16,
+                           err, sizeof err) != KVP_OK) {
         fprintf(stderr, "kvpage-engine: kvp_layout_compute: %s\n", err);
         return;
     }
-    double f16_tok = fp16.bytes_per_token;
-    double reserve = (double)st->peak_active * max_len * f16_tok;
-    double reserve_ctx = (double)st->peak_active * c->context * f16_tok;
-    double live = (double)st->peak_live_tokens * f16_tok;
-    double paged = (double)st->peak_paged16_tokens / 16 * (double)fp16.page_bytes;
-    double paged8 = (double)st->peak_paged16_tokens / 16 * (double)int8.page_bytes +
-                    (double)st->peak_active * (double)int8.staging_page_bytes;
-    printf("\nmemory report (KV bytes from libkvpage %s's kvp_layout_compute; %d layers x %d kv heads x %d)\n",
-           kvp_version_string(), c->n_layers, c->n_kv_heads, c->head_dim);
-    printf("  this run's cache: %s %s/%s, %d sequences open at peak, %lld tokens held at peak\n", kvs->impl,
-           kvs->k_format, kvs->v_format, st->peak_active, (long long)st->peak_live_tokens);
-    char what[96];
-    snprintf(what, sizeof what, "fp16 contiguous, %d-token reservation (model context)", c->context);
-    printf("  %-56s %10.2f MiB\n", what, reserve_ctx / 1048576);
-    snprintf(what, sizeof what, "fp16 contiguous, %d-token reservation (this run's max)", max_len);
-    printf("  %-56s %10.2f MiB\n", what, reserve / 1048576);
-    printf("  %-56s %10.2f MiB (%.1f%% of the run's reservation, %.2f%% of the context's)\n",
-           "fp16, tokens actually held (peak)", live / 1048576, 100 * live / reserve, 100 * live / reserve_ctx);
-    printf("  %-56s %10.2f MiB\n", "fp16 paged, 16-token pages (peak)", paged / 1048576);
-    printf("  %-56s %10.2f MiB\n", "int8 paged, 16-token pages + staging (peak)", paged8 / 1048576);
-    printf("  prefix-cache hits: %lld of %lld prompt tokens (no prefix cache in the contiguous cache)\n",
-           (long long)kvs->prefix_hit_tokens, (long long)kvs->prefix_lookups);
+    const double f16_tok = fp16.bytes_per_token;
+    const double reserve = (double)st->peak_active * max_len * f16_tok;
+    const double reserve_ctx = (double)st->peak_active * c->context * f16_tok;
+    printf("\nmemory report (libkvpage %s; %d layers x %d kv heads x %d dims; %d sequences open at peak, "
+           "%lld tokens held at peak)\n",
+           kvp_version_string(), c->n_layers, c->n_kv_heads, c->head_dim, st->peak_active,
+           (long long)st->peak_live_tokens);
+    char what[112];
+    snprintf(what, sizeof what, "fp16 contiguous, %d x %d-token reservation (model context)", st->peak_active,
+             c->context);
+    printf("  %-62s %9.2f MiB\n", what, mib(reserve_ctx));
+    snprintf(what, sizeof what, "fp16 contiguous, %d x %d-token reservation (this run's max)", st->peak_active,
+             max_len);
+    printf("  %-62s %9.2f MiB\n", what, mib(reserve));
+    if (kvs->page_size > 0) {
+        snprintf(what, sizeof what, "%s/%s pages in use at peak: %lld x %llu B%s", kvs->k_format, kvs->v_format,
+                 (long long)kvs->pages_peak, (unsigned long long)kvs->page_bytes,
+                 kvs->staging_peak ? " + staging" : "");
+        printf("  %-62s %9.2f MiB  = %.1f%% of the run's reservation (%.1fx less), %.2f%% of the context's\n",
+               what, mib((double)kvs->bytes_peak), 100 * kvs->bytes_peak / reserve, reserve / kvs->bytes_peak,
+               100 * kvs->bytes_peak / reserve_ctx);
+        if (kvs->staging_peak)
+            printf("  %-62s\n", "  (staging: each sequence's partly filled page, fp16, until it seals)");
+        printf("  pool: %lld pages of %d tokens (%.2f MiB arena with %s), %lld in use and %lld cached now\n",
+               (long long)kvs->pages_total, kvs->page_size, mib((double)kvs->bytes_reserved),
+               kvs->staging_page_bytes ? "the staging pages" : "no staging pages", (long long)kvs->pages_used,
+               (long long)kvs->pages_cached);
+        int32_t common = shared_prefix(reqs, n);
+        printf("  prefix cache: %lld prompt tokens (%lld pages) attached from it instead of prefilled, of %lld "
+               "looked up in %lld prompts (shared system prompt: %d tokens)\n",
+               (long long)kvs->prefix_hit_tokens, (long long)kvs->prefix_hit_pages,
+               (long long)kvs->prefix_lookup_tokens, (long long)kvs->prefix_lookups, n > 1 ? common : 0);
+    } else {
+        double live = (double)st->peak_live_tokens * f16_tok;
+        printf("  %-62s %9.2f MiB\n", "this cache: fp32 contiguous, the same reservation",
+               mib(reserve * 2));
+        printf("  %-62s %9.2f MiB (%.1f%% of the run's reservation)\n", "fp16, tokens actually held (peak)",
+               mib(live), 100 * live / reserve);
+        printf("  prefix cache: none (the contiguous cache prefills every prompt in full)\n");
+    }
+    int64_t gen = 0, prefilled = 0;
+    for (int32_t i = 0; i < n; i++) gen += reqs[i].n_out, prefilled += reqs[i].n_prompt - reqs[i].cached;
+    printf("  throughput: %lld tokens generated and %lld prompt tokens prefilled in %.2f s: %.1f generated tok/s; "
+           "decode steps %.1f tok/s, prefill steps %.1f tok/s\n",
+           (long long)gen, (long long)prefilled, st->total_s, st->total_s > 0 ? gen / st->total_s : 0.0,
+           st->decode_s > 0 ? st->decode_tokens / st->decode_s : 0.0,
+           st->prefill_s > 0 ? st->prefill_tokens / st->prefill_s : 0.0);
 }
 
 static void demo_parse(int argc, char **argv, demo_opts *o) {
-    *o = (demo_opts){.system = default_system, .max_tokens = 48, .max_active = 3, .threads = 2};
+    *o = (demo_opts){.system = default_system, .max_tokens = 96, .max_active = 4, .threads = 2, .page = 16,
+                     .kv = "int8", .prefix_cache = 1};
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--prompt") && o->n_prompts < 16) o->prompts[o->n_prompts++] = opt_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--system")) o->system = opt_value(argc, argv, &i);
@@ -296,6 +368,9 @@ static void demo_parse(int argc, char **argv, demo_opts *o) {
         else if (!strcmp(argv[i], "--seed")) o->seed = opt_long(argc, argv, &i, 0, 1L << 30);
         else if (!strcmp(argv[i], "--temperature")) o->temperature = atof(opt_value(argc, argv, &i));
         else if (!strcmp(argv[i], "--raw")) o->raw = 1;
+        else if (!strcmp(argv[i], "--kv")) o->kv = opt_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--page")) o->page = opt_long(argc, argv, &i, 1, 4096);
+        else if (!strcmp(argv[i], "--no-prefix-cache")) o->prefix_cache = 0;
         else {
             fprintf(stderr, "kvpage-engine demo: unknown option '%s'\n", argv[i]);
             usage(stderr);
@@ -337,8 +412,8 @@ static void demo_header(const model_t *m, const demo_opts *o, const pool_t *pool
     if (o->raw) printf("raw prompts (no chat template), %d requests\n", o->n_prompts);
     else printf("system prompt (shared by all %d requests): \"%s\"\n", o->n_prompts, o->system);
     for (int32_t i = 0; i < o->n_prompts; i++) printf("  [%d] user: %s\n", i + 1, o->prompts[i]);
-    printf("KV cache: %s, %d sequences x %d tokens reserved; %s decoding\n\n", kv->ops->name, kv->shape.max_seqs,
-           kv->shape.max_len, o->temperature > 0 ? "temperature" : "greedy");
+    printf("KV cache: %s; up to %d sequences at once, %d tokens each; %s decoding\n\n", kv_name(o->kv, kv),
+           kv->shape.max_seqs, kv->shape.max_len, o->temperature > 0 ? "temperature" : "greedy");
 }
 
 static void demo_answers(const tokenizer_t *tok, const request_t *reqs, int32_t n, const serve_stats_t *st) {
@@ -377,9 +452,9 @@ static int cmd_demo(model_t *m, int argc, char **argv) {
     int32_t max_len = max_prompt + (int32_t)o.max_tokens;
     pool_t *pool = pool_create((int)o.threads);
     kv_shape_t shape = model_kv_shape(m, (int32_t)o.max_active, max_len);
-    kv_cache_t *kv = pool ? kv_contig_create(&shape, pool) : NULL;
+    kv_cache_t *kv = pool ? make_kv(o.kv, o.page, o.prefix_cache, &shape, pool, err, sizeof err) : NULL;
     if (!kv) {
-        fprintf(stderr, "kvpage-engine: cannot create the KV cache\n");
+        fprintf(stderr, "kvpage-engine: cannot create the KV cache '%s': %s\n", o.kv, pool ? err : "no threads");
         return 1;
     }
     char lines[16][160];
@@ -392,12 +467,13 @@ static int cmd_demo(model_t *m, int argc, char **argv) {
     demo_header(m, &o, pool, kv);
     serve_stats_t st;
     int rc = serve_run(&cfg, reqs, n, &st);
-    if (rc != 0) fprintf(stderr, "kvpage-engine: serving failed (%d)\n", rc);
+    if (rc != 0)
+        fprintf(stderr, "kvpage-engine: serving failed (%d)%s%s\n", rc, strcmp(o.kv, "contig") ? ": " : "",
+                strcmp(o.kv, "contig") ? kv_paged_last_error(kv) : "");
     kv_stats_t ks;
     kv->ops->stats(kv, &ks);
     demo_answers(tok, reqs, n, &st);
-    memory_report(model_cfg(m), &ks, &st, max_len);
-    if (n > 1) shared_prefix_report(reqs, n);
+    memory_report(model_cfg(m), &ks, &st, reqs, n, max_len);
     kv->ops->destroy(kv);
     pool_destroy(pool);
     for (int32_t i = 0; i < n; i++) {
@@ -412,10 +488,12 @@ static int cmd_demo(model_t *m, int argc, char **argv) {
 
 /* Prefill `n` tokens of GPL-3 text in one chunk per sequence, then decode
  * `steps` greedy tokens, for `batch` sequences at once; best of `reps`. */
-static int bench_case(model_t *m, pool_t *pool, const int32_t *text, int32_t n, int32_t batch, int32_t steps,
-                      double *prefill_tps, double *decode_tps) {
+static int bench_case(model_t *m, pool_t *pool, const char *spec, long page, const int32_t *text, int32_t n,
+                      int32_t batch, int32_t steps, double *prefill_tps, double *decode_tps) {
     kv_shape_t shape = model_kv_shape(m, batch, n + steps + 1);
-    kv_cache_t *kv = kv_contig_create(&shape, pool);
+    char err[ERR_LEN];
+    kv_cache_t *kv = make_kv(spec, page, 0, &shape, pool, err, sizeof err);
+    if (!kv) fprintf(stderr, "kvpage-engine bench: %s\n", err);
     int32_t vocab = model_cfg(m)->vocab, seqs[64], q_start[65], rows[64], *toks = malloc((size_t)n * batch * 4);
     float *logits = malloc((size_t)batch * vocab * sizeof(float));
     int rc = kv && toks && logits && batch <= 64 ? 0 : KV_ENOMEM;
@@ -452,9 +530,12 @@ static int bench_case(model_t *m, pool_t *pool, const int32_t *text, int32_t n, 
 }
 
 static int cmd_bench(model_t *m, int argc, char **argv) {
-    long threads = 2, n = 256, steps = 64, reps = 3;
+    long threads = 2, n = 256, steps = 64, reps = 3, page = 16;
+    const char *spec = "contig";
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--threads")) threads = opt_long(argc, argv, &i, 1, 256);
+        else if (!strcmp(argv[i], "--kv")) spec = opt_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--page")) page = opt_long(argc, argv, &i, 1, 4096);
         else if (!strcmp(argv[i], "--prompt-tokens")) n = opt_long(argc, argv, &i, 1, 4096);
         else if (!strcmp(argv[i], "--decode-tokens")) steps = opt_long(argc, argv, &i, 1, 4096);
         else if (!strcmp(argv[i], "--reps")) reps = opt_long(argc, argv, &i, 1, 100);
@@ -475,22 +556,22 @@ static int cmd_bench(model_t *m, int argc, char **argv) {
     }
     static const int32_t batches[] = {1, 4};
     double pf[2] = {0}, dc[2] = {0};
-    printf("kvpage-engine bench: %ld threads, %s kernels, contiguous fp32 KV; prompt %ld tokens, %ld decode steps,"
-           " best of %ld\n", threads, qmat_isa_name(qmat_isa()), n, steps, reps);
+    printf("kvpage-engine bench: %ld threads, %s kernels, KV %s; prompt %ld tokens, %ld decode steps, best of %ld\n",
+           threads, qmat_isa_name(qmat_isa()), spec, n, steps, reps);
     printf("%-8s %16s %16s\n", "batch", "prefill tok/s", "decode tok/s");
     int rc = 0;
     for (int k = 0; k < 2 && rc == 0; k++) {
         for (long r = 0; r < reps && rc == 0; r++) {
             double p, d;
-            rc = bench_case(m, pool, ids, (int32_t)n, batches[k], (int32_t)steps, &p, &d);
+            rc = bench_case(m, pool, spec, page, ids, (int32_t)n, batches[k], (int32_t)steps, &p, &d);
             if (p > pf[k]) pf[k] = p;
             if (d > dc[k]) dc[k] = d;
         }
         printf("%-8d %16.1f %16.1f\n", batches[k], pf[k], dc[k]);
     }
-    printf("{\"threads\": %ld, \"isa\": \"%s\", \"prompt_tokens\": %ld, \"prefill_tps\": %.1f, "
+    printf("{\"threads\": %ld, \"isa\": \"%s\", \"kv\": \"%s\", \"prompt_tokens\": %ld, \"prefill_tps\": %.1f, "
            "\"decode_tps\": %.1f, \"prefill4_tps\": %.1f, \"decode4_tps\": %.1f}\n",
-           threads, qmat_isa_name(qmat_isa()), n, pf[0], dc[0], pf[1], dc[1]);
+           threads, qmat_isa_name(qmat_isa()), spec, n, pf[0], dc[0], pf[1], dc[1]);
     pool_destroy(pool);
     free(ids);
     free(text);
@@ -500,14 +581,20 @@ static int cmd_bench(model_t *m, int argc, char **argv) {
 
 /* ---- eval ------------------------------------------------------------------------------------- */
 
-static kv_cache_t *make_contig(const kv_shape_t *shape, pool_t *pool, void *ctx) {
-    (void)ctx;
-    return kv_contig_create(shape, pool);
-}
+/* One KV variant of the eval: a spec for make_kv(). */
+typedef struct {
+    char spec[32];
+    long page;
+} eval_spec;
 
-/* KV variants the eval knows. The libkvpage formats (fp16, bf16, int8,
- * int4, k8v4, fp8_e4m3) join this table once the paged cache lands. */
-static const eval_variant_t known_variants[] = {{"fp32", make_contig, NULL}};
+static kv_cache_t *make_variant(const kv_shape_t *shape, pool_t *pool, void *ctx) {
+    const eval_spec *e = ctx;
+    char err[ERR_LEN];
+    /* one sequence at a time and no attach: no prefix cache */
+    kv_cache_t *kv = make_kv(e->spec, e->page, 0, shape, pool, err, sizeof err);
+    if (!kv) fprintf(stderr, "kvpage-engine eval: KV variant '%s': %s\n", e->spec, err);
+    return kv;
+}
 
 static void eval_progress(void *ctx, int32_t w, int32_t n) {
     (void)ctx;
@@ -515,67 +602,84 @@ static void eval_progress(void *ctx, int32_t w, int32_t n) {
     if (w + 1 == n) fputc('\n', stderr);
 }
 
-static int parse_variants(const char *list, eval_variant_t *out, int32_t *n) {
-    char buf[256];
+/* Comma-separated specs; each is checked here, so a typo fails before any
+ * work. */
+static int parse_variants(const char *list, long page, eval_spec *specs, eval_variant_t *out, int32_t *n) {
+    char buf[512];
     snprintf(buf, sizeof buf, "%s", list);
     *n = 0;
     for (char *save = NULL, *name = strtok_r(buf, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
-        size_t k = 0;
-        while (k < sizeof known_variants / sizeof *known_variants && strcmp(known_variants[k].name, name)) k++;
-        if (k == sizeof known_variants / sizeof *known_variants || *n >= 16) {
-            fprintf(stderr, "kvpage-engine eval: KV variant '%s' is not available yet (have: fp32)\n", name);
+        if (*n >= EVAL_MAX_VARIANTS || strlen(name) >= sizeof specs[0].spec) {
+            fprintf(stderr, "kvpage-engine eval: at most %d variants of < 32 characters\n", EVAL_MAX_VARIANTS);
             return -1;
         }
-        out[(*n)++] = known_variants[k];
+        kv_paged_opts_t o;
+        kv_paged_opts_init(&o);
+        char err[ERR_LEN];
+        if (!strncmp(name, "sim:", 4) ? kv_sim_check(name + 4, err, sizeof err) != 0
+                                      : strcmp(name, "contig") && kv_paged_parse(name, &o, err, sizeof err)) {
+            fprintf(stderr, "kvpage-engine eval: KV variant '%s': %s\n", name, err);
+            return -1;
+        }
+        snprintf(specs[*n].spec, sizeof specs[*n].spec, "%s", name);
+        specs[*n].page = page;
+        out[*n] = (eval_variant_t){specs[*n].spec, make_variant, &specs[*n]};
+        (*n)++;
     }
     return *n > 0 ? 0 : -1;
 }
 
 static void eval_print(const char *file, int32_t n_tokens, const eval_cfg_t *cfg, const eval_variant_t *v,
-                       const eval_result_t *r, int32_t nv) {
+                       const eval_result_t *r, int32_t nv, double total_s) {
     double ref = eval_ppl(&r[0]);
-    printf("\n%-10s %10s %9s %12s %10s %8s %9s\n", "kv", "ppl", "dppl%", "mean KLD", "max KLD", "top1", "seconds");
+    printf("\n%-14s %10s %9s %12s %11s %10s %8s %8s\n", "kv (K/V)", "ppl", "dppl%", "mean KLD", "p99 KLD", "max KLD",
+           "top1", "seconds");
     for (int32_t i = 0; i < nv; i++)
-        printf("%-10s %10.4f %+8.3f%% %12.6f %10.6f %7.2f%% %9.1f\n", v[i].name, eval_ppl(&r[i]),
-               100 * (eval_ppl(&r[i]) / ref - 1), r[i].kl_sum / r[i].scored, r[i].kl_max,
+        printf("%-14s %10.4f %+8.3f%% %12.6f %11.6f %10.6f %7.2f%% %8.1f\n", v[i].name, eval_ppl(&r[i]),
+               100 * (eval_ppl(&r[i]) / ref - 1), r[i].kl_sum / r[i].scored, r[i].kl_p99, r[i].kl_max,
                100.0 * r[i].top1_same / r[i].scored, r[i].seconds);
-    printf("(%s: %d tokens, window %d, stride %d, %lld tokens scored; KLD and top-1 against %s)\n", file,
-           n_tokens, cfg->window, cfg->stride, (long long)r[0].scored, v[0].name);
+    printf("(%s: %d tokens, window %d, stride %d, %lld tokens scored; dppl, KLD and top-1 against %s%s; %.1f s)\n",
+           file, n_tokens, cfg->window, cfg->stride, (long long)r[0].scored, v[0].name,
+           strcmp(v[0].name, "contig") ? "" : ", the contiguous fp32 cache", total_s);
     printf("{\"ppl\": {");
     for (int32_t i = 0; i < nv; i++) printf("%s\"%s\": %.6f", i ? ", " : "", v[i].name, eval_ppl(&r[i]));
     printf("}, \"kld\": {");
     for (int32_t i = 0; i < nv; i++) printf("%s\"%s\": %.8f", i ? ", " : "", v[i].name, r[i].kl_sum / r[i].scored);
+    printf("}, \"kld_p99\": {");
+    for (int32_t i = 0; i < nv; i++) printf("%s\"%s\": %.8f", i ? ", " : "", v[i].name, r[i].kl_p99);
     printf("}, \"top1\": {");
     for (int32_t i = 0; i < nv; i++)
         printf("%s\"%s\": %.6f", i ? ", " : "", v[i].name, (double)r[i].top1_same / r[i].scored);
-    printf("}, \"tokens\": %lld, \"window\": %d, \"stride\": %d, \"reference\": \"%s\"}\n", (long long)r[0].scored,
-           cfg->window, cfg->stride, v[0].name);
+    printf("}, \"tokens\": %lld, \"window\": %d, \"stride\": %d, \"reference\": \"%s\", \"seconds\": %.1f}\n",
+           (long long)r[0].scored, cfg->window, cfg->stride, v[0].name, total_s);
 }
 
 static int cmd_eval(model_t *m, int argc, char **argv) {
-    const char *file = "/usr/share/common-licenses/GPL-3", *kvlist = "fp32";
+    const char *file = "/usr/share/common-licenses/GPL-3", *kvlist = "contig,fp32,fp16,bf16,fp8,int8,int4,k8v4";
     eval_cfg_t cfg = {512, 256, 512, eval_progress, NULL};
-    long max_tokens = 0, threads = 2;
+    long max_tokens = 0, threads = 2, page = 16;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--file")) file = opt_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--window")) cfg.window = (int32_t)opt_long(argc, argv, &i, 2, 1 << 16);
         else if (!strcmp(argv[i], "--stride")) cfg.stride = (int32_t)opt_long(argc, argv, &i, 1, 1 << 16);
-        else if (!strcmp(argv[i], "--max-tokens")) max_tokens = opt_long(argc, argv, &i, 2, 1L << 30);
+        else if (!strcmp(argv[i], "--max-tokens")) max_tokens = opt_long(argc, argv, &i, 0, 1L << 30);
         else if (!strcmp(argv[i], "--threads")) threads = opt_long(argc, argv, &i, 1, 256);
         else if (!strcmp(argv[i], "--kv")) kvlist = opt_value(argc, argv, &i);
+        else if (!strcmp(argv[i], "--page")) page = opt_long(argc, argv, &i, 1, 4096);
         else {
             fprintf(stderr, "kvpage-engine eval: unknown option '%s'\n", argv[i]);
             return 2;
         }
     }
-    if (cfg.stride > cfg.window) {
-        fprintf(stderr, "kvpage-engine eval: --stride must not exceed --window\n");
+    if (cfg.stride > cfg.window || max_tokens == 1) {
+        fprintf(stderr, "kvpage-engine eval: --stride must not exceed --window, --max-tokens must be 0 or >= 2\n");
         return 2;
     }
     cfg.chunk = cfg.window;
-    eval_variant_t variants[16];
+    eval_variant_t variants[EVAL_MAX_VARIANTS];
+    eval_spec specs[EVAL_MAX_VARIANTS];
     int32_t nv;
-    if (parse_variants(kvlist, variants, &nv)) return 2;
+    if (parse_variants(kvlist, page, specs, variants, &nv)) return 2;
     char err[ERR_LEN];
     tokenizer_t *tok = tokenizer_load(model_gguf(m), err, sizeof err);
     size_t len;
@@ -589,11 +693,12 @@ static int cmd_eval(model_t *m, int argc, char **argv) {
     if (!ids) return 1;
     if (max_tokens && n > max_tokens) n = (int32_t)max_tokens;
     pool_t *pool = pool_create((int)threads);
-    eval_result_t res[16];
+    eval_result_t res[EVAL_MAX_VARIANTS];
     printf("kvpage-engine eval: %s, %zu bytes -> %d tokens; %d windows; %ld threads, %s kernels\n", file, len, n,
            eval_windows(n, cfg.window, cfg.stride), threads, qmat_isa_name(qmat_isa()));
+    double t0 = now_seconds();
     int rc = pool ? eval_run(m, pool, ids, n, &cfg, variants, nv, res) : KV_ENOMEM;
-    if (rc == 0) eval_print(file, n, &cfg, variants, res, nv);
+    if (rc == 0) eval_print(file, n, &cfg, variants, res, nv, now_seconds() - t0);
     else fprintf(stderr, "kvpage-engine eval: failed (%d)\n", rc);
     pool_destroy(pool);
     free(ids);
@@ -612,6 +717,13 @@ int main(int argc, char **argv) {
                 kvp_version_string());
         return 1;
     }
+    for (int i = 3; i < argc; i++) /* a common option: take it out of the command's arguments */
+        if (!strcmp(argv[i], "--kv-threads") || !strcmp(argv[i], "--kv-decode-threads")) {
+            long *dst = !strcmp(argv[i], "--kv-threads") ? &g_kv_threads : &g_kv_decode_threads;
+            *dst = opt_long(argc, argv, &i, 1, 256);
+            memmove(argv + i - 1, argv + i + 1, sizeof *argv * (size_t)(argc - i));
+            argc -= 2, i -= 2;
+        }
     const char *cmd = argv[1], *path = argv[2];
     if (!strcmp(cmd, "dump") || !strcmp(cmd, "--dump")) return cmd_dump(path);
     if (strcmp(cmd, "tokenize") && strcmp(cmd, "demo") && strcmp(cmd, "eval") && strcmp(cmd, "bench")) {

@@ -285,7 +285,7 @@ static void rope_apply(const model_t *m, float *vecs, int32_t rows, int32_t head
     }
 }
 
-static void attention_block(model_t *m, kv_cache_t *kv, pool_t *pool, int l, int32_t rows) {
+static int attention_block(model_t *m, kv_cache_t *kv, pool_t *pool, int l, int32_t rows) {
     const model_cfg_t *c = &m->cfg;
     const layer_t *L = &m->layers[l];
     for (int32_t r = 0; r < rows; r++)
@@ -295,12 +295,14 @@ static void attention_block(model_t *m, kv_cache_t *kv, pool_t *pool, int l, int
     qmat_matmul(pool, 3, w, m->xn, rows, y);
     rope_apply(m, m->q, rows, c->n_heads);
     rope_apply(m, m->k, rows, c->n_kv_heads);
-    kv->ops->append(kv, l, m->k, m->v);
-    kv->ops->attend(kv, l, m->q, m->att, 1.0f / sqrtf((float)c->head_dim));
+    int rc = kv->ops->append(kv, l, m->k, m->v);
+    if (rc == 0) rc = kv->ops->attend(kv, l, m->q, m->att, 1.0f / sqrtf((float)c->head_dim));
+    if (rc != 0) return rc;
     const qmat_t *wo = &L->wo;
     float *o = m->tmp;
     qmat_matmul(pool, 1, &wo, m->att, rows, &o);
     for (size_t i = 0; i < (size_t)rows * c->dim; i++) m->x[i] += m->tmp[i];
+    return 0;
 }
 
 static void ffn_block(model_t *m, pool_t *pool, int l, int32_t rows) {
@@ -361,11 +363,12 @@ int model_forward(model_t *m, kv_cache_t *kv, pool_t *pool, const kv_batch_t *ba
     rope_tables(m, pos, rows);
     free(pos);
     for (int32_t r = 0; r < rows; r++) qmat_row(&m->tok_embd, batch->tokens[r], m->x + (size_t)r * c->dim);
-    for (int l = 0; l < c->n_layers; l++) {
-        attention_block(m, kv, pool, l, rows);
-        ffn_block(m, pool, l, rows);
+    for (int l = 0; l < c->n_layers && rc == 0; l++) {
+        rc = attention_block(m, kv, pool, l, rows);
+        if (rc == 0) ffn_block(m, pool, l, rows);
     }
-    kv->ops->end_step(kv);
+    kv->ops->end_step(kv); /* even after a failure: the step's rows are in the cache's lengths */
+    if (rc != 0) return rc;
     if (n_logits > 0) output_head(m, pool, logit_rows, n_logits, logits);
     return 0;
 }

@@ -54,8 +54,11 @@ kv_shape_t model_kv_shape(const model_t *m, int32_t max_seqs, int32_t max_len);
  * layer with the KV cache, and writes the logits of the rows listed in
  * logit_rows[0..n_logits) to logits[n_logits][vocab]. Positions continue each
  * sequence's length in the cache.
- * Returns 0, or a KV_E* code from the cache (nothing computed; KV_ENOSPC
- * when the cache has no room), or KV_ENOMEM.
+ * Returns 0, or a KV_E* code from the cache's begin_step (nothing computed;
+ * KV_ENOSPC when the cache has no room), or KV_ENOMEM; or, after a
+ * successful begin_step, a code from append/attend, which only an
+ * inconsistent cache gives (the step's sequences are then unusable: close
+ * them).
  */
 int model_forward(model_t *m, kv_cache_t *kv, pool_t *pool, const kv_batch_t *batch,
                   const int32_t *logit_rows, int32_t n_logits, float *logits);

@@ -34,6 +34,7 @@ struct pool {
     atomic_long completed;
     atomic_int sleepers;
     atomic_int stop;
+    atomic_int park; /* set by pool_park, cleared by pool_run */
 };
 
 typedef struct {
@@ -75,6 +76,7 @@ static uint32_t wait_next(pool_t *p, uint32_t seen) {
     for (int i = 0; i < SPIN_POLLS; i++) {
         uint32_t g = (uint32_t)(atomic_load_explicit(&p->ticket, memory_order_acquire) >> 32);
         if (g != seen || atomic_load(&p->stop)) return g;
+        if (atomic_load_explicit(&p->park, memory_order_relaxed)) break;
         cpu_relax();
     }
     pthread_mutex_lock(&p->mu);
@@ -137,6 +139,7 @@ void pool_run(pool_t *p, pool_fn fn, void *arg, long n_chunks) {
         for (long i = 0; i < n_chunks; i++) fn(arg, i, 0);
         return;
     }
+    atomic_store_explicit(&p->park, 0, memory_order_relaxed);
     uint32_t gen = (uint32_t)(atomic_load(&p->ticket) >> 32) + 1;
     atomic_store(&p->ticket, (uint64_t)gen << 32 | CLOSED);
     /* pairs with the fence in work_on: whoever sees a new field sees CLOSED */
@@ -173,3 +176,7 @@ void pool_destroy(pool_t *p) {
 }
 
 int pool_threads(const pool_t *p) { return p->n; }
+
+void pool_park(pool_t *p) {
+    if (p->n > 1) atomic_store_explicit(&p->park, 1, memory_order_relaxed);
+}

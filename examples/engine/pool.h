@@ -26,5 +26,9 @@ void pool_destroy(pool_t *p);
 int pool_threads(const pool_t *p);
 /* Not reentrant: one job at a time, from one caller thread. */
 void pool_run(pool_t *p, pool_fn fn, void *arg, long n_chunks);
+/* Send the workers to sleep now instead of after their spin, e.g. before
+ * another set of threads (libkvpage's attention) runs on the same cores;
+ * the next pool_run wakes them. From the caller thread, between jobs. */
+void pool_park(pool_t *p);
 
 #endif

@@ -364,6 +364,110 @@ AVX512_ATTR static void tile_q8_0_avx512(const uint8_t *row, size_t stride, int 
     default: break;
     }
 }
+/* ---- AVX-512 prefill: row blocks dequantized once, then an fp32 kernel ------------
+ *
+ * With many tokens (prefill), dequantizing a 32-weight block for every tile
+ * of 8 tokens costs about a third of the FP work. Here a block of rows is
+ * dequantized once into fp32 (on the thread's stack) and reused by every
+ * tile of tokens; the kernel keeps 4 rows x 6 tokens of accumulators.
+ * Bit-identical to the kernels above: the weights are dequantized by the
+ * same instructions, and each (row, token) accumulator takes the same FMAs
+ * in the same order (16-wide halves of each block, low then high), then the
+ * same horizontal sum. So prefill, chunked prefill and decode still agree to
+ * the bit. */
+#define PANEL_MIN_T 16      /* tokens from which a matmul takes this path */
+#define PANEL_FLOATS 32768  /* dequantized weights per thread: 128 KiB of stack */
+#define PR 4                /* rows per kernel call */
+#define PT 6                /* tokens per kernel call */
+
+#define P_EACH_T(X, r) X(r, 0) X(r, 1) X(r, 2) X(r, 3) X(r, 4) X(r, 5)
+#define P_EACH(X) P_EACH_T(X, 0) P_EACH_T(X, 1) P_EACH_T(X, 2) P_EACH_T(X, 3)
+#define P_DECL(r, t) __m512 c##r##_##t = _mm512_setzero_ps();
+#define P_STORE(r, t) \
+    if ((r) < nr && (t) < tn) y[(t) * ldy + (r)] = _mm512_reduce_add_ps(c##r##_##t);
+#define P_TOKEN(t)                                                              \
+    if ((t) < tn) {                                                             \
+        __m512 xv = _mm512_loadu_ps(x + (t) * ldx + k);                         \
+        c0_##t = _mm512_fmadd_ps(w0, xv, c0_##t);                               \
+        if (nr > 1) c1_##t = _mm512_fmadd_ps(w1, xv, c1_##t);                   \
+        if (nr > 2) c2_##t = _mm512_fmadd_ps(w2, xv, c2_##t);                   \
+        if (nr > 3) c3_##t = _mm512_fmadd_ps(w3, xv, c3_##t);                   \
+    }
+
+/* nr <= 4 rows of fp32 weights (ldw apart) against tn <= 6 tokens. */
+AVX512_INLINE void panel_512(const float *w, int64_t ldw, const int nr, int64_t n, const float *x, int64_t ldx,
+                             const int tn, float *y, int64_t ldy) {
+    P_EACH(P_DECL)
+    for (int64_t k = 0; k < n; k += 16) {
+        __m512 w0 = _mm512_loadu_ps(w + k), w1 = w0, w2 = w0, w3 = w0;
+        if (nr > 1) w1 = _mm512_loadu_ps(w + ldw + k);
+        if (nr > 2) w2 = _mm512_loadu_ps(w + 2 * ldw + k);
+        if (nr > 3) w3 = _mm512_loadu_ps(w + 3 * ldw + k);
+        P_TOKEN(0) P_TOKEN(1) P_TOKEN(2) P_TOKEN(3) P_TOKEN(4) P_TOKEN(5)
+    }
+    P_EACH(P_STORE)
+}
+
+#define P_CASES_TN(NR)                                                                 \
+    case NR * 8 + 1: panel_512(w, ldw, NR, n, x, ldx, 1, y, ldy); break;               \
+    case NR * 8 + 2: panel_512(w, ldw, NR, n, x, ldx, 2, y, ldy); break;               \
+    case NR * 8 + 3: panel_512(w, ldw, NR, n, x, ldx, 3, y, ldy); break;               \
+    case NR * 8 + 4: panel_512(w, ldw, NR, n, x, ldx, 4, y, ldy); break;               \
+    case NR * 8 + 5: panel_512(w, ldw, NR, n, x, ldx, 5, y, ldy); break;               \
+    case NR * 8 + 6: panel_512(w, ldw, NR, n, x, ldx, 6, y, ldy); break;
+
+AVX512_ATTR static void panel_tile_512(const float *w, int64_t ldw, int nr, int64_t n, const float *x,
+                                       int64_t ldx, int tn, float *y, int64_t ldy) {
+    switch (nr * 8 + tn) {
+        P_CASES_TN(1)
+        P_CASES_TN(2)
+        P_CASES_TN(3)
+        P_CASES_TN(4)
+    default: break;
+    }
+}
+
+/* Rows r0 .. r0+nr-1 of a Q4_1 or Q8_0 matrix into dst[nr][n_in]. */
+AVX512_ATTR static void dequant_rows_512(const qmat_t *m, long r0, long nr, float *dst) {
+    const int64_t nb = m->n_in / QK;
+    for (long r = 0; r < nr; r++) {
+        const uint8_t *row = (const uint8_t *)m->data + (size_t)(r0 + r) * m->row_bytes;
+        float *d = dst + r * m->n_in;
+        for (int64_t b = 0; b < nb; b++) {
+            __m512 lo, hi;
+            if (m->type == GGML_Q4_1) q4_1_dequant_512((const block_q4_1 *)(const void *)row + b, &lo, &hi);
+            else q8_0_dequant_512((const block_q8_0 *)(const void *)row + b, &lo, &hi);
+            _mm512_storeu_ps(d + b * QK, lo);
+            _mm512_storeu_ps(d + b * QK + 16, hi);
+        }
+    }
+}
+
+static int panel_fits(const qmat_t *m, int T) {
+    return T >= PANEL_MIN_T && (m->type == GGML_Q4_1 || m->type == GGML_Q8_0) &&
+           m->n_in * PR <= PANEL_FLOATS;
+}
+
+/* Rows [lo, hi) against all T tokens. */
+AVX512_ATTR static void matmul_rows_panel_512(const qmat_t *m, float *y, const float *x, int T, long lo,
+                                              long hi) {
+    float buf[PANEL_FLOATS];
+    long rb = (long)(PANEL_FLOATS / m->n_in);
+    if (rb > ROW_BLOCK) rb = ROW_BLOCK;
+    rb -= rb % PR;
+    for (long r0 = lo; r0 < hi; r0 += rb) {
+        long r1 = r0 + rb < hi ? r0 + rb : hi;
+        dequant_rows_512(m, r0, r1 - r0, buf);
+        for (int t0 = 0; t0 < T; t0 += PT) {
+            int tn = T - t0 < PT ? T - t0 : PT;
+            for (long r = r0; r < r1; r += PR) {
+                int nr = r1 - r < PR ? (int)(r1 - r) : PR;
+                panel_tile_512(buf + (r - r0) * m->n_in, m->n_in, nr, m->n_in, x + (size_t)t0 * m->n_in,
+                               m->n_in, tn, y + (size_t)t0 * m->n_out + r, m->n_out);
+            }
+        }
+    }
+}
 #endif /* ENGINE_X86 */
 
 ROWS_WRAPPER(tile_f32_portable, row_f32_portable)
@@ -488,6 +592,12 @@ typedef struct {
 
 /* Rows [lo, hi) of matrix k, every token, ROW_BLOCK rows at a time. */
 static void matmul_rows(const qmat_t *w, float *y, const float *x, int T, long lo, long hi) {
+#ifdef ENGINE_X86
+    if (qmat_isa() == ISA_AVX512 && panel_fits(w, T)) {
+        matmul_rows_panel_512(w, y, x, T, lo, hi);
+        return;
+    }
+#endif
     tile_fn fn = pick_tile(w->type);
     for (long r0 = lo; r0 < hi; r0 += ROW_BLOCK) {
         long r1 = r0 + ROW_BLOCK < hi ? r0 + ROW_BLOCK : hi;

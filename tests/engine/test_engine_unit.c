@@ -2,8 +2,8 @@
  * The engine's parts without the model: GGUF parsing (hand-made files, every
  * truncation, refused types), fp16 conversion, the matmul kernels of every
  * ISA against a double-precision reference (and batch/thread invariance),
- * the thread pool, the contiguous KV cache's attention against a naive
- * reference, the tokenizer on a hand-made vocabulary, eval's windows and KL.
+ * the thread pool, the contiguous and the paged (libkvpage) KV caches'
+ * attention against a naive reference, the tokenizer on a hand-made vocabulary, eval's windows and KL.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <kvpage.h>
 
 #include "eval.h"
 #include "gguf.h"
@@ -258,9 +260,10 @@ static void *random_matrix(uint32_t type, int64_t n_in, int64_t n_out) {
     return p;
 }
 
-static void check_matmul_type(uint32_t type, int isa) {
+/* T = 13 takes the tile kernels; T = 40 (>= 16 tokens) the AVX-512 prefill
+ * path, whose results must be the same bits as one token's alone. */
+static void check_matmul_type(uint32_t type, int isa, int T) {
     const int64_t n_in = 96, n_out = 37;
-    const int T = 13;
     void *w = random_matrix(type, n_in, n_out);
     qmat_t m = {w, type, n_in, n_out, ggml_row_bytes(type, n_in)};
     float *x = malloc(sizeof(float) * T * n_in), *y = malloc(sizeof(float) * T * n_out),
@@ -302,7 +305,10 @@ static void test_matmul_all_isas(void **state) {
     int best = qmat_set_isa(-1);
     for (int isa = ISA_PORTABLE; isa <= best; isa++) {
         assert_int_equal(qmat_set_isa(isa), isa);
-        for (size_t k = 0; k < sizeof types / sizeof *types; k++) check_matmul_type(types[k], isa);
+        for (size_t k = 0; k < sizeof types / sizeof *types; k++) {
+            check_matmul_type(types[k], isa, 13);
+            check_matmul_type(types[k], isa, 40);
+        }
     }
     qmat_set_isa(-1);
     print_message("matmul checked on ISAs up to %s\n", qmat_isa_name(best));
@@ -499,6 +505,306 @@ static void test_kv_contig_fork(void **state) {
     pool_destroy(pool);
 }
 
+/* ---- the paged KV cache (libkvpage) ------------------------------------------------- */
+
+/* The kv_ops mapping onto kvp_cache_t, checked like the contiguous cache:
+ * ragged steps of three sequences across page edges (page 4), every row
+ * against naive attention in double over the history kept here; then the
+ * prefix cache, the per-sequence limit, a closed id and the statistics.
+ * head_dim 64: the library's kernels take 64/80/96/128/256. */
+static void check_paged(const char *spec, double tol) {
+    enum { L = 2, QH = 6, KVH = 2, HD = 64, MAXLEN = 40, ROW = KVH * HD };
+    pool_t *pool = pool_create(2);
+    kv_shape_t sh = {L, QH, KVH, HD, 4, MAXLEN};
+    kv_paged_opts_t o;
+    kv_paged_opts_init(&o);
+    o.page_size = 4;
+    char err[256];
+    assert_int_equal(kv_paged_parse(spec, &o, err, sizeof err), 0);
+    kv_cache_t *kv = kv_paged_create(&sh, pool, &o, err, sizeof err);
+    if (!kv) print_error("%s: %s\n", spec, err);
+    assert_non_null(kv);
+    int32_t ids[3];
+    for (int i = 0; i < 3; i++) assert_int_equal(kv->ops->seq_open(kv, &ids[i]), KV_OK);
+    /* K/V of (sequence, layer, position) are a function of them, so a
+     * sequence that attaches a cached prefix holds exactly these values */
+    float *hk = calloc((size_t)4 * L * MAXLEN * ROW, sizeof(float)), *hv = calloc((size_t)4 * L * MAXLEN * ROW, sizeof(float));
+    for (size_t i = 0; i < (size_t)4 * L * MAXLEN * ROW; i++) hk[i] = rndf() * 3, hv[i] = rndf();
+    int32_t toks[3][MAXLEN];
+    for (int s = 0; s < 3; s++)
+        for (int t = 0; t < MAXLEN; t++) toks[s][t] = 100 * s + t;
+    int len[3] = {0, 0, 0};
+    const int steps[][3] = {{5, 1, 3}, {1, 7, 1}, {2, 1, 4}, {1, 1, 1}};
+    for (int st = 0; st < 4; st++) {
+        int32_t q_start[4] = {0}, tokens[32];
+        for (int i = 0; i < 3; i++) {
+            q_start[i + 1] = q_start[i] + steps[st][i];
+            memcpy(tokens + q_start[i], toks[i] + len[i], sizeof(int32_t) * (size_t)steps[st][i]);
+        }
+        int rows = q_start[3];
+        kv_batch_t b = {3, ids, q_start, tokens};
+        assert_int_equal(kv->ops->begin_step(kv, &b), KV_OK);
+        for (int l = 0; l < L; l++) {
+            float *k = malloc(sizeof(float) * rows * ROW), *v = malloc(sizeof(float) * rows * ROW);
+            float *q = malloc(sizeof(float) * rows * QH * HD), *out = malloc(sizeof(float) * rows * QH * HD);
+            for (int s = 0; s < 3; s++)
+                for (int r = q_start[s]; r < q_start[s + 1]; r++) {
+                    size_t at = (((size_t)s * L + l) * MAXLEN + len[s] + (r - q_start[s])) * ROW;
+                    memcpy(k + (size_t)r * ROW, hk + at, sizeof(float) * ROW);
+                    memcpy(v + (size_t)r * ROW, hv + at, sizeof(float) * ROW);
+                }
+            for (int i = 0; i < rows * QH * HD; i++) q[i] = rndf();
+            assert_int_equal(kv->ops->append(kv, l, k, v), KV_OK);
+            assert_int_equal(kv->ops->attend(kv, l, q, out, 0.125f), KV_OK);
+            double worst = 0;
+            for (int s = 0; s < 3; s++)
+                for (int r = q_start[s]; r < q_start[s + 1]; r++)
+                    for (int h = 0; h < QH; h++) {
+                        double ref[HD];
+                        ref_attention(hk + ((size_t)s * L + l) * MAXLEN * ROW, hv + ((size_t)s * L + l) * MAXLEN * ROW,
+                                      len[s] + (r - q_start[s]) + 1, h / (QH / KVH), KVH, HD,
+                                      q + ((size_t)r * QH + h) * HD, 0.125f, ref);
+                        for (int i = 0; i < HD; i++) {
+                            double e = fabs(out[((size_t)r * QH + h) * HD + i] - ref[i]);
+                            if (e > worst) worst = e;
+                        }
+                    }
+            if (!(worst <= tol)) print_error("%s: layer %d step %d: error %.3g > %.3g\n", spec, l, st, worst, tol);
+            assert_true(worst <= tol);
+            free(k), free(v), free(q), free(out);
+        }
+        kv->ops->end_step(kv);
+        for (int s = 0; s < 3; s++) {
+            len[s] += steps[st][s];
+            assert_int_equal(kv->ops->seq_len(kv, ids[s]), len[s]);
+        }
+    }
+    kv_stats_t ks;
+    kv->ops->stats(kv, &ks);
+    assert_int_equal(ks.live_seqs, 3);
+    assert_int_equal(ks.live_tokens, len[0] + len[1] + len[2]);
+    assert_int_equal(ks.page_size, 4);
+    assert_true(ks.pages_peak >= ks.pages_used && ks.pages_used >= 1 && ks.bytes_peak >= ks.bytes_live);
+    assert_true(ks.bytes_live > 0 && ks.bytes_reserved >= ks.bytes_live);
+    /* sequence 1 (12 tokens) closes; its three full pages stay cached, and a
+     * new sequence with the same prompt attaches two of them (n - 1 = 11
+     * tokens are looked up: the prompt's last token is always prefilled) */
+    kv->ops->seq_close(kv, ids[1]);
+    int32_t again;
+    assert_int_equal(kv->ops->seq_open(kv, &again), KV_OK);
+    assert_int_equal(kv->ops->seq_attach_prefix(kv, again, toks[1], 12), 8);
+    assert_int_equal(kv->ops->seq_len(kv, again), 8);
+    kv->ops->stats(kv, &ks);
+    assert_int_equal(ks.prefix_hit_tokens, 8);
+    assert_int_equal(ks.prefix_hit_pages, 2);
+    assert_int_equal(ks.prefix_lookups, 1);
+    /* the attached sequence continues like the original: its next row sees
+     * the cached pages plus its own new token */
+    {
+        int32_t q_start[2] = {0, 1}, tok = toks[1][8];
+        kv_batch_t b = {1, &again, q_start, &tok};
+        assert_int_equal(kv->ops->begin_step(kv, &b), KV_OK);
+        for (int l = 0; l < L; l++) {
+            float q[QH * HD], out[QH * HD];
+            for (int i = 0; i < QH * HD; i++) q[i] = rndf();
+            size_t at = (((size_t)1 * L + l) * MAXLEN + 8) * ROW;
+            assert_int_equal(kv->ops->append(kv, l, hk + at, hv + at), KV_OK);
+            assert_int_equal(kv->ops->attend(kv, l, q, out, 0.125f), KV_OK);
+            for (int h = 0; h < QH; h++) {
+                double ref[HD];
+                ref_attention(hk + ((size_t)1 * L + l) * MAXLEN * ROW, hv + ((size_t)1 * L + l) * MAXLEN * ROW, 9,
+                              h / (QH / KVH), KVH, HD, q + h * HD, 0.125f, ref);
+                for (int i = 0; i < HD; i++) assert_true(fabs(out[h * HD + i] - ref[i]) <= tol);
+            }
+        }
+        kv->ops->end_step(kv);
+    }
+    /* the per-sequence limit (the engine's max_len): nothing changes */
+    int32_t q_start[2] = {0, MAXLEN}, tokens[MAXLEN] = {0};
+    kv_batch_t b = {1, ids, q_start, tokens};
+    assert_int_equal(kv->ops->begin_step(kv, &b), KV_ENOSPC);
+    assert_int_equal(kv->ops->seq_len(kv, ids[0]), len[0]);
+    /* a closed id is refused, with the library's detail kept */
+    int32_t bad[1] = {ids[1]}, q1[2] = {0, 1};
+    kv_batch_t b2 = {1, bad, q1, tokens};
+    assert_int_equal(kv->ops->begin_step(kv, &b2), KV_EINVAL);
+    assert_int_equal(kv->ops->seq_len(kv, ids[1]), -1);
+    /* four sequences are open (max_seqs): a fifth is refused */
+    int32_t extra, extra2;
+    assert_int_equal(kv->ops->seq_open(kv, &extra), KV_OK);
+    assert_int_equal(kv->ops->seq_open(kv, &extra2), KV_ENOSPC);
+    assert_true(strlen(kv_paged_last_error(kv)) > 0);
+    kv->ops->destroy(kv);
+    pool_destroy(pool);
+    free(hk);
+    free(hv);
+}
+
+/* Largest absolute error of an output element (values in [-1, 1], keys in
+ * [-3, 3]). Measured: fp32 1.7e-7 (summation order only), fp16 4.0e-4,
+ * bf16 3.6e-3, int8 5.4e-3, int4 keys 4.1e-2, k8v4 6.2e-2; the bounds are
+ * 2-6x those. */
+static void test_kv_paged_attention(void **state) {
+    (void)state;
+    check_paged("fp32", 1e-6);
+    check_paged("fp16", 1.5e-3);
+    check_paged("bf16", 1e-2);
+    check_paged("int8", 1.5e-2);
+    check_paged("k8v4", 1.2e-1);
+    check_paged("int4/fp16", 1e-1);
+}
+
+/* A fork shares the parent's pages; a partly filled last page is copied on
+ * write (fp32) or the staging page copied (int8): both continue alike. */
+static void test_kv_paged_fork(void **state) {
+    (void)state;
+    static const char *const specs[] = {"fp32", "int8"};
+    for (int k = 0; k < 2; k++) {
+        pool_t *pool = pool_create(1);
+        kv_shape_t sh = {1, 2, 1, 64, 2, 16};
+        kv_paged_opts_t o;
+        kv_paged_opts_init(&o);
+        o.page_size = 4;
+        char err[256];
+        assert_int_equal(kv_paged_parse(specs[k], &o, err, sizeof err), 0);
+        kv_cache_t *kv = kv_paged_create(&sh, pool, &o, err, sizeof err);
+        assert_non_null(kv);
+        int32_t a, c, q_start[2] = {0, 6}, tokens[6] = {1, 2, 3, 4, 5, 6};
+        assert_int_equal(kv->ops->seq_open(kv, &a), KV_OK);
+        float kk[6 * 64], vv[6 * 64], q[6 * 2 * 64], o0[6 * 2 * 64], o1[2 * 64], o2[2 * 64];
+        for (int i = 0; i < 6 * 64; i++) kk[i] = rndf(), vv[i] = rndf();
+        for (int i = 0; i < 6 * 128; i++) q[i] = rndf();
+        kv_batch_t b = {1, &a, q_start, tokens};
+        assert_int_equal(kv->ops->begin_step(kv, &b), KV_OK);
+        assert_int_equal(kv->ops->append(kv, 0, kk, vv), KV_OK);
+        assert_int_equal(kv->ops->attend(kv, 0, q, o0, 0.5f), KV_OK);
+        kv->ops->end_step(kv);
+        assert_int_equal(kv->ops->seq_fork(kv, a, &c), KV_OK);
+        assert_int_equal(kv->ops->seq_len(kv, c), 6);
+        int32_t one[2] = {0, 1};
+        float kn[64], vn[64];
+        for (int i = 0; i < 64; i++) kn[i] = rndf(), vn[i] = rndf();
+        for (int who = 0; who < 2; who++) {
+            int32_t id = who ? c : a;
+            kv_batch_t bb = {1, &id, one, tokens};
+            assert_int_equal(kv->ops->begin_step(kv, &bb), KV_OK);
+            assert_int_equal(kv->ops->append(kv, 0, kn, vn), KV_OK);
+            assert_int_equal(kv->ops->attend(kv, 0, q, who ? o2 : o1, 0.5f), KV_OK);
+            kv->ops->end_step(kv);
+        }
+        assert_memory_equal(o1, o2, sizeof o1);
+        assert_int_equal(kv->ops->seq_len(kv, a), 7);
+        assert_int_equal(kv->ops->seq_len(kv, c), 7);
+        kv->ops->destroy(kv);
+        pool_destroy(pool);
+    }
+}
+
+static void test_kv_paged_parse(void **state) {
+    (void)state;
+    kv_paged_opts_t o;
+    kv_paged_opts_init(&o);
+    char err[256];
+    assert_int_equal(o.page_size, 16);
+    assert_int_equal(kv_paged_parse("int8", &o, err, sizeof err), 0);
+    assert_int_equal(o.k_format, 4), assert_int_equal(o.v_format, 4), assert_int_equal(o.page_size, 16);
+    assert_int_equal(kv_paged_parse("k8v4", &o, err, sizeof err), 0);
+    assert_int_equal(o.k_format, 4), assert_int_equal(o.v_format, 5);
+    assert_int_equal(kv_paged_parse("int4/fp16@32", &o, err, sizeof err), 0);
+    assert_int_equal(o.k_format, 5), assert_int_equal(o.v_format, 1), assert_int_equal(o.page_size, 32);
+    assert_int_equal(kv_paged_parse("fp8", &o, err, sizeof err), 0);
+    assert_int_equal(o.k_format, 3), assert_int_equal(o.v_format, 3), assert_int_equal(o.page_size, 32);
+    assert_int_equal(kv_paged_parse("k8v4@16", &o, err, sizeof err), 0);
+    assert_int_equal(o.page_size, 16);
+    static const char *const bad[] = {"int3", "int4@0", "int4@x", "/int4", "int4/", "", "@16", "k8v4@"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err[0] = 0;
+        assert_int_equal(kv_paged_parse(bad[i], &o, err, sizeof err), -1);
+        assert_true(strlen(err) > 0);
+    }
+    assert_int_equal(o.k_format, 4), assert_int_equal(o.v_format, 5), assert_int_equal(o.page_size, 16);
+    /* a shape the library refuses (head_dim 20) is reported, not crashed on */
+    kv_shape_t sh = {1, 2, 1, 20, 1, 8};
+    kv_paged_opts_init(&o);
+    assert_null(kv_paged_create(&sh, NULL, &o, err, sizeof err));
+    assert_non_null(strstr(err, "KVP_EINVAL"));
+}
+
+/* kv_sim rounds a full page exactly as libkvpage stores it: its values are
+ * the bits kvp_quantize + kvp_dequantize give for the page (from the fp16
+ * staging values), for int8 and int4 keys and values (int4 keys: the
+ * head_dim / 32 widest channels in int8, so int4w2 at head_dim 64); the tail
+ * page is fp16; int4w4 keeps 4 channels to int8 precision, int4w0 none. */
+static void test_kv_sim_matches_library(void **state) {
+    (void)state;
+    enum { P = 16, KVH = 2, HD = 64, ROW = KVH * HD, N = P + 5 };
+    static const char *const specs[] = {"int8/int8", "int4/int4", "int4/int8", "int4w2/int4",
+                                          "int4w4/int4", "int4w0/int4"};
+    float *k = malloc(sizeof(float) * N * ROW), *v = malloc(sizeof(float) * N * ROW);
+    for (int i = 0; i < N * ROW; i++) {
+        k[i] = rndf() + ((i % HD) % 16 == 5 ? 8.0f * rndf() : 0.0f); /* outlier channels */
+        v[i] = rndf();
+    }
+    pool_t *pool = pool_create(1);
+    for (size_t c = 0; c < sizeof specs / sizeof *specs; c++) {
+        kv_shape_t sh = {1, KVH, KVH, HD, 1, 64};
+        char err[256];
+        kv_cache_t *kv = kv_sim_create(&sh, pool, specs[c], err, sizeof err);
+        assert_non_null(kv);
+        int32_t seq, q_start[2] = {0, N}, tokens[N] = {0};
+        assert_int_equal(kv->ops->seq_open(kv, &seq), KV_OK);
+        kv_batch_t b = {1, &seq, q_start, tokens};
+        assert_int_equal(kv->ops->begin_step(kv, &b), KV_OK);
+        assert_int_equal(kv->ops->append(kv, 0, k, v), KV_OK);
+        kv->ops->end_step(kv);
+        const float *ks = kv_sim_data(kv, seq, 0, 0), *vs = kv_sim_data(kv, seq, 0, 1);
+        /* the library's blocks from the fp16-rounded rows */
+        float *k16 = malloc(sizeof(float) * P * ROW), *v16 = malloc(sizeof(float) * P * ROW);
+        float *kl = malloc(sizeof(float) * P * ROW), *vl = malloc(sizeof(float) * P * ROW);
+        for (int i = 0; i < P * ROW; i++) {
+            k16[i] = fp16_to_fp32(fp32_to_fp16(k[i]));
+            v16[i] = fp16_to_fp32(fp32_to_fp16(v[i]));
+        }
+        int kf = specs[c][3] == '8' ? 4 : 5, vf = specs[c][strlen(specs[c]) - 1] == '8' ? 4 : 5;
+        for (int side = 0; side < 2; side++) {
+            kvp_quant_desc_t d = {.struct_size = sizeof d, .format = side ? vf : kf, .is_value = side,
+                                  .page_size = P, .head_dim = HD, .heads = KVH, .dtype = KVP_FORMAT_FP32};
+            uint64_t bytes;
+            assert_int_equal(kvp_quant_block_bytes(&d, &bytes, NULL, 0), KVP_OK);
+            void *blk = malloc(bytes * KVH);
+            assert_int_equal(kvp_quantize(&d, side ? v16 : k16, 1, blk, NULL, 0), KVP_OK);
+            assert_int_equal(kvp_dequantize(&d, blk, 1, side ? vl : kl, NULL, 0), KVP_OK);
+            free(blk);
+        }
+        if (strncmp(specs[c], "int4w", 5) || specs[c][5] == '2') {
+            assert_memory_equal(ks, kl, sizeof(float) * P * ROW);
+        } else { /* the test's 4 outlier channels per head: w4 takes all of them, w0 none */
+            double e_sim = 0, e_lib = 0;
+            for (int i = 0; i < P * ROW; i++) e_sim += fabs(ks[i] - k16[i]), e_lib += fabs(kl[i] - k16[i]);
+            if (specs[c][5] == '4') assert_true(e_sim < 0.9 * e_lib);
+            else assert_true(e_sim > 1.1 * e_lib);
+        }
+        assert_memory_equal(vs, vl, sizeof(float) * P * ROW);
+        for (int i = P * ROW; i < N * ROW; i++) { /* the tail page: fp16 */
+            assert_true(ks[i] == fp16_to_fp32(fp32_to_fp16(k[i])));
+            assert_true(vs[i] == fp16_to_fp32(fp32_to_fp16(v[i])));
+        }
+        free(k16), free(v16), free(kl), free(vl);
+        kv->ops->destroy(kv);
+    }
+    pool_destroy(pool);
+    free(k);
+    free(v);
+    char err[256];
+    assert_int_equal(kv_sim_check("int4w4/int4@32", err, sizeof err), 0);
+    assert_int_equal(kv_sim_check("int4w0/int4", err, sizeof err), 0);
+    assert_int_equal(kv_sim_check("int4w/int4", err, sizeof err), -1);
+    assert_int_equal(kv_sim_check("int4s0/int4", err, sizeof err), -1);
+    assert_int_equal(kv_sim_check("int4/int4w4", err, sizeof err), -1); /* widest channels: keys only */
+    assert_int_equal(kv_sim_check("int4", err, sizeof err), -1);
+    assert_int_equal(kv_sim_check("int4/int4@15", err, sizeof err), -1);
+}
+
 /* ---- tokenizer on a hand-made vocabulary ----------------------------------------- */
 
 static uint32_t gpt2_cp(int b) {
@@ -626,6 +932,26 @@ static void test_eval_math(void **state) {
     for (int i = 0; i < 3; i++) want += exp(p[i] - lse) * ((p[i] - lse) + log(3.0));
     assert_true(fabs(eval_kl(p, r, 3) - want) < 1e-9);
     assert_true(fabs(eval_logsumexp(p, 3) - lse) < 1e-9);
+    assert_true(eval_kl_fast(p, q, 3) == 0);
+    assert_true(fabs(eval_kl_fast(p, r, 3) - want) < 1e-7);
+    /* eval_run's KL (its log-sum-exps from float exponentials) against the
+     * double one, on vocabulary-sized rows: differences like fp16's (KL
+     * ~3e-7; eval_run's absolute error is ~2e-10 there) and large ones */
+    enum { V = 49152 };
+    float *a = malloc(sizeof(float) * V), *b = malloc(sizeof(float) * V), *c = malloc(sizeof(float) * V);
+    for (int i = 0; i < V; i++) {
+        a[i] = rndf() * 8;
+        b[i] = a[i] + rndf() * 1e-2f;
+        c[i] = a[i] + rndf();
+    }
+    a[17] = 20; /* a peaked distribution, as a model's */
+    b[17] = 20.005f, c[17] = 19;
+    double kb = eval_kl(a, b, V), kc = eval_kl(a, c, V);
+    assert_true(kb > 1e-8 && kb < 1e-5 && kc > 1e-3);
+    assert_true(fabs(eval_kl_fast(a, b, V) - kb) < 2e-9);
+    assert_true(fabs(eval_kl_fast(a, c, V) - kc) < 1e-6 * kc);
+    assert_true(eval_kl_fast(a, a, V) == 0);
+    free(a), free(b), free(c);
     assert_int_equal(eval_windows(100, 512, 256), 1);
     assert_int_equal(eval_windows(512, 512, 256), 1);
     assert_int_equal(eval_windows(513, 512, 256), 2);
@@ -646,7 +972,10 @@ int main(void) {
         cmocka_unit_test(test_gguf_refusals),       cmocka_unit_test(test_fp16),
         cmocka_unit_test(test_matmul_all_isas),     cmocka_unit_test(test_matmul_fused),
         cmocka_unit_test(test_pool),                cmocka_unit_test(test_kv_contig_attention),
-        cmocka_unit_test(test_kv_contig_fork),      cmocka_unit_test(test_tokenizer_synthetic),
+        cmocka_unit_test(test_kv_contig_fork),      cmocka_unit_test(test_kv_paged_attention),
+        cmocka_unit_test(test_kv_paged_fork),       cmocka_unit_test(test_kv_paged_parse),
+        cmocka_unit_test(test_kv_sim_matches_library),
+        cmocka_unit_test(test_tokenizer_synthetic),
         cmocka_unit_test(test_unicode_classes),     cmocka_unit_test(test_eval_math),
     };
     return cmocka_run_group_tests_name("engine (no model)", tests, NULL, NULL);

@@ -1,0 +1,702 @@
+"""Loading libkvpage through ctypes, and the C structs mirrored field by field.
+
+The library is found, in order, through:
+
+1. the ``KVPAGE_LIBRARY`` environment variable (a path to libkvpage.so);
+2. a build tree: ``build/libkvpage.so`` next to this package's source checkout,
+   then under the current directory and its parents;
+3. the system's loader path (``libkvpage.so.<major>``, then ``ctypes.util``).
+
+When none works, :class:`LibraryNotFound` lists every place that was tried.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from pathlib import Path
+
+#: The library version these bindings were written for. The major version must
+#: match exactly (ABI); the library's minor version must be at least this one.
+EXPECTED_VERSION = (0, 1, 0)
+
+_SONAME = f"libkvpage.so.{EXPECTED_VERSION[0]}"
+
+
+class LibraryNotFound(ImportError):
+    """libkvpage could not be loaded; the message lists what was tried."""
+
+
+def _candidates() -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    env = os.environ.get("KVPAGE_LIBRARY")
+    if env:
+        out.append(("KVPAGE_LIBRARY", env))
+    here = Path(__file__).resolve()
+    seen = set()
+    # bindings/python/kvpage/_lib.py -> repository root is three levels up
+    roots = [here.parents[3]] if len(here.parents) > 3 else []
+    cwd = Path.cwd().resolve()
+    roots += [cwd, *cwd.parents]
+    for root in roots:
+        lib = root / "build" / "libkvpage.so"
+        if lib not in seen:
+            seen.add(lib)
+            out.append(("build tree", str(lib)))
+    out.append(("system loader", _SONAME))
+    found = ctypes.util.find_library("kvpage")
+    if found:
+        out.append(("ctypes.util.find_library", found))
+    return out
+
+
+def _load() -> tuple[ctypes.CDLL, str]:
+    tried = []
+    for how, path in _candidates():
+        if how == "build tree" and not os.path.exists(path):
+            tried.append(f"  {how}: {path} (no such file)")
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append(f"  {how}: {path} ({e})")
+        if how == "KVPAGE_LIBRARY":
+            break  # an explicit choice that fails must not silently fall back
+    raise LibraryNotFound(
+        "kvpage: could not load libkvpage. Build it (`make` at the repository root), "
+        "install it (`make install`), or set KVPAGE_LIBRARY=/path/to/libkvpage.so. Tried:\n"
+        + "\n".join(tried)
+    )
+
+
+lib, path = _load()
+
+# ---- structs (must match include/kvpage.h field for field) --------------------
+
+c_i32 = ctypes.c_int32
+c_u32 = ctypes.c_uint32
+c_u64 = ctypes.c_uint64
+c_dbl = ctypes.c_double
+c_char_p = ctypes.c_char_p
+
+
+class Allocator(ctypes.Structure):
+    _fields_ = [("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p), ("opaque", ctypes.c_void_p)]
+
+
+class LayoutC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layers", c_i32),
+        ("kv_heads", c_i32),
+        ("head_dim", c_i32),
+        ("page_size", c_i32),
+        ("k_format", c_i32),
+        ("v_format", c_i32),
+        ("needs_staging", c_i32),
+        ("k_block_bytes", c_u64),
+        ("v_block_bytes", c_u64),
+        ("page_bytes", c_u64),
+        ("staging_page_bytes", c_u64),
+        ("fixed_bytes", c_u64),
+        ("element_bytes_per_token", c_u64),
+        ("bytes_per_token", c_dbl),
+    ]
+
+
+class PlanParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layers", c_i32),
+        ("kv_heads", c_i32),
+        ("head_dim", c_i32),
+        ("q_heads", c_i32),
+        ("k_format", c_i32),
+        ("v_format", c_i32),
+        ("page_size", c_i32),
+        ("context", c_u64),
+        ("kv_budget_bytes", c_u64),
+        ("memory_bytes", c_u64),
+        ("weight_bytes", c_u64),
+        ("reserve_bytes", c_u64),
+        ("utilization", c_dbl),
+    ]
+
+
+class PlanC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("k_format", c_i32),
+        ("v_format", c_i32),
+        ("page_size", c_i32),
+        ("needs_staging", c_i32),
+        ("reserved_", c_i32),
+        ("kv_budget_bytes", c_u64),
+        ("bytes_per_token", c_u64),
+        ("bytes_per_token_stored", c_dbl),
+        ("bytes_per_token_per_layer", c_dbl),
+        ("page_bytes", c_u64),
+        ("staging_page_bytes", c_u64),
+        ("fixed_bytes", c_u64),
+        ("num_pages", c_u64),
+        ("num_staging", c_u64),
+        ("arena_bytes", c_u64),
+        ("max_tokens", c_u64),
+        ("context", c_u64),
+        ("pages_per_seq", c_u64),
+        ("seq_bytes", c_u64),
+        ("max_seqs", c_u64),
+    ]
+
+
+class ModelPresetC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("name", c_char_p),
+        ("source", c_char_p),
+        ("layers", c_i32),
+        ("q_heads", c_i32),
+        ("kv_heads", c_i32),
+        ("head_dim", c_i32),
+        ("max_context", c_i32),
+        ("reserved_", c_i32),
+        ("params", c_u64),
+    ]
+
+
+class GpuPresetC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("name", c_char_p),
+        ("description", c_char_p),
+        ("memory_bytes", c_u64),
+    ]
+
+
+class CudaDeviceInfoC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("device", c_i32),
+        ("cc_major", c_i32),
+        ("cc_minor", c_i32),
+        ("sm_count", c_i32),
+        ("runtime_version", c_i32),
+        ("driver_version", c_i32),
+        ("reserved_", c_i32),
+        ("total_bytes", c_u64),
+        ("free_bytes", c_u64),
+        ("name", ctypes.c_char * 256),
+    ]
+
+
+class KvViewC(ctypes.Structure):
+    _fields_ = [
+        ("batch", c_i32),
+        ("page_size", c_i32),
+        ("num_pages", c_i32),
+        ("num_staging", c_i32),
+        ("indptr", ctypes.POINTER(c_i32)),
+        ("indices", ctypes.POINTER(c_i32)),
+        ("last_page_len", ctypes.POINTER(c_i32)),
+    ]
+
+
+class PageOpC(ctypes.Structure):
+    _fields_ = [("kind", c_i32), ("src", c_i32), ("dst", c_i32), ("count", c_i32), ("row", c_i32)]
+
+
+#: Structs a test compares with the C compiler's sizeof/offsetof.
+MIRRORED = {
+    "kvp_allocator_t": Allocator,
+    "kvp_layout_t": LayoutC,
+    "kvp_plan_params_t": PlanParamsC,
+    "kvp_plan_t": PlanC,
+    "kvp_model_preset_t": ModelPresetC,
+    "kvp_gpu_preset_t": GpuPresetC,
+    "kvp_cuda_device_info_t": CudaDeviceInfoC,
+    "kvp_kv_view_t": KvViewC,
+    "kvp_page_op_t": PageOpC,
+}
+
+# ---- function signatures --------------------------------------------------------
+
+_sz = ctypes.c_size_t
+_vp = ctypes.c_void_p
+ERR_SIZE = 256
+
+
+def _sig(name, restype, *argtypes):
+    fn = getattr(lib, name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+_sig("kvp_version_number", ctypes.c_uint)
+_sig("kvp_version_string", c_char_p)
+_sig("kvp_strerror", c_char_p, ctypes.c_int)
+_sig("kvp_status_name", c_char_p, ctypes.c_int)
+_sig("kvp_format_name", c_char_p, c_i32)
+_sig("kvp_format_parse", ctypes.c_int, c_char_p, ctypes.POINTER(c_i32), c_char_p, _sz)
+_sig("kvp_layout_compute", ctypes.c_int, c_i32, c_i32, c_i32, c_i32, c_i32, c_i32,
+     ctypes.POINTER(LayoutC), c_char_p, _sz)
+_sig("kvp_arena_bytes", ctypes.c_int, ctypes.POINTER(LayoutC), c_u64, c_u64,
+     ctypes.POINTER(c_u64), c_char_p, _sz)
+_sig("kvp_plan_params_init", None, ctypes.POINTER(PlanParamsC))
+_sig("kvp_plan_compute", ctypes.c_int, ctypes.POINTER(PlanParamsC), ctypes.POINTER(PlanC),
+     c_char_p, _sz)
+_sig("kvp_preset_count", c_i32)
+_sig("kvp_preset_get", ctypes.c_int, c_i32, ctypes.POINTER(ModelPresetC))
+_sig("kvp_preset_find", ctypes.c_int, c_char_p, ctypes.POINTER(ModelPresetC), c_char_p, _sz)
+_sig("kvp_gpu_count", c_i32)
+_sig("kvp_gpu_get", ctypes.c_int, c_i32, ctypes.POINTER(GpuPresetC))
+_sig("kvp_gpu_find", ctypes.c_int, c_char_p, ctypes.POINTER(GpuPresetC), c_char_p, _sz)
+_sig("kvp_weight_bytes", ctypes.c_int, c_u64, c_char_p, ctypes.POINTER(c_u64), c_char_p, _sz)
+_sig("kvp_parse_size", ctypes.c_int, c_char_p, ctypes.POINTER(c_u64), c_char_p, _sz)
+_sig("kvp_build_has_cuda", ctypes.c_int)
+_sig("kvp_cuda_device_count", ctypes.c_int, ctypes.POINTER(c_i32), c_char_p, _sz)
+_sig("kvp_cuda_device_query", ctypes.c_int, c_i32, ctypes.POINTER(CudaDeviceInfoC), c_char_p, _sz)
+
+
+def _check_version() -> None:
+    n = lib.kvp_version_number()
+    have = (n // 10000, n // 100 % 100, n % 100)
+    want = EXPECTED_VERSION
+    if have[0] != want[0] or have[1] < want[1]:
+        raise ImportError(
+            f"kvpage: {path} is libkvpage {have[0]}.{have[1]}.{have[2]}, but these bindings "
+            f"need {want[0]}.{want[1]}.x or a later minor version of {want[0]}.x "
+            "(rebuild the library or reinstall the bindings from the same checkout)"
+        )
+
+
+_check_version()
+
+
+def new_struct(cls):
+    """An instance of a struct_size-first struct with struct_size set."""
+    s = cls()
+    s.struct_size = ctypes.sizeof(cls)
+    return s
+
+
+# ---- scheduler ---------------------------------------------------------------------
+
+class SchedParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("page_size", c_i32),
+        ("needs_staging", c_i32),
+        ("max_requests", c_i32),
+        ("max_batch", c_i32),
+        ("token_budget", c_i32),
+        ("max_prefill_chunk", c_i32),
+        ("horizon", c_i32),
+        ("hysteresis", c_i32),
+        ("actions", c_i32),
+        ("drop_below_priority", c_i32),
+        ("total_pages", ctypes.c_int64),
+        ("watermark_pages", ctypes.c_int64),
+        ("max_queue_delay", ctypes.c_int64),
+        ("page_bytes", c_u64),
+        ("staging_page_bytes", c_u64),
+        ("host_bytes_per_s", c_dbl),
+        ("prefill_tokens_per_s", c_dbl),
+        ("allocator", Allocator),
+    ]
+
+
+class SchedRequestC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("priority", c_i32),
+        ("id", ctypes.c_int64),
+        ("prompt_tokens", ctypes.c_int64),
+        ("max_new_tokens", ctypes.c_int64),
+        ("cached_tokens", ctypes.c_int64),
+        ("arrival", ctypes.c_int64),
+        ("deadline", ctypes.c_int64),
+    ]
+
+
+class SchedInputC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("free_pages", ctypes.c_int64),
+        ("free_staging", ctypes.c_int64),
+        ("host_free_bytes", c_u64),
+        ("now", ctypes.c_int64),
+    ]
+
+
+class SchedItemC(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int64), ("tokens", c_i32), ("reason", c_i32),
+                ("start", ctypes.c_int64)]
+
+
+class SchedPlanC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("n_swap_out", c_i32),
+        ("n_preempt", c_i32),
+        ("n_drop", c_i32),
+        ("n_swap_in", c_i32),
+        ("n_prefill", c_i32),
+        ("n_decode", c_i32),
+        ("n_reject", c_i32),
+        ("n_finished", c_i32),
+        ("pressure", c_i32),
+        ("swap_out", ctypes.POINTER(SchedItemC)),
+        ("preempt", ctypes.POINTER(SchedItemC)),
+        ("drop", ctypes.POINTER(SchedItemC)),
+        ("swap_in", ctypes.POINTER(SchedItemC)),
+        ("prefill", ctypes.POINTER(SchedItemC)),
+        ("decode", ctypes.POINTER(ctypes.c_int64)),
+        ("reject", ctypes.POINTER(SchedItemC)),
+        ("finished", ctypes.POINTER(ctypes.c_int64)),
+        ("pages_needed", ctypes.c_int64),
+        ("forecast_pages", ctypes.c_int64),
+    ]
+
+
+class SchedStatsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("reserved_", c_i32)] + [
+        (n, ctypes.c_int64) for n in ("waiting", "running", "swapped", "steps", "admitted",
+                                      "swap_outs", "swap_ins", "preemptions", "drops",
+                                      "rejects", "finished")]
+
+
+MIRRORED.update({
+    "kvp_sched_params_t": SchedParamsC,
+    "kvp_sched_request_t": SchedRequestC,
+    "kvp_sched_input_t": SchedInputC,
+    "kvp_sched_item_t": SchedItemC,
+    "kvp_sched_plan_t": SchedPlanC,
+    "kvp_sched_stats_t": SchedStatsC,
+})
+
+_P = ctypes.POINTER
+_sig("kvp_sched_params_init", None, _P(SchedParamsC))
+_sig("kvp_sched_create", ctypes.c_int, _P(SchedParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_sched_destroy", None, _vp)
+_sig("kvp_sched_last_error", c_char_p, _vp)
+_sig("kvp_sched_submit", ctypes.c_int, _vp, _P(SchedRequestC))
+_sig("kvp_sched_finish", ctypes.c_int, _vp, ctypes.c_int64)
+_sig("kvp_sched_step", ctypes.c_int, _vp, _P(SchedInputC), _P(SchedPlanC))
+_sig("kvp_sched_stats", ctypes.c_int, _vp, _P(SchedStatsC))
+
+
+# ---- pool and table ---------------------------------------------------------------
+
+class PoolParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("page_size", c_i32),
+        ("num_pages", c_i32),
+        ("num_staging", c_i32),
+        ("prefix_cache", c_i32),
+        ("reserved_", c_i32),
+        ("hash_seed", c_u64),
+        ("allocator", ctypes.POINTER(Allocator)),
+    ]
+
+
+class PoolStatsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("page_size", c_i32),
+        ("total_pages", ctypes.c_int64),
+        ("used_pages", ctypes.c_int64),
+        ("cached_pages", ctypes.c_int64),
+        ("free_pages", ctypes.c_int64),
+        ("reserved_pages", ctypes.c_int64),
+        ("available_pages", ctypes.c_int64),
+        ("total_staging", ctypes.c_int64),
+        ("used_staging", ctypes.c_int64),
+        ("live_seqs", ctypes.c_int64),
+        ("live_tokens", ctypes.c_int64),
+        ("utilization", c_dbl),
+        ("prefix_lookups", c_u64),
+        ("prefix_hit_tokens", c_u64),
+        ("prefix_miss_tokens", c_u64),
+        ("pages_stored", c_u64),
+        ("pages_evicted", c_u64),
+    ]
+
+
+class PoolEventC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("kind", c_i32),
+        ("page", c_i32),
+        ("parent", c_i32),
+        ("priority", c_i32),
+        ("reserved_", c_i32),
+        ("hash", c_u64),
+    ]
+
+
+PoolEventFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(PoolEventC))
+
+
+class TableParamsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("max_seqs", c_i32),
+                ("allocator", ctypes.POINTER(Allocator))]
+
+
+class SeqParamsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("priority", c_i32), ("salt", c_u64)]
+
+
+class SeqInfoC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("num_pages", c_i32),
+        ("length", ctypes.c_int64),
+        ("last_page_len", c_i32),
+        ("staging_page", c_i32),
+        ("reserved_tokens", ctypes.c_int64),
+        ("reserved_pages", c_i32),
+        ("priority", c_i32),
+        ("salt", c_u64),
+    ]
+
+
+class BatchBuffersC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("indptr", _vp),
+        ("indices", _vp),
+        ("last_page_len", _vp),
+        ("slot_mapping", _vp),
+        ("qo_indptr", _vp),
+        ("indices_capacity", ctypes.c_int64),
+        ("slots_capacity", ctypes.c_int64),
+    ]
+
+
+MIRRORED.update({
+    "kvp_pool_params_t": PoolParamsC,
+    "kvp_pool_stats_t": PoolStatsC,
+    "kvp_pool_event_t": PoolEventC,
+    "kvp_table_params_t": TableParamsC,
+    "kvp_seq_params_t": SeqParamsC,
+    "kvp_seq_info_t": SeqInfoC,
+    "kvp_batch_buffers_t": BatchBuffersC,
+})
+
+_i32p = ctypes.POINTER(c_i32)
+_i64p = ctypes.POINTER(ctypes.c_int64)
+_sig("kvp_pool_params_init", None, _P(PoolParamsC))
+_sig("kvp_pool_create", ctypes.c_int, _P(PoolParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_pool_create_from_plan", ctypes.c_int, _P(PlanC), _P(PoolParamsC), _P(_vp), c_char_p,
+     _sz)
+_sig("kvp_pool_destroy", None, _vp)
+_sig("kvp_pool_last_error", c_char_p, _vp)
+_sig("kvp_pool_alloc", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_alloc_staging", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_retain", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_release", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_refcount", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_evict", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_pool_stats", ctypes.c_int, _vp, _P(PoolStatsC))
+_sig("kvp_pool_set_event_callback", ctypes.c_int, _vp, PoolEventFn, _vp)
+_sig("kvp_table_params_init", None, _P(TableParamsC))
+_sig("kvp_table_create", ctypes.c_int, _vp, _P(TableParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_table_destroy", None, _vp)
+_sig("kvp_table_last_error", c_char_p, _vp)
+_sig("kvp_seq_params_init", None, _P(SeqParamsC))
+_sig("kvp_table_seq_create", ctypes.c_int, _vp, _P(SeqParamsC), _i32p)
+_sig("kvp_table_seq_release", ctypes.c_int, _vp, c_i32)
+_sig("kvp_table_reserve", ctypes.c_int, _vp, c_i32, ctypes.c_int64)
+_sig("kvp_table_append", ctypes.c_int, _vp, c_i32, ctypes.c_int64, _i32p, _i64p, _P(PageOpC),
+     c_i32, _i32p)
+_sig("kvp_table_truncate", ctypes.c_int, _vp, c_i32, ctypes.c_int64, _P(PageOpC), c_i32, _i32p)
+_sig("kvp_table_fork", ctypes.c_int, _vp, c_i32, _i32p, _P(PageOpC), c_i32, _i32p)
+_sig("kvp_table_attach_prefix", ctypes.c_int, _vp, c_i32, _i32p, ctypes.c_int64, _i64p)
+_sig("kvp_table_lookup_prefix", ctypes.c_int, _vp, c_u64, _i32p, ctypes.c_int64, _i64p)
+_sig("kvp_table_set_priority", ctypes.c_int, _vp, c_i32, c_i32)
+_sig("kvp_table_set_range_priority", ctypes.c_int, _vp, c_i32, ctypes.c_int64, ctypes.c_int64,
+     c_i32)
+_sig("kvp_table_seq_info", ctypes.c_int, _vp, c_i32, _P(SeqInfoC))
+_sig("kvp_table_seq_pages", ctypes.c_int, _vp, c_i32, _i32p, c_i32)
+_sig("kvp_table_export_size", ctypes.c_int, _vp, _i32p, c_i32, _i32p, _i64p, _i64p)
+_sig("kvp_table_export", ctypes.c_int, _vp, _i32p, c_i32, _i32p, _P(BatchBuffersC),
+     _P(KvViewC))
+
+
+# ---- store, quantize, context, attention, cache -------------------------------------
+
+class StoreParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layers", c_i32),
+        ("kv_heads", c_i32),
+        ("head_dim", c_i32),
+        ("page_size", c_i32),
+        ("k_format", c_i32),
+        ("v_format", c_i32),
+        ("k_order", c_i32),
+        ("num_pages", c_u64),
+        ("num_staging", c_u64),
+        ("allocator", Allocator),
+    ]
+
+
+class RegionC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("format", c_i32),
+        ("order", c_i32),
+        ("first_page", c_i32),
+        ("base", _vp),
+        ("pages", c_u64),
+        ("page_stride", c_u64),
+        ("head_stride", c_u64),
+        ("block_bytes", c_u64),
+        ("scale_offset", c_u64),
+        ("token_stride", c_u64),
+        ("dim_stride", c_u64),
+    ]
+
+
+class AppendC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layer", c_i32),
+        ("rows", c_i32),
+        ("dtype", c_i32),
+        ("k", _vp),
+        ("v", _vp),
+        ("k_row_stride", ctypes.c_int64),
+        ("v_row_stride", ctypes.c_int64),
+        ("slots", _vp),
+        ("ops", _vp),
+        ("num_ops", c_i32),
+        ("reserved_", c_i32),
+    ]
+
+
+class QuantDescC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("format", c_i32),
+        ("is_value", c_i32),
+        ("k_order", c_i32),
+        ("page_size", c_i32),
+        ("head_dim", c_i32),
+        ("heads", c_i32),
+        ("dtype", c_i32),
+        ("fp8_scale", ctypes.c_float),
+        ("reserved_", c_i32),
+    ]
+
+
+class CtxParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("threads", c_i32),
+        ("isa", c_i32),
+        ("reserved_", c_i32),
+        ("workspace_bytes", c_u64),
+        ("allocator", Allocator),
+    ]
+
+
+class AttentionParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layer", c_i32),
+        ("q_heads", c_i32),
+        ("dtype", c_i32),
+        ("causal", c_i32),
+        ("window_left", c_i32),
+        ("sm_scale", ctypes.c_float),
+        ("logit_soft_cap", ctypes.c_float),
+        ("qo_indptr", _vp),
+        ("q", _vp),
+        ("out", _vp),
+        ("lse", _vp),
+    ]
+
+
+class CacheParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("layers", c_i32),
+        ("kv_heads", c_i32),
+        ("head_dim", c_i32),
+        ("page_size", c_i32),
+        ("k_format", c_i32),
+        ("v_format", c_i32),
+        ("k_order", c_i32),
+        ("max_seqs", c_i32),
+        ("prefix_cache", c_i32),
+        ("threads", c_i32),
+        ("isa", c_i32),
+        ("reserved_", c_i32),
+        ("num_pages", ctypes.c_int64),
+        ("kv_budget_bytes", c_u64),
+        ("hash_seed", c_u64),
+        ("allocator", Allocator),
+    ]
+
+
+MIRRORED.update({
+    "kvp_store_params_t": StoreParamsC,
+    "kvp_region_t": RegionC,
+    "kvp_append_t": AppendC,
+    "kvp_quant_desc_t": QuantDescC,
+    "kvp_ctx_params_t": CtxParamsC,
+    "kvp_attention_params_t": AttentionParamsC,
+    "kvp_cache_params_t": CacheParamsC,
+})
+
+_sig("kvp_store_params_init", None, _P(StoreParamsC))
+_sig("kvp_store_create", ctypes.c_int, _P(StoreParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_store_destroy", None, _vp)
+_sig("kvp_store_last_error", c_char_p, _vp)
+_sig("kvp_store_layout", ctypes.c_int, _vp, _P(LayoutC))
+_sig("kvp_store_arena", ctypes.c_int, _vp, _P(_vp), _P(c_u64))
+_sig("kvp_store_region", ctypes.c_int, _vp, c_i32, c_i32, _P(RegionC))
+_sig("kvp_store_set_fp8_scale", ctypes.c_int, _vp, c_i32, c_i32, c_i32, ctypes.c_float)
+_sig("kvp_store_get_fp8_scale", ctypes.c_int, _vp, c_i32, c_i32, c_i32, _P(ctypes.c_float))
+_sig("kvp_append_init", None, _P(AppendC))
+_sig("kvp_store_append", ctypes.c_int, _vp, _P(AppendC))
+_sig("kvp_store_apply_ops", ctypes.c_int, _vp, _P(PageOpC), c_i32)
+_sig("kvp_store_read", ctypes.c_int, _vp, c_i32, c_i32, c_i32, c_i32, _P(ctypes.c_float),
+     _P(ctypes.c_float))
+_sig("kvp_store_nonfinite_count", c_u64, _vp)
+_sig("kvp_quant_block_bytes", ctypes.c_int, _P(QuantDescC), _P(c_u64), c_char_p, _sz)
+_sig("kvp_quantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, c_char_p, _sz)
+_sig("kvp_dequantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, c_char_p, _sz)
+_sig("kvp_ctx_params_init", None, _P(CtxParamsC))
+_sig("kvp_ctx_create", ctypes.c_int, _P(CtxParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_ctx_destroy", None, _vp)
+_sig("kvp_ctx_last_error", c_char_p, _vp)
+_sig("kvp_ctx_isa", c_i32, _vp)
+_sig("kvp_isa_name", c_char_p, c_i32)
+_sig("kvp_isa_supported", ctypes.c_int, c_i32)
+_sig("kvp_attention_params_init", None, _P(AttentionParamsC))
+_sig("kvp_attention", ctypes.c_int, _vp, _vp, _P(KvViewC), _P(AttentionParamsC))
+_sig("kvp_cache_params_init", None, _P(CacheParamsC))
+_sig("kvp_cache_create", ctypes.c_int, _P(CacheParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_cache_destroy", None, _vp)
+_sig("kvp_cache_last_error", c_char_p, _vp)
+_sig("kvp_cache_pool", _vp, _vp)
+_sig("kvp_cache_store", _vp, _vp)
+_sig("kvp_cache_seq_create", ctypes.c_int, _vp, c_i32, c_u64, _i32p)
+_sig("kvp_cache_seq_release", ctypes.c_int, _vp, c_i32)
+_sig("kvp_cache_seq_attach_prefix", ctypes.c_int, _vp, c_i32, _i32p, ctypes.c_int64, _i64p)
+_sig("kvp_cache_seq_fork", ctypes.c_int, _vp, c_i32, _i32p)
+_sig("kvp_cache_seq_truncate", ctypes.c_int, _vp, c_i32, ctypes.c_int64)
+_sig("kvp_cache_seq_length", ctypes.c_int, _vp, c_i32, _i64p)
+_sig("kvp_cache_begin_step", ctypes.c_int, _vp, _i32p, c_i32, _i32p, _i32p)
+_sig("kvp_cache_write", ctypes.c_int, _vp, c_i32, c_i32, _vp, _vp, ctypes.c_int64,
+     ctypes.c_int64)
+_sig("kvp_cache_attend", ctypes.c_int, _vp, _P(AttentionParamsC))
+_sig("kvp_cache_step_view", ctypes.c_int, _vp, _P(KvViewC), _P(_i64p), _P(_i32p), _i32p)

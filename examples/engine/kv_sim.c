@@ -1,0 +1,290 @@
+/*
+ * Quantization experiments: the contiguous fp32 cache, with every K/V row
+ * rounded the way a paged cache with int8/int4 keys stores it, in schemes
+ * libkvpage may or may not have. It answers "what would scheme X do to the
+ * model's perplexity?" before anyone writes its kernels.
+ *
+ * What it reproduces of libkvpage (docs/formats.md): with int8/int4 keys a
+ * sequence's partly filled page is held in fp16 (the staging page), and a
+ * page is quantized when it fills — keys asymmetric per channel over the
+ * page's tokens (int4 keys: the head_dim / 32 channels of widest range in
+ * int8), int8 values symmetric per token, int4 values asymmetric per
+ * token in groups of 32 channels, scales and minimums rounded to fp16,
+ * codes rounded to nearest even. Without int keys, values are quantized as
+ * they are written (no staging), as libkvpage does. One simplification:
+ * every row is rounded to fp16 before its page is quantized, where the
+ * library quantizes rows written in the step that fills the page from their
+ * fp32 values (a difference far below the formats' own). What it does not: the
+ * library's integer dot products (their added error is ~1% of the format's,
+ * docs/formats.md) — attention here is the contiguous cache's fp32 code
+ * over the dequantized values.
+ *
+ * Key schemes beyond libkvpage's:
+ *   int4wN  int4 keys whose N channels of widest range (max - min over the
+ *           page) in each (page, kv head) are kept as int8 (the outlier
+ *           channels KIVI and KVQuant describe: their range sets a coarse
+ *           step). libkvpage's int4 keys are int4wN with N = head_dim / 32
+ *           (plain `int4` here); int4w0 is int4 without them;
+ *   int4sN  int4, but the sequence's first N tokens stay fp16 and are left
+ *           out of their page's ranges (the attention-sink tokens).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv.h"
+#include "quant.h"
+
+enum { FMT_FP16, FMT_INT8, FMT_INT4 };
+
+typedef struct {
+    kv_cache_t base;
+    kv_cache_t *inner; /* the contiguous cache holding the (rounded) values */
+    int kf, vf;        /* FMT_* of keys and values */
+    int wide, sink;    /* int4wN, int4sN */
+    int32_t page;
+    int32_t rows, cap;
+    int32_t *row_seq, *row_pos;
+    float *range;      /* [head_dim] scratch */
+    int *order;        /* [head_dim] scratch */
+    char name[64];
+} sim_kv;
+
+static sim_kv *as_sim(kv_cache_t *kv) { return (sim_kv *)(void *)kv; }
+static const sim_kv *as_sim_c(const kv_cache_t *kv) { return (const sim_kv *)(const void *)kv; }
+
+static float f16r(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
+
+/* Asymmetric codes 0..levels over n elements `stride` apart (finite ones
+ * set the range), as libkvpage's int8/int4 keys and int4 values. */
+static void quant_asym(float *x, int n, long stride, int levels) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i * stride])) lo = fminf(lo, x[i * stride]), hi = fmaxf(hi, x[i * stride]);
+    if (lo > hi) lo = hi = 0;
+    float s = f16r((hi - lo) / (float)levels), m = f16r(lo), inv = s > 0 ? 1 / s : 0;
+    for (int i = 0; i < n; i++) {
+        float c = nearbyintf((x[i * stride] - m) * inv);
+        c = c < 0 ? 0 : c > (float)levels ? (float)levels : c;
+        x[i * stride] = fmaf(s, c, m);
+    }
+}
+
+/* int8 values: symmetric per (token, head). */
+static void quant_sym8(float *x, int n) {
+    float amax = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i])) amax = fmaxf(amax, fabsf(x[i]));
+    float s = f16r(amax / 127), inv = s > 0 ? 1 / s : 0;
+    for (int i = 0; i < n; i++) {
+        float c = nearbyintf(x[i] * inv); /* an integer code: no -0 */
+        x[i] = s * (float)(int)(c < -127 ? -127 : c > 127 ? 127 : c);
+    }
+}
+
+static void round_f16(float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = f16r(x[i]);
+}
+
+/* One token's values of one head, in the value format. */
+static void quant_value(const sim_kv *s, float *v, int hd) {
+    if (s->vf == FMT_INT8) quant_sym8(v, hd);
+    else if (s->vf == FMT_INT4)
+        for (int g = 0; g < hd; g += 32) quant_asym(v + g, hd - g < 32 ? hd - g : 32, 1, 15);
+    else round_f16(v, hd);
+}
+
+
+/* Keys of one (page, head): P tokens `stride` floats apart, per channel. */
+static void quant_key_page(sim_kv *s, float *k, int32_t first_pos, long stride, int hd) {
+    int32_t P = s->page, skip = 0; /* leading sink tokens, left in fp16 */
+    if (s->sink > first_pos) skip = s->sink - first_pos < P ? s->sink - first_pos : P;
+    if (skip == P) return;
+    float *kk = k + skip * stride;
+    int n = P - skip, levels = s->kf == FMT_INT8 ? 255 : 15;
+    if (s->kf == FMT_INT8 || s->wide == 0) {
+        for (int d = 0; d < hd; d++) quant_asym(kk + d, n, stride, levels);
+        return;
+    }
+    /* the `wide` channels of widest finite range as int8, the others int4;
+     * ties go to the lower channel, as libkvpage picks them (kvp__k4_pick) */
+    for (int d = 0; d < hd; d++) {
+        float lo = INFINITY, hi = -INFINITY;
+        for (int t = 0; t < n; t++)
+            if (isfinite(kk[t * stride + d])) lo = fminf(lo, kk[t * stride + d]), hi = fmaxf(hi, kk[t * stride + d]);
+        s->range[d] = lo > hi ? 0 : hi - lo;
+        s->order[d] = 0; /* 1: taken as int8 */
+    }
+    for (int i = 0; i < s->wide && i < hd; i++) {
+        int best = -1;
+        for (int d = 0; d < hd; d++)
+            if (!s->order[d] && (best < 0 || s->range[d] > s->range[best])) best = d;
+        s->order[best] = 1;
+    }
+    for (int d = 0; d < hd; d++) quant_asym(kk + d, n, stride, s->order[d] ? 255 : 15);
+}
+
+static void sim_destroy(kv_cache_t *kv) {
+    sim_kv *s = as_sim(kv);
+    if (!s) return;
+    if (s->inner) s->inner->ops->destroy(s->inner);
+    free(s->row_seq), free(s->row_pos), free(s->range), free(s->order);
+    free(s);
+}
+
+static int sim_open(kv_cache_t *kv, int32_t *id) { return as_sim(kv)->inner->ops->seq_open(as_sim(kv)->inner, id); }
+static int sim_fork(kv_cache_t *kv, int32_t p, int32_t *c) {
+    return as_sim(kv)->inner->ops->seq_fork(as_sim(kv)->inner, p, c);
+}
+static void sim_close(kv_cache_t *kv, int32_t id) { as_sim(kv)->inner->ops->seq_close(as_sim(kv)->inner, id); }
+static int32_t sim_len(const kv_cache_t *kv, int32_t id) {
+    return as_sim_c(kv)->inner->ops->seq_len(as_sim_c(kv)->inner, id);
+}
+static int32_t sim_attach(kv_cache_t *kv, int32_t id, const int32_t *t, int32_t n) {
+    (void)kv, (void)id, (void)t, (void)n;
+    return 0;
+}
+
+static int sim_begin(kv_cache_t *kv, const kv_batch_t *b) {
+    sim_kv *s = as_sim(kv);
+    int32_t rows = b->n_seqs > 0 ? b->q_start[b->n_seqs] : 0;
+    if (rows > s->cap) {
+        int32_t *a = realloc(s->row_seq, (size_t)rows * sizeof *a);
+        if (a) s->row_seq = a;
+        int32_t *c = realloc(s->row_pos, (size_t)rows * sizeof *c);
+        if (c) s->row_pos = c;
+        if (!a || !c) return KV_ENOMEM;
+        s->cap = rows;
+    }
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        int32_t len = sim_len(kv, b->seq_ids[i]);
+        for (int32_t r = b->q_start[i]; r < b->q_start[i + 1]; r++) {
+            s->row_seq[r] = b->seq_ids[i];
+            s->row_pos[r] = len + (r - b->q_start[i]);
+        }
+    }
+    int rc = s->inner->ops->begin_step(s->inner, b);
+    s->rows = rc == KV_OK ? rows : 0;
+    return rc;
+}
+
+static int sim_append(kv_cache_t *kv, int32_t layer, const float *k, const float *v) {
+    sim_kv *s = as_sim(kv);
+    int rc = s->inner->ops->append(s->inner, layer, k, v);
+    if (rc != KV_OK) return rc;
+    const kv_shape_t *sh = &kv->shape;
+    const int hd = sh->head_dim, H = sh->n_kv_heads;
+    const long row = (long)H * hd;
+    const int staged = s->kf != FMT_FP16; /* per-channel keys: a tail page in fp16 */
+    for (int32_t r = 0; r < s->rows; r++) {
+        float *K = kv_contig_data(s->inner, s->row_seq[r], layer, 0), *V = kv_contig_data(s->inner, s->row_seq[r], layer, 1);
+        const int32_t pos = s->row_pos[r];
+        round_f16(K + pos * row, row);
+        if (staged) round_f16(V + pos * row, row);
+        else
+            for (int h = 0; h < H; h++) quant_value(s, V + pos * row + h * hd, hd);
+        if (!staged || (pos + 1) % s->page != 0) continue;
+        /* the page fills: quantize it (keys per channel, values per token) */
+        const int32_t first = pos + 1 - s->page;
+        for (int h = 0; h < H; h++) {
+            quant_key_page(s, K + first * row + h * hd, first, row, hd);
+            for (int32_t t = first; t <= pos; t++) quant_value(s, V + t * row + h * hd, hd);
+        }
+    }
+    return KV_OK;
+}
+
+static int sim_attend(kv_cache_t *kv, int32_t layer, const float *q, float *out, float scale) {
+    return as_sim(kv)->inner->ops->attend(as_sim(kv)->inner, layer, q, out, scale);
+}
+
+static void sim_end(kv_cache_t *kv) { as_sim(kv)->inner->ops->end_step(as_sim(kv)->inner); }
+
+static void sim_stats(const kv_cache_t *kv, kv_stats_t *out) {
+    as_sim_c(kv)->inner->ops->stats(as_sim_c(kv)->inner, out);
+    out->impl = "simulated (contiguous)";
+    out->k_format = out->v_format = as_sim_c(kv)->name;
+}
+
+static const kv_ops_t sim_ops = {
+    "simulated quantization", sim_destroy, sim_open, sim_fork, sim_close, sim_len, sim_attach,
+    sim_begin, sim_append, sim_attend, sim_end, sim_stats,
+};
+
+/* "fp16" | "int8" | "int4" | "int4wN" | "int4sN" (keys) of `len` bytes. */
+static int parse_scheme(const char *p, size_t len, int is_key, int *fmt, int *wide, int *sink) {
+    char buf[16];
+    if (len == 0 || len >= sizeof buf) return -1;
+    memcpy(buf, p, len);
+    buf[len] = 0;
+    *wide = *sink = 0;
+    if (!strcmp(buf, "fp16")) *fmt = FMT_FP16;
+    else if (!strcmp(buf, "int8")) *fmt = FMT_INT8;
+    else if (!strcmp(buf, "int4")) *fmt = FMT_INT4, *wide = -1; /* libkvpage's: head_dim / 32 */
+    else if (is_key && (!strncmp(buf, "int4w", 5) || !strncmp(buf, "int4s", 5))) {
+        char *end;
+        long n = strtol(buf + 5, &end, 10);
+        if (*end || end == buf + 5 || n < (buf[4] == 'w' ? 0 : 1) || n > 1024) return -1;
+        *fmt = FMT_INT4;
+        *(buf[4] == 'w' ? wide : sink) = (int)n;
+    } else return -1;
+    return 0;
+}
+
+float *kv_sim_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v) {
+    return kv->ops == &sim_ops ? kv_contig_data(as_sim(kv)->inner, seq_id, layer, is_v) : NULL;
+}
+
+typedef struct {
+    int kf, vf, wide, sink;
+    long page;
+} sim_spec;
+
+static int sim_parse(const char *spec, sim_spec *o, char *err, size_t err_size) {
+    const char *slash = strchr(spec, '/'), *at = strchr(spec, '@');
+    const char *vend = at ? at : spec + strlen(spec);
+    int w2, s2;
+    o->page = 16;
+    if (at) {
+        char *end;
+        o->page = strtol(at + 1, &end, 10);
+        if (*end || o->page < 2 || o->page > 4096 || o->page % 2) o->page = -1;
+    }
+    if (!slash || slash > vend || o->page < 0 ||
+        parse_scheme(spec, (size_t)(slash - spec), 1, &o->kf, &o->wide, &o->sink) ||
+        parse_scheme(slash + 1, (size_t)(vend - slash - 1), 0, &o->vf, &w2, &s2)) {
+        snprintf(err, err_size, "bad simulation spec '%s': KEY/VALUE[@PAGE], keys fp16|int8|int4|int4wN|int4sN, "
+                 "values fp16|int8|int4, an even page size", spec);
+        return -1;
+    }
+    return 0;
+}
+
+int kv_sim_check(const char *spec, char *err, size_t err_size) {
+    sim_spec o;
+    return sim_parse(spec, &o, err, err_size);
+}
+
+kv_cache_t *kv_sim_create(const kv_shape_t *shape, pool_t *pool, const char *spec, char *err, size_t err_size) {
+    sim_spec o;
+    if (sim_parse(spec, &o, err, err_size)) return NULL;
+    sim_kv *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->base.ops = &sim_ops;
+    s->base.shape = *shape;
+    s->base.pool = pool;
+    s->kf = o.kf, s->vf = o.vf, s->sink = o.sink;
+    s->wide = o.wide < 0 ? (int)(shape->head_dim / 32) : o.wide;
+    s->page = (int32_t)o.page;
+    snprintf(s->name, sizeof s->name, "sim %s", spec);
+    s->inner = kv_contig_create(shape, pool);
+    s->range = malloc((size_t)shape->head_dim * sizeof *s->range);
+    s->order = malloc((size_t)shape->head_dim * sizeof *s->order);
+    if (!s->inner || !s->range || !s->order) {
+        snprintf(err, err_size, "cannot create the contiguous cache");
+        sim_destroy(&s->base);
+        return NULL;
+    }
+    return &s->base;
+}
