@@ -10,7 +10,7 @@ Loads the C library through ctypes (no compiler needed): see
 58
 """
 
-from . import _lib
+from . import _lib, cuda
 from .errors import (BadState, CudaError, Error, HostFull, InternalError, InvalidArgument,
                      NoDevice, NoSpace, NotFound, NotSupported, OutOfMemory)
 from ._handle import Closed
@@ -34,7 +34,7 @@ def library_version() -> str:
 
 
 __all__ = [
-    "Action", "Closed", "Reason", "Scheduler",
+    "Action", "Closed", "Reason", "Scheduler", "cuda",
     "Cache", "Context", "Isa", "Store", "dequantize", "isa_supported", "quantize",
     "EventKind", "Export", "OpKind", "PageOp", "Pool", "PoolEvent", "Table",
     "HostFull", "PageIO", "Tier",

@@ -774,3 +774,51 @@ _sig("kvp_tier_drop", ctypes.c_int, _vp, c_i32)
 _sig("kvp_tier_seq_info", ctypes.c_int, _vp, c_i32, _P(TierSeqInfoC))
 _sig("kvp_tier_stats", ctypes.c_int, _vp, _P(TierStatsC))
 _sig("kvp_tier_host_memory", ctypes.c_int, _vp, _P(_vp), _P(c_u64))
+
+
+# ---- store page I/O and the CUDA backend ------------------------------------------------
+
+_sig("kvp_store_page_to_host", ctypes.c_int, _vp, c_i32, c_u64, _vp, c_u64)
+_sig("kvp_store_page_from_host", ctypes.c_int, _vp, c_i32, c_u64, _vp, c_u64)
+_sig("kvp_store_synchronize", ctypes.c_int, _vp)
+_sig("kvp_store_page_io", ctypes.c_int, _vp, _P(PageIoC))
+
+
+class CudaAllocatorC(ctypes.Structure):
+    _fields_ = [("alloc", _vp), ("free", _vp), ("opaque", _vp)]
+
+
+class CudaParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("device", c_i32),
+        ("stream", _vp),
+        ("arena", _vp),
+        ("arena_bytes", c_u64),
+        ("staging_bytes", c_u64),
+        ("allocator", CudaAllocatorC),
+    ]
+
+
+MIRRORED.update({
+    "kvp_cuda_allocator_t": CudaAllocatorC,
+    "kvp_cuda_params_t": CudaParamsC,
+})
+
+_sig("kvp_cuda_params_init", None, _P(CudaParamsC))
+_sig("kvp_cuda_store_create", ctypes.c_int, _P(StoreParamsC), _P(CudaParamsC), _P(_vp), c_char_p,
+     _sz)
+_sig("kvp_cuda_ctx_create", ctypes.c_int, _P(CtxParamsC), _P(CudaParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_cuda_store_set_stream", ctypes.c_int, _vp, _vp)
+_sig("kvp_cuda_ctx_set_stream", ctypes.c_int, _vp, _vp)
+_sig("kvp_cuda_append", ctypes.c_int, _vp, _P(AppendC), _vp)
+_sig("kvp_cuda_apply_ops", ctypes.c_int, _vp, _P(PageOpC), c_i32, _vp)
+_sig("kvp_cuda_attention", ctypes.c_int, _vp, _vp, _P(KvViewC), _P(AttentionParamsC), _vp)
+_sig("kvp_cuda_page_to_host", ctypes.c_int, _vp, c_i32, c_u64, _vp, c_u64, _vp)
+_sig("kvp_cuda_page_from_host", ctypes.c_int, _vp, c_i32, c_u64, _vp, c_u64, _vp)
+_sig("kvp_cuda_quantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, _vp, c_char_p,
+     _sz)
+_sig("kvp_cuda_dequantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, _vp,
+     c_char_p, _sz)
+_sig("kvp_cuda_host_alloc", ctypes.c_int, c_u64, _P(_vp), c_char_p, _sz)
+_sig("kvp_cuda_host_free", None, _vp)

@@ -80,6 +80,20 @@ def rows_of(a, what: str, heads: int, head_dim: int, rows: Optional[int] = None,
     return a, code, a.strides[0] // a.itemsize
 
 
+def _buffer_address(buf, what: str, writable: bool) -> tuple[Optional[int], int]:
+    """(address, bytes) of a C-contiguous buffer: NumPy array, bytearray,
+    bytes (read-only), memoryview."""
+    try:
+        a = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} must be a contiguous buffer: {e}") from None
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{what} is read-only")
+    return (a.ctypes.data if a.nbytes else None), a.nbytes
+
+
 def _ops_array(ops: Sequence[PageOp]):
     arr = (_lib.PageOpC * max(len(ops), 1))()
     for i, o in enumerate(ops):
@@ -103,7 +117,11 @@ class Store(Handle):
         ptr = ctypes.c_void_p()
         err = errbuf()
         check(L.kvp_store_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err)), err)
-        super().__init__(ptr, L.kvp_store_destroy)
+        self._adopt(ptr, layers, kv_heads, head_dim, page_size, num_pages, num_staging)
+
+    def _adopt(self, ptr, layers, kv_heads, head_dim, page_size, num_pages, num_staging):
+        """Own a newly created kvp_store_t (CPU or CUDA)."""
+        Handle.__init__(self, ptr, L.kvp_store_destroy)
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.page_size, self.num_pages, self.num_staging = page_size, num_pages, num_staging
 
@@ -158,6 +176,27 @@ class Store(Handle):
         self._check(L.kvp_store_read(self._p(), layer, page, token0, n, k.ctypes.data_as(fp),
                                      v.ctypes.data_as(fp)))
         return k, v
+
+    def page_to_host(self, page: int, dst, offset: int = 0) -> None:
+        """Copy bytes ``[offset, offset + len(dst))`` of a page's serialization
+        (every layer's K blocks, then its V blocks) into ``dst``, a writable
+        buffer (bytearray, uint8 NumPy array, pinned array). On a CUDA store
+        the copy is asynchronous on the store's stream: ``dst`` is complete
+        after :meth:`synchronize`."""
+        addr, n = _buffer_address(dst, "dst", writable=True)
+        self._check(L.kvp_store_page_to_host(self._p(), page, offset, addr, n))
+
+    def page_from_host(self, page: int, src, offset: int = 0) -> None:
+        """Write ``src`` (bytes from :meth:`page_to_host` of a store with the
+        same layout) into a page's serialization at ``offset``. On a CUDA
+        store ``src`` must stay unchanged until :meth:`synchronize`."""
+        addr, n = _buffer_address(src, "src", writable=False)
+        self._check(L.kvp_store_page_from_host(self._p(), page, offset, addr, n))
+
+    def synchronize(self) -> None:
+        """Wait for the store's stream (nothing to wait for on the CPU); raises
+        :class:`kvpage.CudaError` for a failure of work already enqueued."""
+        self._check(L.kvp_store_synchronize(self._p()))
 
     def set_fp8_scale(self, layer: int, kv_head: int, is_value: bool, scale: float) -> None:
         self._check(L.kvp_store_set_fp8_scale(self._p(), layer, kv_head, int(is_value), scale))
@@ -256,7 +295,11 @@ class Context(Handle):
         ptr = ctypes.c_void_p()
         err = errbuf()
         check(L.kvp_ctx_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err)), err)
-        super().__init__(ptr, L.kvp_ctx_destroy)
+        self._adopt(ptr)
+
+    def _adopt(self, ptr) -> None:
+        """Own a newly created kvp_ctx_t (CPU or CUDA)."""
+        Handle.__init__(self, ptr, L.kvp_ctx_destroy)
 
     @property
     def isa(self) -> Isa:

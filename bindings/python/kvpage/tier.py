@@ -9,10 +9,11 @@ itself against :meth:`Tier.host_memory`. See ``kvp_tier_t`` for the rules.
 from __future__ import annotations
 
 import ctypes
-from typing import Optional, Protocol
+from typing import Optional, Protocol, Union
 
 from . import _lib
 from .errors import Error, check, errbuf, error_for
+from .kernels import Store
 from .paging import PageOp, Table, _ops, _Owner
 from .plan import Layout
 
@@ -66,19 +67,30 @@ class Tier(_Owner):
     """``kvp_tier_t``: a host memory area of ``host_bytes`` for ``table``'s sequences.
 
     ``layout`` (from :func:`kvpage.layout`) gives the page sizes; it must match
-    the pool. Without ``page_io`` the swaps return operations to execute.
+    the pool. ``page_io`` is a :class:`kvpage.Store` (CPU or CUDA: its own
+    page copies, ``kvp_store_page_io``, which it keeps alive), or any object
+    with the :class:`PageIO` methods. Without it the swaps return operations
+    to execute.
     The tier keeps its table alive; closing the table closes the tier.
     """
 
     def __init__(self, table: Table, host_bytes: int, layout: Layout,
-                 page_io: Optional[PageIO] = None):
+                 page_io: "Optional[Union[PageIO, Store]]" = None):
         self._io_error: list = [None]
         self._layout_c = layout._c()
         p = _lib.new_struct(_lib.TierParamsC)
         L.kvp_tier_params_init(ctypes.byref(p))
         p.host_bytes = host_bytes
         p.layout = ctypes.pointer(self._layout_c)
-        if page_io is not None:
+        if isinstance(page_io, Store):  # the store's own C functions: no Python per page
+            io = _lib.new_struct(_lib.PageIoC)
+            rc = L.kvp_store_page_io(page_io._p(), ctypes.byref(io))
+            if rc != 0:
+                raise error_for(rc, "kvp_store_page_io")
+            self._io_c = io
+            self._store = page_io  # the store must outlive the tier
+            p.page_io = ctypes.pointer(io)
+        elif page_io is not None:
             io = _lib.new_struct(_lib.PageIoC)
             self._callbacks = _trampolines(page_io, self._io_error)  # must outlive the tier
             io.copy_to_host, io.copy_from_host = self._callbacks

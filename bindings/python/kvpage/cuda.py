@@ -1,0 +1,368 @@
+"""The CUDA backend from Python: a store whose arena lives on the GPU, a
+context that runs attention there, device quantize / dequantize, and pinned
+host memory.
+
+Tensors are *device* memory and are never copied or inspected: pass any
+object with ``__cuda_array_interface__`` (CuPy, Numba, PyTorch CUDA tensors),
+or a raw device address (``tensor.data_ptr()``, an ``int``) together with
+``dtype=``. Shapes, dtypes, strides and alignment are checked from the
+interface when there is one; a raw address is taken to be C-contiguous rows.
+Streams are ``int`` handles (``torch.cuda.current_stream().cuda_stream``,
+``cupy.cuda.get_current_stream().ptr``), objects with such an attribute, or
+``None`` for the default stream. Metadata (slots, page ops, the CSR view)
+stays in host NumPy arrays, as the table makes them.
+
+In a CPU-only build every constructor here raises :class:`kvpage.NotSupported`;
+on a machine without a usable GPU, :class:`kvpage.NoDevice`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from . import _lib
+from .errors import check, errbuf, error_for
+from .kernels import Context, Store, _ops_array, _quant_desc
+from .paging import Export, PageOp
+from .plan import Format, format_of
+
+L = _lib.lib
+
+#: NumPy dtypes a device K/V/Q/output tensor may have, with their format codes.
+_DTYPES = {np.dtype(np.float32): int(Format.FP32), np.dtype(np.float16): int(Format.FP16)}
+_BF16_CODE = int(Format.BF16)
+
+
+def stream_handle(stream: Any) -> Optional[int]:
+    """The ``cudaStream_t`` of ``stream`` as an int (None: the default stream).
+
+    Accepts an int, ``None``, or an object with a ``cuda_stream`` (PyTorch) or
+    ``ptr`` (CuPy) attribute."""
+    if stream is None:
+        return None
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            stream = getattr(stream, attr)
+            break
+    if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+        raise ValueError(f"stream must be a non-negative int handle or a stream object, "
+                         f"got {type(stream).__name__}")
+    return stream or None
+
+
+def _dtype_code(dtype: Any, what: str) -> tuple[int, int]:
+    """(format code, item size) of a float32 / float16 / "bfloat16" dtype."""
+    if isinstance(dtype, str) and dtype.lower() in ("bfloat16", "bf16"):
+        return _BF16_CODE, 2
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"{what}: unknown dtype {dtype!r}") from None
+    code = _DTYPES.get(dt)
+    if code is None:
+        raise ValueError(f"{what} must be float32, float16 or bfloat16, got {dt}")
+    return code, dt.itemsize
+
+
+def _typestr_code(typestr: str, what: str) -> tuple[int, int]:
+    if typestr in ("<f4", "=f4"):
+        return int(Format.FP32), 4
+    if typestr in ("<f2", "=f2"):
+        return int(Format.FP16), 2
+    raise ValueError(f"{what} must be float32 or float16 (typestr <f4 / <f2), got {typestr!r}; "
+                     "pass a bfloat16 tensor as data_ptr() with dtype='bfloat16'")
+
+
+def device_rows(a: Any, what: str, heads: int, head_dim: int, rows: int,
+                dtype: Any = None, writable: bool = False) -> tuple[int, int, int]:
+    """Check a device tensor of ``rows`` rows of ``heads * head_dim`` elements.
+
+    ``a`` has ``__cuda_array_interface__`` (shape ``[rows][heads][head_dim]``
+    or ``[rows][heads*head_dim]``, elements within a row contiguous, rows any
+    stride), or is a raw address (``int``) of C-contiguous rows with ``dtype``
+    given. Returns (address, dtype code, row stride in elements)."""
+    width = heads * head_dim
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is None:
+        if isinstance(a, bool) or not isinstance(a, int):
+            raise ValueError(f"{what} must be a device array (__cuda_array_interface__) or a "
+                             f"device address (int), got {type(a).__name__}")
+        if dtype is None:
+            raise ValueError(f"{what} is a raw device address: pass dtype= as well")
+        code, item = _dtype_code(dtype, what)
+        if a <= 0 and rows > 0:
+            raise ValueError(f"{what} is a null or negative device address")
+        if a % item:
+            raise ValueError(f"{what} is not aligned to its element size ({item} bytes)")
+        return a, code, width
+    shape = tuple(cai["shape"])
+    code, item = _typestr_code(cai["typestr"], what)
+    if dtype is not None and _dtype_code(dtype, what)[0] != code:
+        raise ValueError(f"{what} has typestr {cai['typestr']}, not the dtype given")
+    if len(shape) == 3:
+        if shape[1:] != (heads, head_dim):
+            raise ValueError(f"{what} must have shape [rows][{heads}][{head_dim}], got {shape}")
+    elif len(shape) == 2:
+        if shape[1] != width:
+            raise ValueError(f"{what} must have shape [rows][{width}], got {shape}")
+    else:
+        raise ValueError(f"{what} must be 2- or 3-dimensional, got shape {shape}")
+    if shape[0] != rows:
+        raise ValueError(f"{what} has {shape[0]} rows, expected {rows}")
+    ptr, readonly = cai["data"]
+    if writable and readonly:
+        raise ValueError(f"{what} is read-only")
+    strides = cai.get("strides")
+    row_stride = width
+    if strides is not None and rows > 0:
+        inner = (item,) if len(shape) == 2 else (head_dim * item, item)
+        if tuple(strides[1:]) != inner or strides[0] % item or strides[0] < width * item:
+            raise ValueError(f"{what} rows must hold contiguous elements (got strides "
+                             f"{tuple(strides)})")
+        row_stride = strides[0] // item
+    if rows > 0 and (not ptr or ptr % item):
+        raise ValueError(f"{what} is null or not aligned to its element size")
+    return int(ptr or 0), code, row_stride
+
+
+def _device_bytes(a: Any, what: str, nbytes: int, writable: bool) -> int:
+    """Address of a device buffer of at least ``nbytes`` bytes (an int, or a
+    contiguous ``__cuda_array_interface__`` array of any dtype)."""
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is None:
+        if isinstance(a, bool) or not isinstance(a, int) or a <= 0:
+            raise ValueError(f"{what} must be a device array or a positive device address")
+        return a
+    ptr, readonly = cai["data"]
+    if writable and readonly:
+        raise ValueError(f"{what} is read-only")
+    item = int(cai["typestr"][2:])
+    shape = tuple(cai["shape"])
+    n = item * int(np.prod(shape, dtype=np.int64)) if shape else item
+    strides = cai.get("strides")
+    if strides is not None:
+        expect, acc = [], item
+        for dim in reversed(shape):
+            expect.insert(0, acc)
+            acc *= dim
+        if tuple(strides) != tuple(expect):
+            raise ValueError(f"{what} must be C-contiguous")
+    if n < nbytes:
+        raise ValueError(f"{what} holds {n} bytes, {nbytes} needed")
+    if not ptr:
+        raise ValueError(f"{what} is a null device address")
+    return int(ptr)
+
+
+def _cuda_params(device: int, stream: Any, arena: Any = None, arena_bytes: int = 0,
+                 staging_bytes: int = 0):
+    c = _lib.new_struct(_lib.CudaParamsC)
+    L.kvp_cuda_params_init(ctypes.byref(c))
+    c.device = device
+    c.stream = stream_handle(stream)
+    if arena is not None:
+        c.arena = _device_bytes(arena, "arena", arena_bytes, writable=True)
+        c.arena_bytes = arena_bytes
+    c.staging_bytes = staging_bytes
+    return c
+
+
+class CudaStore(Store):
+    """``kvp_cuda_store_create``: the page arena on a GPU, byte for byte the
+    CPU store's layout (``docs/formats.md``).
+
+    ``arena`` hands over device memory the engine owns (at least the
+    layout's arena bytes, ``arena_bytes``, 256-byte aligned); it must outlive
+    the store, which keeps a reference to it. ``stream`` becomes the store's
+    stream. :meth:`read`, :meth:`page_to_host` and the tier's swaps work as on
+    the CPU store (page copies are asynchronous on the stream)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, num_pages: int,
+                 page_size: int = 16, k_format=Format.FP16, v_format=Format.FP16,
+                 num_staging: int = 0, dim_major_keys: bool = False, device: int = 0,
+                 stream: Any = None, arena: Any = None, arena_bytes: int = 0,
+                 staging_bytes: int = 0):
+        p = _lib.new_struct(_lib.StoreParamsC)
+        L.kvp_store_params_init(ctypes.byref(p))
+        p.layers, p.kv_heads, p.head_dim, p.page_size = layers, kv_heads, head_dim, page_size
+        p.k_format, p.v_format = int(format_of(k_format)), int(format_of(v_format))
+        p.k_order = 1 if dim_major_keys else 0
+        p.num_pages, p.num_staging = num_pages, num_staging
+        c = _cuda_params(device, stream, arena, arena_bytes, staging_bytes)
+        ptr = ctypes.c_void_p()
+        err = errbuf()
+        check(L.kvp_cuda_store_create(ctypes.byref(p), ctypes.byref(c), ctypes.byref(ptr), err,
+                                      len(err)), err)
+        Store._adopt(self, ptr, layers, kv_heads, head_dim, page_size, num_pages, num_staging)
+        self.device = device
+        self._arena_owner = arena  # engine memory stays alive as long as the store
+
+    def set_stream(self, stream: Any) -> None:
+        """Make ``stream`` the store's stream (ordered after earlier work)."""
+        self._check(L.kvp_cuda_store_set_stream(self._p(), stream_handle(stream)))
+
+    def append(self, layer: int, k, v, slots, ops: Sequence[PageOp] = (), stream: Any = None,
+               dtype: Any = None) -> None:
+        """Write device rows of K/V at their slots (host int64 array, from
+        ``Table.append``); SEAL ops quantize the pages they name. Enqueued on
+        ``stream`` if given (it becomes the store's stream)."""
+        s = np.asarray(slots)
+        if s.dtype != np.int64 or s.ndim != 1 or not s.flags.c_contiguous:
+            raise ValueError("slots must be a contiguous int64 array (Table.append returns one)")
+        kp, kc, ks = device_rows(k, "k", self.kv_heads, self.head_dim, s.size, dtype)
+        vp, vc, vs = device_rows(v, "v", self.kv_heads, self.head_dim, s.size, dtype)
+        if kc != vc:
+            raise ValueError("k and v must have the same dtype")
+        a = _lib.new_struct(_lib.AppendC)
+        L.kvp_append_init(ctypes.byref(a))
+        a.layer, a.rows, a.dtype = layer, s.size, kc
+        a.k, a.v, a.k_row_stride, a.v_row_stride = kp or None, vp or None, ks, vs
+        a.slots = s.ctypes.data
+        arr = _ops_array(ops)
+        a.ops, a.num_ops = ctypes.cast(arr, ctypes.c_void_p), len(ops)
+        if stream is None:
+            self._check(L.kvp_store_append(self._p(), ctypes.byref(a)))
+        else:
+            self._check(L.kvp_cuda_append(self._p(), ctypes.byref(a), stream_handle(stream)))
+
+    def apply_ops(self, ops: Sequence[PageOp], stream: Any = None) -> None:
+        """Run COPY and UNSEAL ops on the device (on ``stream`` if given)."""
+        arr = _ops_array(ops)
+        if stream is None:
+            self._check(L.kvp_store_apply_ops(self._p(), arr, len(ops)))
+        else:
+            self._check(L.kvp_cuda_apply_ops(self._p(), arr, len(ops), stream_handle(stream)))
+
+
+class CudaContext(Context):
+    """``kvp_cuda_ctx_create``: attention on a GPU, with its split-KV
+    workspace (``workspace_bytes``, 0 = 16 MiB) allocated once here."""
+
+    def __init__(self, device: int = 0, stream: Any = None, workspace_bytes: int = 0,
+                 staging_bytes: int = 0):
+        p = _lib.new_struct(_lib.CtxParamsC)
+        L.kvp_ctx_params_init(ctypes.byref(p))
+        p.workspace_bytes = workspace_bytes
+        c = _cuda_params(device, stream, staging_bytes=staging_bytes)
+        ptr = ctypes.c_void_p()
+        err = errbuf()
+        check(L.kvp_cuda_ctx_create(ctypes.byref(p), ctypes.byref(c), ctypes.byref(ptr), err,
+                                    len(err)), err)
+        Context._adopt(self, ptr)
+        self.device = device
+
+    def set_stream(self, stream: Any) -> None:
+        """Make ``stream`` the context's stream (ordered after earlier work)."""
+        self._check(L.kvp_cuda_ctx_set_stream(self._p(), stream_handle(stream)))
+
+    def _check(self, rc: int) -> None:
+        if rc != 0:
+            raise error_for(rc, L.kvp_ctx_last_error(self._p()).decode())
+
+    def attention(self, store: Store, batch: Export, layer: int, q, out=None,
+                  q_heads: Optional[int] = None, sm_scale: Optional[float] = None,
+                  causal: bool = True, window_left: int = -1, soft_cap: float = 0.0,
+                  stream: Any = None, dtype: Any = None, lse: Any = None):
+        """Paged attention of device ``q``'s rows (``batch.qo_indptr``) over
+        ``batch``'s pages into device ``out`` (required: nothing is allocated
+        on the device here). ``lse``, if given, is a device float32 array of
+        ``rows * q_heads`` log-sum-exp values. Returns ``out``."""
+        if out is None:
+            raise ValueError("out is required for device attention (a device array or address)")
+        if q_heads is None:
+            shape = getattr(q, "__cuda_array_interface__", {}).get("shape", ())
+            if len(shape) != 3:
+                raise ValueError("q_heads is needed unless q is a 3-dimensional device array")
+            q_heads = int(shape[1])
+        rows = int(batch.qo_indptr[-1])
+        qp, qc, qs = device_rows(q, "q", q_heads, store.head_dim, rows, dtype)
+        op, oc, os_ = device_rows(out, "out", q_heads, store.head_dim, rows, dtype,
+                                  writable=True)
+        width = q_heads * store.head_dim
+        if qs != width or os_ != width:
+            raise ValueError("q and out must be C-contiguous")
+        if oc != qc:
+            raise ValueError("out must have q's dtype")
+        p = _lib.new_struct(_lib.AttentionParamsC)
+        L.kvp_attention_params_init(ctypes.byref(p))
+        p.layer, p.q_heads, p.dtype = layer, q_heads, qc
+        p.causal, p.window_left = int(causal), window_left
+        p.sm_scale = (float(sm_scale) if sm_scale is not None
+                      else 1.0 / float(np.sqrt(store.head_dim)))
+        p.logit_soft_cap = soft_cap
+        p.q, p.out = qp or None, op or None
+        if lse is not None:
+            p.lse = _device_bytes(lse, "lse", 4 * rows * q_heads, writable=True)
+        p.qo_indptr = batch.qo_indptr.ctypes.data
+        if stream is None:
+            rc = L.kvp_attention(self._p(), store._p(), ctypes.byref(batch.view), ctypes.byref(p))
+        else:
+            rc = L.kvp_cuda_attention(self._p(), store._p(), ctypes.byref(batch.view),
+                                      ctypes.byref(p), stream_handle(stream))
+        self._check(rc)
+        return out
+
+
+def _device_quant(fn, src, pages, dst, format, heads, head_dim, dtype, is_value, page_size,
+                  fp8_scale, dim_major_keys, stream, src_is_blocks):
+    code, item = _dtype_code(dtype, "dtype")
+    d = _quant_desc(format, is_value, page_size, heads, head_dim, code, fp8_scale,
+                    dim_major_keys)
+    bb = ctypes.c_uint64()
+    err = errbuf()
+    check(L.kvp_quant_block_bytes(ctypes.byref(d), ctypes.byref(bb), err, len(err)), err)
+    if pages < 1:
+        raise ValueError("pages must be >= 1")
+    block_bytes = pages * heads * bb.value
+    tensor_bytes = pages * page_size * heads * head_dim * item
+    s = _device_bytes(src, "src", block_bytes if src_is_blocks else tensor_bytes, False)
+    o = _device_bytes(dst, "dst", tensor_bytes if src_is_blocks else block_bytes, True)
+    check(fn(ctypes.byref(d), s, pages, o, stream_handle(stream), err, len(err)), err)
+
+
+def quantize(src, pages: int, dst, format, heads: int, head_dim: int, dtype=np.float16,
+             is_value: bool = False, page_size: int = 16, fp8_scale: float = 1.0,
+             dim_major_keys: bool = False, stream: Any = None) -> None:
+    """``kvp_cuda_quantize``: ``pages * page_size`` rows of ``[heads][head_dim]``
+    device elements of ``dtype`` into ``[pages][heads]`` blocks at ``dst``
+    (device), byte-identical to :func:`kvpage.quantize`. Asynchronous on
+    ``stream``."""
+    _device_quant(L.kvp_cuda_quantize, src, pages, dst, format, heads, head_dim, dtype,
+                  is_value, page_size, fp8_scale, dim_major_keys, stream, False)
+
+
+def dequantize(src, pages: int, dst, format, heads: int, head_dim: int, dtype=np.float32,
+               is_value: bool = False, page_size: int = 16, fp8_scale: float = 1.0,
+               dim_major_keys: bool = False, stream: Any = None) -> None:
+    """``kvp_cuda_dequantize``: the inverse of :func:`quantize`, into device
+    elements of ``dtype``, exactly :func:`kvpage.dequantize`'s values."""
+    _device_quant(L.kvp_cuda_dequantize, src, pages, dst, format, heads, head_dim, dtype,
+                  is_value, page_size, fp8_scale, dim_major_keys, stream, True)
+
+
+class _Pinned:
+    """Owns one kvp_cuda_host_alloc() block; freed when the last array over it goes."""
+
+    def __init__(self, nbytes: int):
+        ptr = ctypes.c_void_p()
+        err = errbuf()
+        check(L.kvp_cuda_host_alloc(nbytes, ctypes.byref(ptr), err, len(err)), err)
+        self.address = ptr.value
+        self._finalizer = weakref.finalize(self, L.kvp_cuda_host_free, ptr.value)
+
+
+def pinned_empty(shape, dtype=np.uint8) -> np.ndarray:
+    """A NumPy array over pinned (page-locked) host memory, for asynchronous
+    page copies (:meth:`Store.page_to_host`). Freed with the array."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if n <= 0:
+        raise ValueError("pinned_empty needs a non-empty shape")
+    owner = _Pinned(n)
+    buf = (ctypes.c_char * n).from_address(owner.address)
+    buf._kvpage_owner = owner  # the ctypes buffer keeps the allocation alive
+    return np.frombuffer(buf, dtype=dt).reshape(shape)
