@@ -171,6 +171,35 @@ KVP_API int kvp_cuda_ctx_create(const kvp_ctx_params_t *params, const kvp_cuda_p
                                 kvp_ctx_t **out, char *err, size_t err_size);
 
 /**
+ * @brief Create a cache façade (kvpage.h, #kvp_cache_t) whose store and
+ *        context live on a CUDA device.
+ *
+ * The same object as kvp_cache_create() gives, with the store from
+ * kvp_cuda_store_create() and the context from kvp_cuda_ctx_create() (both
+ * with `cuda`: one device, one stream, so appends and attention are ordered
+ * on it), and, with `params->host_bytes`, a host tier in pinned memory
+ * (kvp_cuda_host_alloc()) whose swaps are asynchronous copies on that
+ * stream. Every kvp_cache_* function then works unchanged:
+ * kvp_cache_write() takes device K/V rows, kvp_cache_attend() device
+ * queries and outputs; sequences, pages and the step's metadata stay on the
+ * host. Call kvp_store_synchronize() on kvp_cache_store() before reading
+ * results on the host.
+ *
+ * @param[in]  params   As for kvp_cache_create() (`threads` must be valid, is not used; `isa`
+ *                      is ignored).
+ * @param[in]  cuda     Device, stream, device allocator, and optionally the engine's arena
+ *                      memory for the store (NULL = kvp_cuda_params_init() defaults).
+ * @param[out] out      The new cache; untouched on error.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL as kvp_cache_create() or for a bad `cuda`;
+ *         #KVP_ENODEV; #KVP_ENOMEM (device, pinned or host memory);
+ *         #KVP_ECUDA; #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_cache_create(const kvp_cache_params_t *params, const kvp_cuda_params_t *cuda,
+                                  kvp_cache_t **out, char *err, size_t err_size);
+
+/**
  * @brief Make `stream` the store's stream for every later call.
  *
  * Work already enqueued on the previous stream is ordered before any later

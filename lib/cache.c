@@ -7,6 +7,7 @@
  * append with row numbers of the whole step.
  */
 #include "internal.h"
+#include "kvpage_cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,8 +92,23 @@ static int pages_for_budget(const kvp_cache_params_t *p, const kvp_layout_t *l,
     return KVP_OK;
 }
 
+/* The CUDA cache's host tier lives in pinned memory, so its page copies are
+ * asynchronous on the store's stream. */
+static void *pinned_alloc(void *opaque, size_t size, size_t alignment) {
+    (void)opaque;
+    (void)alignment; /* cudaMallocHost memory is page-aligned */
+    void *p = NULL;
+    return kvp_cuda_host_alloc((uint64_t)size, &p, NULL, 0) == KVP_OK ? p : NULL;
+}
+
+static void pinned_free(void *opaque, void *ptr) {
+    (void)opaque;
+    kvp_cuda_host_free(ptr);
+}
+
 static int create_parts(kvp_cache_t *c, const kvp_cache_params_t *p, const kvp_layout_t *l,
-                        int64_t pages, char *err, size_t err_size) {
+                        int64_t pages, const kvp_cuda_params_t *cuda, char *err,
+                        size_t err_size) {
     int32_t staging = l->needs_staging ? p->max_seqs : 0;
     kvp_store_params_t sp;
     kvp_store_params_init(&sp);
@@ -106,7 +122,8 @@ static int create_parts(kvp_cache_t *c, const kvp_cache_params_t *p, const kvp_l
     sp.num_pages = (uint64_t)pages;
     sp.num_staging = (uint64_t)staging;
     sp.allocator = p->allocator;
-    int rc = kvp_store_create(&sp, &c->store, err, err_size);
+    int rc = cuda ? kvp_cuda_store_create(&sp, cuda, &c->store, err, err_size)
+                  : kvp_store_create(&sp, &c->store, err, err_size);
     if (rc != KVP_OK) return rc;
 
     kvp_pool_params_t pp;
@@ -132,7 +149,14 @@ static int create_parts(kvp_cache_t *c, const kvp_cache_params_t *p, const kvp_l
     cp.threads = p->threads;
     cp.isa = p->isa;
     cp.allocator = p->allocator;
-    rc = kvp_ctx_create(&cp, &c->ctx, err, err_size);
+    if (cuda) {
+        kvp_cuda_params_t cc = *cuda;
+        cc.arena = NULL; /* the store's, not the context's */
+        cc.arena_bytes = 0;
+        rc = kvp_cuda_ctx_create(&cp, &cc, &c->ctx, err, err_size);
+    } else {
+        rc = kvp_ctx_create(&cp, &c->ctx, err, err_size);
+    }
     if (rc != KVP_OK || p->host_bytes == 0) return rc;
 
     kvp_page_io_t io = {.struct_size = sizeof io};
@@ -144,11 +168,13 @@ static int create_parts(kvp_cache_t *c, const kvp_cache_params_t *p, const kvp_l
     hp.layout = l;
     hp.page_io = &io;
     hp.allocator = &p->allocator;
+    kvp_allocator_t pinned = {pinned_alloc, pinned_free, NULL};
+    if (cuda) hp.host_allocator = &pinned;
     return kvp_tier_create(c->table, &hp, &c->tier, err, err_size);
 }
 
-int kvp_cache_create(const kvp_cache_params_t *p, kvp_cache_t **out, char *err,
-                     size_t err_size) {
+static int cache_create(const kvp_cache_params_t *p, const kvp_cuda_params_t *cuda,
+                        kvp_cache_t **out, char *err, size_t err_size) {
     if (out == NULL) return kvp__errf(err, err_size, KVP_EINVAL, "out is NULL");
     int rc = kvp__check_struct(p, sizeof *p, "params", err, err_size);
     if (rc == KVP_OK) rc = kvp__allocator_check(&p->allocator, err, err_size);
@@ -177,13 +203,33 @@ int kvp_cache_create(const kvp_cache_params_t *p, kvp_cache_t **out, char *err,
     c->page_size = p->page_size;
     c->num_pages = (int32_t)pages;
     c->num_staging = l.needs_staging ? p->max_seqs : 0;
-    rc = create_parts(c, p, &l, pages, err, err_size);
+    rc = create_parts(c, p, &l, pages, cuda, err, err_size);
     if (rc != KVP_OK) {
         kvp_cache_destroy(c);
         return rc;
     }
     *out = c;
     return KVP_OK;
+}
+
+int kvp_cache_create(const kvp_cache_params_t *p, kvp_cache_t **out, char *err,
+                     size_t err_size) {
+    return cache_create(p, NULL, out, err, err_size);
+}
+
+int kvp_cuda_cache_create(const kvp_cache_params_t *params, const kvp_cuda_params_t *cuda,
+                          kvp_cache_t **out, char *err, size_t err_size) {
+    if (!kvp_build_has_cuda())
+        return kvp__errf(err, err_size, KVP_ENOTSUP, "libkvpage was built without CUDA");
+    kvp_cuda_params_t defaults;
+    if (cuda == NULL) {
+        kvp_cuda_params_init(&defaults);
+        cuda = &defaults;
+    } else {
+        int rc = kvp__check_struct(cuda, sizeof *cuda, "cuda", err, err_size);
+        if (rc != KVP_OK) return rc;
+    }
+    return cache_create(params, cuda, out, err, err_size);
 }
 
 const char *kvp_cache_last_error(const kvp_cache_t *c) {

@@ -1081,6 +1081,175 @@ static void test_engine_memory(void **state) {
     assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_EINVAL);
 }
 
+/* ---- the cache façade on the device ------------------------------------------------------ */
+
+typedef struct {
+    kvp_cache_t *cpu, *gpu;
+    int32_t layers, H, QH, D, kf, vf;
+    uint32_t seed;
+} cache_twin;
+
+static float cache_rand(uint32_t *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xFFFF) / 32768.0f - 1.0f;
+}
+
+static kvp_cache_params_t cache_params(int32_t kf, int32_t vf, uint64_t host_bytes) {
+    kvp_cache_params_t p;
+    kvp_cache_params_init(&p);
+    p.layers = 2;
+    p.kv_heads = 2;
+    p.head_dim = 64;
+    p.page_size = 16;
+    p.k_format = kf;
+    p.v_format = vf;
+    p.max_seqs = 8;
+    p.num_pages = 24;
+    p.host_bytes = host_bytes;
+    return p;
+}
+
+/* Both arenas start with the same bytes outside the fixed region. */
+static void cache_fill(cache_twin *t) {
+    kvp_layout_t lay = {};
+    lay.struct_size = sizeof lay;
+    assert_int_equal(kvp_store_layout(kvp_cache_store(t->cpu), &lay), KVP_OK);
+    void *cb, *gb;
+    uint64_t cn, gn;
+    assert_int_equal(kvp_store_arena(kvp_cache_store(t->cpu), &cb, &cn), KVP_OK);
+    assert_int_equal(kvp_store_arena(kvp_cache_store(t->gpu), &gb, &gn), KVP_OK);
+    assert_true(cn == gn);
+    memset((uint8_t *)cb + lay.fixed_bytes, 0x5A, (size_t)(cn - lay.fixed_bytes));
+    assert_int_equal(cudaMemset((uint8_t *)gb + lay.fixed_bytes, 0x5A, (size_t)(gn - lay.fixed_bytes)),
+                     cudaSuccess);
+}
+
+static void cache_same_arena(cache_twin *t) {
+    void *cb, *gb;
+    uint64_t cn, gn;
+    assert_int_equal(kvp_store_synchronize(kvp_cache_store(t->gpu)), KVP_OK);
+    assert_int_equal(kvp_store_arena(kvp_cache_store(t->cpu), &cb, &cn), KVP_OK);
+    assert_int_equal(kvp_store_arena(kvp_cache_store(t->gpu), &gb, &gn), KVP_OK);
+    uint8_t *h = (uint8_t *)malloc((size_t)gn);
+    to_host(h, gb, (size_t)gn);
+    assert_true(cn == gn);
+    assert_memory_equal(h, cb, (size_t)cn);
+    free(h);
+}
+
+/* One step on both caches: the same rows written, attention compared. */
+static void cache_step(cache_twin *t, const int32_t *seqs, int32_t batch, const int32_t *num_new) {
+    int32_t rows = 0;
+    for (int32_t b = 0; b < batch; b++) rows += num_new[b];
+    assert_int_equal(kvp_cache_begin_step(t->cpu, seqs, batch, num_new, NULL), KVP_OK);
+    int rc = kvp_cache_begin_step(t->gpu, seqs, batch, num_new, NULL);
+    if (rc != KVP_OK) print_error("gpu begin_step: %s\n", kvp_cache_last_error(t->gpu));
+    assert_int_equal(rc, KVP_OK);
+    size_t kv_n = (size_t)rows * (size_t)(t->H * t->D), q_n = (size_t)rows * (size_t)(t->QH * t->D);
+    float *k = (float *)malloc(kv_n * 4), *v = (float *)malloc(kv_n * 4), *q = (float *)malloc(q_n * 4);
+    float *co = (float *)malloc(q_n * 4), *go = (float *)malloc(q_n * 4);
+    for (int32_t layer = 0; layer < t->layers; layer++) {
+        for (size_t i = 0; i < kv_n; i++) {
+            k[i] = cache_rand(&t->seed) + (i % 64 == 7 ? 4.0f : 0.0f); /* an outlier channel */
+            v[i] = cache_rand(&t->seed);
+        }
+        for (size_t i = 0; i < q_n; i++) q[i] = cache_rand(&t->seed);
+        void *kd = dev_copy(k, kv_n * 4), *vd = dev_copy(v, kv_n * 4), *qd = dev_copy(q, q_n * 4);
+        void *od = dev_alloc(q_n * 4);
+        assert_int_equal(kvp_cache_write(t->cpu, layer, KVP_FORMAT_FP32, k, v, 0, 0), KVP_OK);
+        rc = kvp_cache_write(t->gpu, layer, KVP_FORMAT_FP32, kd, vd, 0, 0);
+        if (rc != KVP_OK) print_error("gpu write: %s\n", kvp_cache_last_error(t->gpu));
+        assert_int_equal(rc, KVP_OK);
+        kvp_attention_params_t ap;
+        kvp_attention_params_init(&ap);
+        ap.layer = layer;
+        ap.q_heads = t->QH;
+        ap.dtype = KVP_FORMAT_FP32;
+        ap.sm_scale = 0.125f;
+        ap.q = q;
+        ap.out = co;
+        assert_int_equal(kvp_cache_attend(t->cpu, &ap), KVP_OK);
+        ap.q = qd;
+        ap.out = od;
+        rc = kvp_cache_attend(t->gpu, &ap);
+        if (rc != KVP_OK) print_error("gpu attend: %s\n", kvp_cache_last_error(t->gpu));
+        assert_int_equal(rc, KVP_OK);
+        to_host(go, od, q_n * 4);
+        double d = rel_diff(go, co, q_n), tol = tolerance(t->kf, t->vf);
+        if (d >= tol) print_error("cache attention layer %d: vs cpu %.2e (tol %.1e)\n", (int)layer, d, tol);
+        assert_true(d < tol);
+        cudaFree(kd);
+        cudaFree(vd);
+        cudaFree(qd);
+        cudaFree(od);
+    }
+    free(k), free(v), free(q), free(co), free(go);
+}
+
+/* kvp_cuda_cache_create: prefill chunks, decode, fork (copy on write),
+ * swap out / in through the pinned host tier, truncate (unseal) — the same
+ * calls on a CPU cache give the same arena, bit for bit, and attention
+ * within the backend's tolerance. */
+static void test_cache_facade(void **state) {
+    (void)state;
+    static const int32_t fmts[][2] = {{KVP_FORMAT_FP16, KVP_FORMAT_FP16},
+                                      {KVP_FORMAT_INT8, KVP_FORMAT_INT4},
+                                      {KVP_FORMAT_INT4, KVP_FORMAT_INT4}};
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+        cache_twin t = {};
+        t.layers = 2, t.H = 2, t.QH = 4, t.D = 64, t.kf = fmts[f][0], t.vf = fmts[f][1];
+        t.seed = 11u + (uint32_t)f;
+        kvp_cache_params_t p = cache_params(t.kf, t.vf, 4u << 20);
+        kvp_cache_params_t pc = p;
+        pc.isa = KVP_ISA_PORTABLE;
+        char err[KVP_ERR_SIZE] = "";
+        assert_int_equal(kvp_cache_create(&pc, &t.cpu, err, sizeof err), KVP_OK);
+        int rc = kvp_cuda_cache_create(&p, NULL, &t.gpu, err, sizeof err);
+        if (rc != KVP_OK) print_error("kvp_cuda_cache_create: %s\n", err);
+        assert_int_equal(rc, KVP_OK);
+        assert_int_equal(kvp_store_backend(kvp_cache_store(t.gpu)), KVP_BACKEND_CUDA);
+        assert_int_equal(kvp_ctx_backend(kvp_cache_ctx(t.gpu)), KVP_BACKEND_CUDA);
+        cache_fill(&t);
+        int32_t s[4], c0, c1;
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(kvp_cache_seq_create(t.cpu, 0, 0, &c0), KVP_OK);
+            assert_int_equal(kvp_cache_seq_create(t.gpu, 0, 0, &c1), KVP_OK);
+            assert_int_equal(c0, c1);
+            s[i] = c0;
+        }
+        const int32_t pre[3] = {21, 5, 40}, one[3] = {1, 1, 1};
+        cache_step(&t, s, 3, pre);             /* prefill, ragged */
+        cache_step(&t, s, 3, one);             /* decode */
+        assert_int_equal(kvp_cache_seq_fork(t.cpu, s[0], &c0), KVP_OK);
+        assert_int_equal(kvp_cache_seq_fork(t.gpu, s[0], &c1), KVP_OK);
+        assert_int_equal(c0, c1);
+        s[3] = c0;
+        const int32_t fk[2] = {s[0], s[3]}, two[2] = {2, 3};
+        cache_step(&t, fk, 2, two);            /* both sides of the shared page append */
+        cache_same_arena(&t);
+        assert_int_equal(kvp_cache_seq_swap_out(t.cpu, s[1]), KVP_OK);
+        rc = kvp_cache_seq_swap_out(t.gpu, s[1]);
+        if (rc != KVP_OK) print_error("gpu swap_out: %s\n", kvp_cache_last_error(t.gpu));
+        assert_int_equal(rc, KVP_OK);
+        const int32_t rest[3] = {s[0], s[2], s[3]}, big[3] = {17, 16, 1};
+        cache_step(&t, rest, 3, big);          /* may reuse the swapped-out pages */
+        assert_int_equal(kvp_cache_seq_swap_in(t.cpu, s[1]), KVP_OK);
+        assert_int_equal(kvp_cache_seq_swap_in(t.gpu, s[1]), KVP_OK);
+        assert_int_equal(kvp_cache_seq_truncate(t.cpu, s[2], 50), KVP_OK);
+        assert_int_equal(kvp_cache_seq_truncate(t.gpu, s[2], 50), KVP_OK);
+        cache_step(&t, s, 4, (const int32_t[]){1, 2, 3, 1});
+        cache_same_arena(&t);
+        kvp_pool_stats_t a = {}, b = {};
+        a.struct_size = b.struct_size = sizeof a;
+        assert_int_equal(kvp_pool_stats(kvp_cache_pool(t.cpu), &a), KVP_OK);
+        assert_int_equal(kvp_pool_stats(kvp_cache_pool(t.gpu), &b), KVP_OK);
+        assert_int_equal(a.used_pages, b.used_pages);
+        assert_int_equal(a.live_tokens, b.live_tokens);
+        kvp_cache_destroy(t.cpu);
+        kvp_cache_destroy(t.gpu);
+    }
+}
+
 static void test_bad_input(void **state) {
     (void)state;
     char err[KVP_ERR_SIZE] = "";
@@ -1238,8 +1407,33 @@ static void test_injected_failures(void **state) {
     kvp_ctx_params_init(&xp);
     kvp_ctx_t *c = nullptr;
     assert_int_equal(kvp_cuda_ctx_create(&xp, NULL, &c, err, sizeof err), KVP_ENODEV);
+    kvp_cache_params_t cp = cache_params(KVP_FORMAT_INT8, KVP_FORMAT_INT4, 1u << 20);
+    kvp_cache_t *cache = nullptr;
+    assert_int_equal(kvp_cuda_cache_create(&cp, NULL, &cache, err, sizeof err), KVP_ENODEV);
+    assert_null(cache);
     cudasim::set_no_device(false);
     assert_int_equal(cudasim::live_allocations(), base);
+    /* a cache whose every device or pinned allocation fails in turn */
+    bool made = false;
+    for (long i = 0; i < 16 && !made; i++) {
+        cudasim::fail_malloc_at(i);
+        int rc = kvp_cuda_cache_create(&cp, NULL, &cache, err, sizeof err);
+        cudasim::fail_malloc_at(-1);
+        if (rc == KVP_OK) {
+            made = true;
+            kvp_cache_destroy(cache);
+        } else {
+            if (rc != KVP_ENOMEM) print_error("allocation %ld: %s\n", i, err);
+            assert_int_equal(rc, KVP_ENOMEM);
+            assert_null(cache);
+        }
+        assert_int_equal(cudasim::live_allocations(), base);
+    }
+    assert_true(made);
+    kvp_cuda_params_t bad;
+    kvp_cuda_params_init(&bad);
+    bad.struct_size = 4;
+    assert_int_equal(kvp_cuda_cache_create(&cp, &bad, &cache, err, sizeof err), KVP_EINVAL);
 }
 #endif
 
@@ -1265,6 +1459,7 @@ int main(void) {
         cmocka_unit_test(test_attention_options),
         cmocka_unit_test(test_streams),
         cmocka_unit_test(test_engine_memory),
+        cmocka_unit_test(test_cache_facade),
         cmocka_unit_test(test_bad_input),
 #ifdef KVP_CUDASIM
         cmocka_unit_test(test_injected_failures),

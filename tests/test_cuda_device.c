@@ -96,6 +96,18 @@ static void test_entry_points_without_gpu(void **state) {
     assert_int_equal(kvp_cuda_ctx_create(&xp, &cp, &c, err, sizeof err), want);
     assert_null(c);
     assert_true(strlen(err) > 0);
+    kvp_cache_params_t kp;
+    kvp_cache_params_init(&kp);
+    kp.layers = 1;
+    kp.kv_heads = 1;
+    kp.head_dim = 64;
+    kp.num_pages = 4;
+    kp.host_bytes = 1 << 20;
+    kvp_cache_t *cache = NULL;
+    err[0] = '\0';
+    assert_int_equal(kvp_cuda_cache_create(&kp, &cp, &cache, err, sizeof err), want);
+    assert_null(cache);
+    assert_true(strlen(err) > 0);
     void *p = NULL;
     int rc = kvp_cuda_host_alloc(64, &p, err, sizeof err);
     if (kvp_build_has_cuda()) assert_true(rc == KVP_OK || rc == KVP_ENODEV || rc == KVP_ENOMEM);

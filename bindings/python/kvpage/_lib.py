@@ -822,3 +822,4 @@ _sig("kvp_cuda_dequantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _
      c_char_p, _sz)
 _sig("kvp_cuda_host_alloc", ctypes.c_int, c_u64, _P(_vp), c_char_p, _sz)
 _sig("kvp_cuda_host_free", None, _vp)
+_sig("kvp_cuda_cache_create", ctypes.c_int, _P(CacheParamsC), _P(CudaParamsC), _P(_vp), c_char_p, _sz)

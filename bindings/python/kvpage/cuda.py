@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _lib
 from .errors import check, errbuf, error_for
-from .kernels import Context, Store, _ops_array, _quant_desc
+from .kernels import Cache, Context, Store, _ops_array, _quant_desc
 from .paging import Export, PageOp
 from .plan import Format, format_of
 
@@ -304,6 +304,70 @@ class CudaContext(Context):
             rc = L.kvp_cuda_attention(self._p(), store._p(), ctypes.byref(batch.view),
                                       ctypes.byref(p), stream_handle(stream))
         self._check(rc)
+        return out
+
+
+class CudaCache(Cache):
+    """``kvp_cuda_cache_create``: the :class:`kvpage.Cache` façade with its
+    store and context on a GPU (one device, one stream) and, with
+    ``host_bytes``, a host tier in pinned memory whose swaps are
+    asynchronous copies on that stream. :meth:`write` takes device K/V rows,
+    :meth:`attend` device queries and a device ``out``; sequences and the
+    step's metadata stay on the host. ``cache.store.synchronize()`` waits
+    for the stream."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, num_pages: int = 0,
+                 kv_budget=None, page_size: int = 16, k_format=Format.FP16,
+                 v_format=Format.FP16, max_seqs: int = 256, prefix_cache: bool = True,
+                 dim_major_keys: bool = False, host_bytes=None, device: int = 0,
+                 stream: Any = None, arena: Any = None, arena_bytes: int = 0,
+                 staging_bytes: int = 0):
+        self._cuda_c = _cuda_params(device, stream, arena, arena_bytes, staging_bytes)
+        super().__init__(layers, kv_heads, head_dim, num_pages=num_pages, kv_budget=kv_budget,
+                         page_size=page_size, k_format=k_format, v_format=v_format,
+                         max_seqs=max_seqs, prefix_cache=prefix_cache,
+                         dim_major_keys=dim_major_keys, host_bytes=host_bytes)
+        self.device = device
+        self._arena_owner = arena
+
+    def _create_c(self, p, ptr, err) -> int:
+        return L.kvp_cuda_cache_create(ctypes.byref(p), ctypes.byref(self._cuda_c),
+                                       ctypes.byref(ptr), err, len(err))
+
+    def write(self, layer: int, k, v, dtype: Any = None) -> None:
+        """Write the step's device rows of K/V for one layer."""
+        kp, kc, ks = device_rows(k, "k", self.kv_heads, self.head_dim, self._rows, dtype)
+        vp, vc, vs = device_rows(v, "v", self.kv_heads, self.head_dim, self._rows, dtype)
+        if kc != vc:
+            raise ValueError("k and v must have the same dtype")
+        self._check(L.kvp_cache_write(self._p(), layer, kc, kp or None, vp or None, ks, vs))
+
+    def attend(self, layer: int, q, out=None, q_heads: Optional[int] = None,
+               sm_scale: Optional[float] = None, causal: bool = True, window_left: int = -1,
+               soft_cap: float = 0.0, dtype: Any = None):
+        """Attention of the step's rows for one layer, from device ``q`` into
+        device ``out`` (required); returns ``out``."""
+        if out is None:
+            raise ValueError("out is required for device attention (a device array or address)")
+        if q_heads is None:
+            shape = getattr(q, "__cuda_array_interface__", {}).get("shape", ())
+            if len(shape) != 3:
+                raise ValueError("q_heads is needed unless q is a 3-dimensional device array")
+            q_heads = int(shape[1])
+        qp, qc, qs = device_rows(q, "q", q_heads, self.head_dim, self._rows, dtype)
+        op, oc, os_ = device_rows(out, "out", q_heads, self.head_dim, self._rows, dtype,
+                                  writable=True)
+        if qs != q_heads * self.head_dim or os_ != qs or oc != qc:
+            raise ValueError("q and out must be C-contiguous with the same dtype")
+        p = _lib.new_struct(_lib.AttentionParamsC)
+        L.kvp_attention_params_init(ctypes.byref(p))
+        p.layer, p.q_heads, p.dtype = layer, q_heads, qc
+        p.causal, p.window_left = int(causal), window_left
+        p.sm_scale = (float(sm_scale) if sm_scale is not None
+                      else 1.0 / float(np.sqrt(self.head_dim)))
+        p.logit_soft_cap = soft_cap
+        p.q, p.out = qp or None, op or None
+        self._check(L.kvp_cache_attend(self._p(), ctypes.byref(p)))
         return out
 
 

@@ -347,13 +347,16 @@ class Cache(Handle):
         p.host_bytes = 0 if host_bytes is None else parse_size(host_bytes)
         ptr = ctypes.c_void_p()
         err = errbuf()
-        check(L.kvp_cache_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err)), err)
+        check(self._create_c(p, ptr, err), err)
         super().__init__(ptr, L.kvp_cache_destroy)
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.page_size = page_size
         self._rows = 0
         self.store = Store._borrow(L.kvp_cache_store(self._p()), layers, kv_heads, head_dim,
                                    page_size, self)
+
+    def _create_c(self, p, ptr, err) -> int:
+        return L.kvp_cache_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err))
 
     def close(self) -> None:
         if getattr(self, "store", None) is not None:

@@ -11,7 +11,8 @@ import pytest
 
 import kvpage
 from kvpage import Context, Isa, NoDevice, NotSupported, Pool, Store, Table, Tier
-from kvpage.cuda import (CudaContext, CudaStore, device_rows, pinned_empty, stream_handle)
+from kvpage.cuda import (CudaCache, CudaContext, CudaStore, device_rows, pinned_empty,
+                         stream_handle)
 
 H, QH, D = 2, 8, 64
 
@@ -99,6 +100,8 @@ def test_without_a_gpu_constructors_fail_cleanly():
     assert e.value.detail  # the library says why
     with pytest.raises(expected):
         CudaContext()
+    with pytest.raises(expected):
+        CudaCache(layers=1, kv_heads=H, head_dim=D, num_pages=8, host_bytes="1MiB")
     with pytest.raises(expected):
         pinned_empty(4096)
     with pytest.raises(expected):
@@ -270,3 +273,34 @@ def test_gpu_store_and_attention_match_the_cpu_backend(k_fmt, v_fmt):
     buf = pinned_empty(1024)
     buf[:] = 3
     assert buf.sum() == 3 * 1024
+
+
+@pytest.mark.skipif(gpu_count() == 0, reason="no GPU")
+def test_gpu_cache_matches_the_cpu_cache():
+    rt = Cudart()
+    rng = np.random.default_rng(9)
+    kw = dict(layers=1, kv_heads=H, head_dim=D, num_pages=16, k_format="int8", v_format="int4",
+              max_seqs=4, host_bytes="4MiB")
+    cpu, gpu = kvpage.Cache(isa=Isa.PORTABLE, **kw), CudaCache(**kw)
+    seqs = [cpu.create(), cpu.create()]
+    assert [gpu.create(), gpu.create()] == seqs
+    for num_new in ([20, 7], [1, 1], [1, 1]):
+        rows = sum(num_new)
+        cpu.begin_step(seqs, num_new)
+        gpu.begin_step(seqs, num_new)
+        k = rng.normal(size=(rows, H, D)).astype(np.float32)
+        v = rng.normal(size=(rows, H, D)).astype(np.float32)
+        q = rng.normal(size=(rows, QH, D)).astype(np.float32)
+        cpu.write(0, k, v)
+        ptrs = [rt.upload(x) for x in (k, v, q, np.zeros_like(q))]
+        gpu.write(0, ptrs[0], ptrs[1], dtype=np.float32)
+        want = cpu.attend(0, q)
+        gpu.attend(0, ptrs[2], ptrs[3], q_heads=QH, dtype=np.float32)
+        got = rt.download(ptrs[3], q)
+        for p in ptrs:
+            rt.free(p)
+        assert np.abs(got - want).max() < 5e-3
+    gpu.swap_out(seqs[1])
+    gpu.swap_in(seqs[1])
+    gpu.store.synchronize()
+    assert gpu.length(seqs[1]) == cpu.length(seqs[1]) == 9
