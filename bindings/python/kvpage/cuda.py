@@ -26,9 +26,9 @@ import numpy as np
 
 from . import _lib
 from .errors import check, errbuf, error_for
-from .kernels import Cache, Context, Store, _ops_array, _quant_desc
+from .kernels import Cache, Context, Store, _ops_array, _quant_desc, attention_struct
 from .paging import Export, PageOp
-from .plan import Format, format_of
+from .plan import Format
 
 L = _lib.lib
 
@@ -171,6 +171,26 @@ def _cuda_params(device: int, stream: Any, arena: Any = None, arena_bytes: int =
     return c
 
 
+def _device_attention(layer, q, out, q_heads, head_dim, rows, sm_scale, causal, window_left,
+                      soft_cap, dtype):
+    """kvp_attention_params_t for device q / out (checked), without qo_indptr."""
+    if out is None:
+        raise ValueError("out is required for device attention (a device array or address)")
+    if q_heads is None:
+        shape = getattr(q, "__cuda_array_interface__", {}).get("shape", ())
+        if len(shape) != 3:
+            raise ValueError("q_heads is needed unless q is a 3-dimensional device array")
+        q_heads = int(shape[1])
+    qp, qc, qs = device_rows(q, "q", q_heads, head_dim, rows, dtype)
+    op, oc, os_ = device_rows(out, "out", q_heads, head_dim, rows, dtype, writable=True)
+    if qs != q_heads * head_dim or os_ != qs:
+        raise ValueError("q and out must be C-contiguous")
+    if oc != qc:
+        raise ValueError("out must have q's dtype")
+    return attention_struct(layer, q_heads, head_dim, qc, sm_scale, causal, window_left, soft_cap,
+                            qp, op)
+
+
 class CudaStore(Store):
     """``kvp_cuda_store_create``: the page arena on a GPU, byte for byte the
     CPU store's layout (``docs/formats.md``).
@@ -186,20 +206,16 @@ class CudaStore(Store):
                  num_staging: int = 0, dim_major_keys: bool = False, device: int = 0,
                  stream: Any = None, arena: Any = None, arena_bytes: int = 0,
                  staging_bytes: int = 0):
-        p = _lib.new_struct(_lib.StoreParamsC)
-        L.kvp_store_params_init(ctypes.byref(p))
-        p.layers, p.kv_heads, p.head_dim, p.page_size = layers, kv_heads, head_dim, page_size
-        p.k_format, p.v_format = int(format_of(k_format)), int(format_of(v_format))
-        p.k_order = 1 if dim_major_keys else 0
-        p.num_pages, p.num_staging = num_pages, num_staging
-        c = _cuda_params(device, stream, arena, arena_bytes, staging_bytes)
-        ptr = ctypes.c_void_p()
-        err = errbuf()
-        check(L.kvp_cuda_store_create(ctypes.byref(p), ctypes.byref(c), ctypes.byref(ptr), err,
-                                      len(err)), err)
-        Store._adopt(self, ptr, layers, kv_heads, head_dim, page_size, num_pages, num_staging)
+        self._cuda_c = _cuda_params(device, stream, arena, arena_bytes, staging_bytes)
+        super().__init__(layers, kv_heads, head_dim, num_pages, page_size=page_size,
+                         k_format=k_format, v_format=v_format, num_staging=num_staging,
+                         dim_major_keys=dim_major_keys)
         self.device = device
         self._arena_owner = arena  # engine memory stays alive as long as the store
+
+    def _create_c(self, p, ptr, err) -> int:
+        return L.kvp_cuda_store_create(ctypes.byref(p), ctypes.byref(self._cuda_c),
+                                       ctypes.byref(ptr), err, len(err))
 
     def set_stream(self, stream: Any) -> None:
         """Make ``stream`` the store's stream (ordered after earlier work)."""
@@ -244,16 +260,13 @@ class CudaContext(Context):
 
     def __init__(self, device: int = 0, stream: Any = None, workspace_bytes: int = 0,
                  staging_bytes: int = 0):
-        p = _lib.new_struct(_lib.CtxParamsC)
-        L.kvp_ctx_params_init(ctypes.byref(p))
-        p.workspace_bytes = workspace_bytes
-        c = _cuda_params(device, stream, staging_bytes=staging_bytes)
-        ptr = ctypes.c_void_p()
-        err = errbuf()
-        check(L.kvp_cuda_ctx_create(ctypes.byref(p), ctypes.byref(c), ctypes.byref(ptr), err,
-                                    len(err)), err)
-        Context._adopt(self, ptr)
+        self._cuda_c = _cuda_params(device, stream, staging_bytes=staging_bytes)
+        super().__init__(workspace_bytes=workspace_bytes)
         self.device = device
+
+    def _create_c(self, p, ptr, err) -> int:
+        return L.kvp_cuda_ctx_create(ctypes.byref(p), ctypes.byref(self._cuda_c),
+                                     ctypes.byref(ptr), err, len(err))
 
     def set_stream(self, stream: Any) -> None:
         """Make ``stream`` the context's stream (ordered after earlier work)."""
@@ -271,32 +284,11 @@ class CudaContext(Context):
         ``batch``'s pages into device ``out`` (required: nothing is allocated
         on the device here). ``lse``, if given, is a device float32 array of
         ``rows * q_heads`` log-sum-exp values. Returns ``out``."""
-        if out is None:
-            raise ValueError("out is required for device attention (a device array or address)")
-        if q_heads is None:
-            shape = getattr(q, "__cuda_array_interface__", {}).get("shape", ())
-            if len(shape) != 3:
-                raise ValueError("q_heads is needed unless q is a 3-dimensional device array")
-            q_heads = int(shape[1])
         rows = int(batch.qo_indptr[-1])
-        qp, qc, qs = device_rows(q, "q", q_heads, store.head_dim, rows, dtype)
-        op, oc, os_ = device_rows(out, "out", q_heads, store.head_dim, rows, dtype,
-                                  writable=True)
-        width = q_heads * store.head_dim
-        if qs != width or os_ != width:
-            raise ValueError("q and out must be C-contiguous")
-        if oc != qc:
-            raise ValueError("out must have q's dtype")
-        p = _lib.new_struct(_lib.AttentionParamsC)
-        L.kvp_attention_params_init(ctypes.byref(p))
-        p.layer, p.q_heads, p.dtype = layer, q_heads, qc
-        p.causal, p.window_left = int(causal), window_left
-        p.sm_scale = (float(sm_scale) if sm_scale is not None
-                      else 1.0 / float(np.sqrt(store.head_dim)))
-        p.logit_soft_cap = soft_cap
-        p.q, p.out = qp or None, op or None
+        p = _device_attention(layer, q, out, q_heads, store.head_dim, rows, sm_scale, causal,
+                              window_left, soft_cap, dtype)
         if lse is not None:
-            p.lse = _device_bytes(lse, "lse", 4 * rows * q_heads, writable=True)
+            p.lse = _device_bytes(lse, "lse", 4 * rows * p.q_heads, writable=True)
         p.qo_indptr = batch.qo_indptr.ctypes.data
         if stream is None:
             rc = L.kvp_attention(self._p(), store._p(), ctypes.byref(batch.view), ctypes.byref(p))
@@ -347,26 +339,8 @@ class CudaCache(Cache):
                soft_cap: float = 0.0, dtype: Any = None):
         """Attention of the step's rows for one layer, from device ``q`` into
         device ``out`` (required); returns ``out``."""
-        if out is None:
-            raise ValueError("out is required for device attention (a device array or address)")
-        if q_heads is None:
-            shape = getattr(q, "__cuda_array_interface__", {}).get("shape", ())
-            if len(shape) != 3:
-                raise ValueError("q_heads is needed unless q is a 3-dimensional device array")
-            q_heads = int(shape[1])
-        qp, qc, qs = device_rows(q, "q", q_heads, self.head_dim, self._rows, dtype)
-        op, oc, os_ = device_rows(out, "out", q_heads, self.head_dim, self._rows, dtype,
-                                  writable=True)
-        if qs != q_heads * self.head_dim or os_ != qs or oc != qc:
-            raise ValueError("q and out must be C-contiguous with the same dtype")
-        p = _lib.new_struct(_lib.AttentionParamsC)
-        L.kvp_attention_params_init(ctypes.byref(p))
-        p.layer, p.q_heads, p.dtype = layer, q_heads, qc
-        p.causal, p.window_left = int(causal), window_left
-        p.sm_scale = (float(sm_scale) if sm_scale is not None
-                      else 1.0 / float(np.sqrt(self.head_dim)))
-        p.logit_soft_cap = soft_cap
-        p.q, p.out = qp or None, op or None
+        p = _device_attention(layer, q, out, q_heads, self.head_dim, self._rows, sm_scale, causal,
+                              window_left, soft_cap, dtype)
         self._check(L.kvp_cache_attend(self._p(), ctypes.byref(p)))
         return out
 

@@ -116,14 +116,13 @@ class Store(Handle):
         p.num_pages, p.num_staging = num_pages, num_staging
         ptr = ctypes.c_void_p()
         err = errbuf()
-        check(L.kvp_store_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err)), err)
-        self._adopt(ptr, layers, kv_heads, head_dim, page_size, num_pages, num_staging)
-
-    def _adopt(self, ptr, layers, kv_heads, head_dim, page_size, num_pages, num_staging):
-        """Own a newly created kvp_store_t (CPU or CUDA)."""
-        Handle.__init__(self, ptr, L.kvp_store_destroy)
+        check(self._create_c(p, ptr, err), err)
+        super().__init__(ptr, L.kvp_store_destroy)
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.page_size, self.num_pages, self.num_staging = page_size, num_pages, num_staging
+
+    def _create_c(self, p, ptr, err) -> int:
+        return L.kvp_store_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err))
 
     @classmethod
     def _borrow(cls, ptr, layers, kv_heads, head_dim, page_size, owner):
@@ -275,14 +274,22 @@ def _attention_params(layer, q, out, q_heads, head_dim, sm_scale, causal, window
     out, oc, os_ = rows_of(out, "out", q_heads, head_dim, q.shape[0], writable=True)
     if oc != qc or os_ != q_heads * head_dim:
         raise ValueError("out must be C-contiguous with q's dtype and shape")
+    p = attention_struct(layer, q_heads, head_dim, qc, sm_scale, causal, window_left, soft_cap,
+                         q.ctypes.data, out.ctypes.data)
+    return p, q, out
+
+
+def attention_struct(layer, q_heads, head_dim, dtype_code, sm_scale, causal, window_left,
+                     soft_cap, q_ptr, out_ptr):
+    """A filled ``kvp_attention_params_t`` (sm_scale None: 1/sqrt(head_dim))."""
     p = _lib.new_struct(_lib.AttentionParamsC)
     L.kvp_attention_params_init(ctypes.byref(p))
-    p.layer, p.q_heads, p.dtype = layer, q_heads, qc
+    p.layer, p.q_heads, p.dtype = layer, q_heads, dtype_code
     p.causal, p.window_left = int(causal), window_left
     p.sm_scale = float(sm_scale) if sm_scale is not None else 1.0 / float(np.sqrt(head_dim))
     p.logit_soft_cap = soft_cap
-    p.q, p.out = q.ctypes.data, out.ctypes.data
-    return p, q, out
+    p.q, p.out = q_ptr or None, out_ptr or None
+    return p
 
 
 class Context(Handle):
@@ -294,12 +301,11 @@ class Context(Handle):
         p.threads, p.isa, p.workspace_bytes = threads, int(isa), workspace_bytes
         ptr = ctypes.c_void_p()
         err = errbuf()
-        check(L.kvp_ctx_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err)), err)
-        self._adopt(ptr)
+        check(self._create_c(p, ptr, err), err)
+        super().__init__(ptr, L.kvp_ctx_destroy)
 
-    def _adopt(self, ptr) -> None:
-        """Own a newly created kvp_ctx_t (CPU or CUDA)."""
-        Handle.__init__(self, ptr, L.kvp_ctx_destroy)
+    def _create_c(self, p, ptr, err) -> int:
+        return L.kvp_ctx_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err))
 
     @property
     def isa(self) -> Isa:
