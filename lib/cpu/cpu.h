@@ -34,9 +34,6 @@ typedef struct {
     float logits[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;
     float p[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;        /* exp(logit - m) */
     float qstep[KVP__TILE_ROWS];  /* integer q: q' ~= qstep * (128*qh + ql) */
-    float qstep2[KVP__TILE_ROWS]; /* int4 keys: step of the second quad class */
-    uint8_t quads[KVP__ATTN_MAX_D / 4]; /* int4 keys: channel quads, outlier class first */
-    int32_t nbig;                 /* int4 keys: quads in the first class */
     float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
     float lvec[KVP__TILE_ROWS][16] KVP__ALIGN64; /* SIMD paths: l = l + sum(lvec), reduced at the end */
     float m[KVP__TILE_ROWS], l[KVP__TILE_ROWS];

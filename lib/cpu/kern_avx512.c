@@ -219,68 +219,39 @@ TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
     }
 }
 
-/* int4 keys: q' = q * scale quantized to 8 bits per *class* of channel
- * quads — quads holding an outlier channel (scale >= max/4) and the rest —
- * each with its own step. One vpdpbusd per quad and row (half the two-part
- * 15-bit form), and no loss: against centred 4-bit codes an 8-bit query adds
- * ~0.1x the keys' own error, once the outliers no longer set everyone's
- * step. The rounding error times the middle code (7.5) goes to the constant. */
+/* int4 keys: q' = q * scale quantized to 8 bits per row (step = max|q'| /
+ * 127): one vpdpbusd per quad and row, half the two-part 15-bit form. 8 bits
+ * suffice against 4-bit codes once the outlier channels do not set the step,
+ * and they do not: those are the int8 outlier table's (their int4 scales are
+ * 0, so q' is 0 there). The rounding error times the middle code (7.5) goes
+ * to the constant. */
 TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
-    const int D = t->D, nq = D / 4;
+    const int D = t->D;
     const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    __mmask16 big[KVP__ATTN_MAX_D / 16];
-    __m512 quadmax[KVP__ATTN_MAX_D / 16], smax = _mm512_setzero_ps(), cst[R];
-    UNROLL for (int r = 0; r < R; r++) cst[r] = _mm512_setzero_ps();
+    __m512 amax[R], cst[R], resid[R], vinv[R], vstep[R];
+    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = resid[r] = _mm512_setzero_ps();
     for (int d = 0; d < D; d += 16) {
         __m512 sv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
         __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d)));
-        __m512 m2 = _mm512_max_ps(sv, _mm512_permute_ps(sv, 0xB1)); /* quads = 128-bit lanes */
-        quadmax[d / 16] = _mm512_max_ps(m2, _mm512_permute_ps(m2, 0x4E));
-        smax = _mm512_max_ps(smax, sv);
         UNROLL for (int r = 0; r < R; r++) {
-            __m512 q = _mm512_load_ps(&t->q[r][d]);
-            _mm512_store_ps(&t->qf[r][d], _mm512_mul_ps(q, sv));
+            __m512 q = _mm512_load_ps(&t->q[r][d]), qf = _mm512_mul_ps(q, sv);
+            _mm512_store_ps(&t->qf[r][d], qf);
             cst[r] = _mm512_fmadd_ps(q, mv, cst[r]);
+            amax[r] = _mm512_max_ps(amax[r], _mm512_abs_ps(qf));
         }
     }
-    /* classes come from the page's scales, so every row of the tile shares them */
-    __m512 thr = _mm512_set1_ps(_mm512_reduce_max_ps(smax) * 0.25f);
-    int nb = 0, ns = nq - 1;
-    for (int c = 0; c < D / 16; c++) {
-        big[c] = _mm512_cmp_ps_mask(quadmax[c], thr, _CMP_GE_OQ);
-        for (int k = 0; k < 4; k++) { /* branch-free: classes are mixed */
-            int is_big = (big[c] >> (4 * k)) & 1;
-            t->quads[is_big ? nb : ns] = (uint8_t)(4 * c + k);
-            nb += is_big;
-            ns -= !is_big;
-        }
-    }
-    t->nbig = nb;
-    /* rows interleaved, so the per-row reductions do not run back to back */
-    __m512 ab[R], as[R], resid[R], vb[R], vs[R], stb[R], sts[R];
-    UNROLL for (int r = 0; r < R; r++) ab[r] = as[r] = resid[r] = _mm512_setzero_ps();
-    for (int c = 0; c < D / 16; c++)
-        UNROLL for (int r = 0; r < R; r++) {
-            __m512 a = _mm512_abs_ps(_mm512_load_ps(&t->qf[r][16 * c]));
-            ab[r] = _mm512_mask_max_ps(ab[r], big[c], ab[r], a);
-            as[r] = _mm512_mask_max_ps(as[r], (__mmask16)~big[c], as[r], a);
-        }
     UNROLL for (int r = 0; r < R; r++) {
-        float sb = _mm512_reduce_max_ps(ab[r]) / 127.0f, ss = _mm512_reduce_max_ps(as[r]) / 127.0f;
-        vb[r] = _mm512_set1_ps(sb > 0.0f ? 1.0f / sb : 0.0f);
-        vs[r] = _mm512_set1_ps(ss > 0.0f ? 1.0f / ss : 0.0f);
-        stb[r] = _mm512_set1_ps(sb);
-        sts[r] = _mm512_set1_ps(ss);
-        t->qstep[r] = sb;
-        t->qstep2[r] = ss;
+        float step = _mm512_reduce_max_ps(amax[r]) / 127.0f;
+        vinv[r] = _mm512_set1_ps(step > 0.0f ? 1.0f / step : 0.0f);
+        vstep[r] = _mm512_set1_ps(step);
+        t->qstep[r] = step;
     }
-    for (int c = 0; c < D / 16; c++)
+    for (int d = 0; d < D; d += 16)
         UNROLL for (int r = 0; r < R; r++) {
-            __m512 qf = _mm512_load_ps(&t->qf[r][16 * c]);
-            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(qf, _mm512_mask_blend_ps(big[c], vs[r], vb[r])));
-            _mm_store_si128((__m128i *)(void *)&t->qh[r][16 * c], PACK_S8(x));
-            resid[r] = _mm512_add_ps(resid[r], _mm512_fnmadd_ps(_mm512_mask_blend_ps(big[c], sts[r], stb[r]),
-                                                                _mm512_cvtepi32_ps(x), qf));
+            __m512 qf = _mm512_load_ps(&t->qf[r][d]);
+            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(qf, vinv[r]));
+            _mm_store_si128((__m128i *)(void *)&t->qh[r][d], PACK_S8(x));
+            resid[r] = _mm512_add_ps(resid[r], _mm512_fnmadd_ps(vstep[r], _mm512_cvtepi32_ps(x), qf));
         }
     UNROLL for (int r = 0; r < R; r++)
         t->qconst[r] = _mm512_reduce_add_ps(cst[r]) + 7.5f * _mm512_reduce_add_ps(resid[r]);
@@ -354,44 +325,33 @@ TGT static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
 }
 
 /* int4 keys: [D/4][P/2][4] bytes, token 2i in the low nibble and 2i+1 in
- * the high nibble: one 64-byte load holds 32 tokens x 4 channels. Quads in
- * kprep_int4's class order, one accumulator set per class. */
+ * the high nibble: one 64-byte load holds 32 tokens x 4 channels. */
 TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
-    const int P = f->page_size, nq = t->D / 4, pairs = (n + 1) / 2;
+    const int P = f->page_size, D = t->D, pairs = (n + 1) / 2;
     const __mmask64 m = pairs >= 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * pairs)) - 1);
     const __m512i low = _mm512_set1_epi8(0x0F);
     const uint8_t *base = kb + (size_t)(t0 / 2) * 4;
     const size_t row = (size_t)(P / 2) * 4;
-#define K4_DECL(r) __m512i eb_##r = _mm512_setzero_si512(), ob_##r = eb_##r, es_##r = eb_##r, os_##r = eb_##r;
+#define K4_DECL(r) __m512i e_##r = _mm512_setzero_si512(), o_##r = e_##r;
     R4(K4_DECL)
-#define K4_LOOP(E, O, k0, k1)                                                                      \
-    for (int k = (k0); k < (k1); k++) {                                                            \
-        int d = 4 * t->quads[k];                                                                   \
-        const uint8_t *p = base + (size_t)(d / 4) * row;                                           \
-        PF_AHEAD_BY(p, t->pf_k, 1);                                                                \
-        __m512i b = _mm512_maskz_loadu_epi8(m, p);                                                 \
-        __m512i ke = _mm512_and_si512(b, low), ko = _mm512_and_si512(_mm512_srli_epi16(b, 4), low); \
-        DPBUSD_B(E##_0, ke, &t->qh[0][d]);                                                         \
-        DPBUSD_B(O##_0, ko, &t->qh[0][d]);                                                         \
-        DPBUSD_B(E##_1, ke, &t->qh[1][d]);                                                         \
-        DPBUSD_B(O##_1, ko, &t->qh[1][d]);                                                         \
-        DPBUSD_B(E##_2, ke, &t->qh[2][d]);                                                         \
-        DPBUSD_B(O##_2, ko, &t->qh[2][d]);                                                         \
-        DPBUSD_B(E##_3, ke, &t->qh[3][d]);                                                         \
-        DPBUSD_B(O##_3, ko, &t->qh[3][d]);                                                         \
+    for (int d = 0; d < D; d += 4) {
+        const uint8_t *p = base + (size_t)(d / 4) * row;
+        PF_AHEAD_BY(p, t->pf_k, 1);
+        __m512i b = _mm512_maskz_loadu_epi8(m, p);
+        __m512i ke = _mm512_and_si512(b, low), ko = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+#define K4_STEP(r)                                                                                 \
+    DPBUSD_B(e_##r, ke, &t->qh[r][d]);                                                             \
+    DPBUSD_B(o_##r, ko, &t->qh[r][d]);
+        R4(K4_STEP)
     }
-    K4_LOOP(eb, ob, 0, t->nbig)
-    K4_LOOP(es, os, t->nbig, nq)
     /* lanes are tokens 0,2,..,30 and 1,3,..,31: interleave into token order */
     const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi_idx = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
-#define K4_CLASSES(r, B, S)                                                                        \
-    _mm512_fmadd_ps(_mm512_cvtepi32_ps(B), _mm512_set1_ps(t->qstep[r]),                             \
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_set1_ps(t->qstep2[r]),            \
-                                    _mm512_set1_ps(t->qconst[r])))
+#define K4_LOGITS(r, X)                                                                            \
+    _mm512_fmadd_ps(_mm512_cvtepi32_ps(X), _mm512_set1_ps(t->qstep[r]), _mm512_set1_ps(t->qconst[r]))
 #define K4_OUT(r)                                                                                  \
     {                                                                                              \
-        __m512 e = K4_CLASSES(r, eb_##r, es_##r), o = K4_CLASSES(r, ob_##r, os_##r);               \
+        __m512 e = K4_LOGITS(r, e_##r), o = K4_LOGITS(r, o_##r);                                   \
         _mm512_store_ps(&t->logits[r][0], _mm512_permutex2var_ps(e, lo_idx, o));                  \
         _mm512_store_ps(&t->logits[r][16], _mm512_permutex2var_ps(e, hi_idx, o));                 \
     }
