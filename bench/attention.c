@@ -10,6 +10,7 @@
  */
 #define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
 #define _POSIX_C_SOURCE 200809L
+#include "attn_cases.h"
 #include "bench.h"
 #include "kvdist.h"
 #include "../tests/kvtable.h"
@@ -39,15 +40,12 @@ static const bench_format formats[] = {
     {"fp16-hnd", KVP_FORMAT_FP16, KVP_K_ORDER_TOKEN_MAJOR},
 };
 
-typedef struct {
-    int fmt, page, batch, context;
-    double t_paged, t_contig, bytes;
-} result;
+typedef kvb_result result;
 
 typedef struct {
     int threads, quick, isa, acc_seqs, accuracy_only;
     double min_seconds;
-    int only_fmt, only_page, only_batch, only_context; /* -1: all */
+    kvb_only only; /* -1: all */
 } options;
 
 /* ---- building a store -------------------------------------------------------------- */
@@ -353,49 +351,27 @@ static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng
 
 /* ---- report -------------------------------------------------------------------------------- */
 
-static const result *find(const result *rs, int n, int fmt, int page, int batch, int context) {
-    for (int i = 0; i < n; i++)
-        if (rs[i].fmt == fmt && rs[i].page == page && rs[i].batch == batch && rs[i].context == context)
-            return &rs[i];
-    return NULL;
-}
-
-/* Median over page-32 cases with context >= 8k of a per-case figure. */
-static double headline(const result *rs, int n, int fmt, int what, double read_gbps, int max_ctx) {
-    double v[64];
-    int k = 0;
-    for (int i = 0; i < n && k < 64; i++) {
-        const result *r = &rs[i];
-        if (r->fmt != fmt || r->page != 32 || r->context < 8192) continue;
-        if (what == 2 && r->context != max_ctx) continue;
-        const result *base = find(rs, n, 0, r->page, r->batch, r->context);
-        if (what == 0) v[k++] = r->bytes / r->t_paged / 1e9 / read_gbps;
-        else if (what == 1 && base != NULL) v[k++] = base->t_paged / r->t_paged;
-        else if (what == 2) v[k++] = r->t_contig / r->t_paged;
-    }
-    return k > 0 ? bench_median(v, k) : 0.0;
+static int format_index(const char *name) {
+    for (int k = 0; k < (int)(sizeof formats / sizeof *formats); k++)
+        if (!strcmp(name, formats[k].name)) return k;
+    return -1;
 }
 
 static int parse_options(int argc, char **argv, options *o) {
+    int taken;
     o->threads = 2;
     o->quick = 0;
     o->isa = KVP_ISA_AUTO;
     o->min_seconds = 0.25;
-    o->only_fmt = o->only_page = o->only_batch = o->only_context = -1;
+    o->only.fmt = o->only.page = o->only.batch = o->only.context = -1;
     o->acc_seqs = 8;
     o->accuracy_only = 0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) o->quick = 1;
         else if (!strcmp(argv[i], "--accuracy-only")) o->accuracy_only = 1;
         else if (!strcmp(argv[i], "--acc-seqs") && i + 1 < argc) o->acc_seqs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--page") && i + 1 < argc) o->only_page = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o->only_batch = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--context") && i + 1 < argc) o->only_context = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--format") && i + 1 < argc) {
-            const char *n = argv[++i];
-            for (int k = 0; k < (int)(sizeof formats / sizeof *formats); k++)
-                if (!strcmp(n, formats[k].name)) o->only_fmt = k;
-            if (o->only_fmt < 0) return -1;
+        else if ((taken = kvb_parse_only(argc, argv, &i, format_index, &o->only)) != 0) {
+            if (taken < 0) return -1;
         }
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) o->threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(argv[i + 1], "cpu")) i++;
@@ -472,10 +448,10 @@ int bench_attention(int argc, char **argv) {
     int npg = o.quick ? 1 : 2;
     const int *cx = o.quick ? ctx_quick : ctx_full;
     int ncx = o.quick ? 2 : 3;
-    int one_ctx[1] = {o.only_context}, one_page[1] = {o.only_page};
-    if (o.only_context > 0) { cx = one_ctx; ncx = 1; }
-    if (o.only_page > 0) { pg = one_page; npg = 1; }
-    int nfmt = o.quick && o.only_fmt != 3 ? 3 : 4, max_ctx = cx[ncx - 1];
+    int one_ctx[1] = {o.only.context}, one_page[1] = {o.only.page};
+    if (o.only.context > 0) { cx = one_ctx; ncx = 1; }
+    if (o.only.page > 0) { pg = one_page; npg = 1; }
+    int nfmt = o.quick && o.only.fmt != 3 ? 3 : 4, max_ctx = cx[ncx - 1];
     result rs[64];
     int n = 0;
     printf("%-9s %4s %5s %7s %10s %9s %7s %8s %10s\n", "format", "page", "batch", "context",
@@ -485,9 +461,9 @@ int bench_attention(int argc, char **argv) {
             for (int ic = 0; ic < ncx; ic++)
                 for (int f = 0; f < nfmt; f++) {
                     /* --quick: batch 16 only at 8k (a 32k batch of 16 is 2 GiB of fp16) */
-                    if (o.quick && o.only_batch < 0 && batches[ib] == 16 && cx[ic] > 8192) continue;
-                    if ((o.only_fmt >= 0 && f != o.only_fmt && f != 0) ||
-                        (o.only_batch >= 0 && batches[ib] != o.only_batch) ||
+                    if (o.quick && o.only.batch < 0 && batches[ib] == 16 && cx[ic] > 8192) continue;
+                    if ((o.only.fmt >= 0 && f != o.only.fmt && f != 0) ||
+                        (o.only.batch >= 0 && batches[ib] != o.only.batch) ||
                         0)
                         continue;
                     result *r = &rs[n];
@@ -501,7 +477,7 @@ int bench_attention(int argc, char **argv) {
                         kvp_ctx_destroy(ctx);
                         return 1;
                     }
-                    const result *base = find(rs, n + 1, 0, r->page, r->batch, r->context);
+                    const result *base = kvb_find(rs, n + 1, 0, r->page, r->batch, r->context);
                     double gbps = r->bytes / r->t_paged / 1e9;
                     printf("%-9s %4d %5d %7d %10.3f %9.1f %7.2f %8.2f %10.2f\n", formats[f].name,
                            r->page, r->batch, r->context, r->t_paged * 1e3, gbps,
@@ -510,10 +486,10 @@ int bench_attention(int argc, char **argv) {
                     fflush(stdout);
                     n++;
                 }
-    double bw = headline(rs, n, 0, 0, roofs.read_gbps, max_ctx);
-    double s8 = headline(rs, n, 1, 1, roofs.read_gbps, max_ctx);
-    double s4 = headline(rs, n, 2, 1, roofs.read_gbps, max_ctx);
-    double pc = headline(rs, n, 0, 2, roofs.read_gbps, max_ctx);
+    double bw = kvb_headline(rs, n, 0, KVB_BW_FRACTION, roofs.read_gbps, max_ctx);
+    double s8 = kvb_headline(rs, n, 1, KVB_SPEEDUP, roofs.read_gbps, max_ctx);
+    double s4 = kvb_headline(rs, n, 2, KVB_SPEEDUP, roofs.read_gbps, max_ctx);
+    double pc = kvb_headline(rs, n, 0, KVB_PAGED_VS_CONTIG, roofs.read_gbps, max_ctx);
     printf("\nheadline (page 32, median over batch 1 and 16 at contexts >= 8k; paged/contig at %dk):\n"
            "  fp16 %.2f of read bandwidth, int8 %.2fx and int4 %.2fx faster than fp16, "
            "paged/contiguous %.3f\n", max_ctx / 1024, bw, s8, s4, pc);

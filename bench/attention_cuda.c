@@ -15,6 +15,7 @@
  * and exits with status 1.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "attn_cases.h"
 #include "bench.h"
 #include "kvdist.h"
 #include "../tests/kvtable.h"
@@ -46,14 +47,11 @@ static const cuda_format formats[] = {
 };
 #define NFORMATS ((int)(sizeof formats / sizeof *formats))
 
-typedef struct {
-    int fmt, page, batch, context;
-    double t_paged, t_contig, bytes;
-} result;
+typedef kvb_result result;
 
 typedef struct {
     int quick, reps, device;
-    int only_fmt, only_page, only_batch, only_context;
+    kvb_only only; /* -1: all */
 } options;
 
 static char g_err[KVP_ERR_SIZE];
@@ -411,47 +409,23 @@ static double accuracy(kvp_ctx_t *ctx, const cuda_format *f, int32_t P, kvd_rng 
 
 /* ---- report --------------------------------------------------------------------------------- */
 
-static const result *find(const result *rs, int n, int fmt, int page, int batch, int context) {
-    for (int i = 0; i < n; i++)
-        if (rs[i].fmt == fmt && rs[i].page == page && rs[i].batch == batch && rs[i].context == context)
-            return &rs[i];
-    return NULL;
-}
-
-/* Median over page-32 cases with context >= 8k (what 1: speedup over fp16;
- * 2: paged / contiguous at the longest context; 0: fraction of the copy
- * bandwidth). */
-static double headline(const result *rs, int n, int fmt, int what, double gbps, int max_ctx) {
-    double v[128];
-    int k = 0;
-    for (int i = 0; i < n && k < 128; i++) {
-        const result *r = &rs[i];
-        if (r->fmt != fmt || r->page != 32 || r->context < 8192) continue;
-        if (what == 2 && r->context != max_ctx) continue;
-        const result *base = find(rs, n, 0, r->page, r->batch, r->context);
-        if (what == 0) v[k++] = r->bytes / r->t_paged / 1e9 / gbps;
-        else if (what == 1 && base != NULL) v[k++] = base->t_paged / r->t_paged;
-        else if (what == 2) v[k++] = r->t_contig / r->t_paged;
-    }
-    return k > 0 ? bench_median(v, k) : 0.0;
+static int format_index(const char *name) {
+    for (int k = 0; k < NFORMATS; k++)
+        if (!strcmp(name, formats[k].name)) return k;
+    return -1;
 }
 
 static int parse_options(int argc, char **argv, options *o) {
+    int taken;
     memset(o, 0, sizeof *o);
     o->reps = 20;
-    o->only_fmt = o->only_page = o->only_batch = o->only_context = -1;
+    o->only.fmt = o->only.page = o->only.batch = o->only.context = -1;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) o->quick = 1;
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) i++; /* "cuda": seen by the caller */
         else if (!strcmp(argv[i], "--gpu") && i + 1 < argc) o->device = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--page") && i + 1 < argc) o->only_page = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc) o->only_batch = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--context") && i + 1 < argc) o->only_context = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--format") && i + 1 < argc) {
-            const char *name = argv[++i];
-            for (int k = 0; k < NFORMATS; k++)
-                if (!strcmp(name, formats[k].name)) o->only_fmt = k;
-            if (o->only_fmt < 0) return -1;
+        else if ((taken = kvb_parse_only(argc, argv, &i, format_index, &o->only)) != 0) {
+            if (taken < 0) return -1;
         } else return -1;
     }
     if (o->quick) o->reps = 10;
@@ -513,16 +487,16 @@ int bench_attention_cuda(int argc, char **argv) {
     int npg = o.quick ? 1 : 2;
     const int *cx = o.quick ? ctx_quick : ctx_full;
     int ncx = o.quick ? 2 : 3;
-    int one_ctx[1] = {o.only_context}, one_page[1] = {o.only_page};
-    if (o.only_context > 0) {
+    int one_ctx[1] = {o.only.context}, one_page[1] = {o.only.page};
+    if (o.only.context > 0) {
         cx = one_ctx;
         ncx = 1;
     }
-    if (o.only_page > 0) {
+    if (o.only.page > 0) {
         pg = one_page;
         npg = 1;
     }
-    int nfmt = o.quick && o.only_fmt != 3 ? 3 : NFORMATS, max_ctx = cx[ncx - 1];
+    int nfmt = o.quick && o.only.fmt != 3 ? 3 : NFORMATS, max_ctx = cx[ncx - 1];
     result rs[128];
     int n = 0;
     printf("%-9s %4s %5s %7s %10s %9s %7s %8s %10s\n", "format", "page", "batch", "context",
@@ -531,8 +505,8 @@ int bench_attention_cuda(int argc, char **argv) {
         for (int ib = 0; ib < 2; ib++)
             for (int ic = 0; ic < ncx; ic++)
                 for (int f = 0; f < nfmt; f++) {
-                    if ((o.only_fmt >= 0 && f != o.only_fmt && f != 0) ||
-                        (o.only_batch >= 0 && batches[ib] != o.only_batch) || n >= 128)
+                    if ((o.only.fmt >= 0 && f != o.only.fmt && f != 0) ||
+                        (o.only.batch >= 0 && batches[ib] != o.only.batch) || n >= 128)
                         continue;
                     result *r = &rs[n];
                     memset(r, 0, sizeof *r);
@@ -544,7 +518,7 @@ int bench_attention_cuda(int argc, char **argv) {
                         kvp_ctx_destroy(ctx);
                         return 1;
                     }
-                    const result *base = find(rs, n + 1, 0, r->page, r->batch, r->context);
+                    const result *base = kvb_find(rs, n + 1, 0, r->page, r->batch, r->context);
                     double gbps = r->bytes / r->t_paged / 1e9;
                     printf("%-9s %4d %5d %7d %10.4f %9.1f %7.2f %8.2f %10.2f\n", formats[f].name,
                            r->page, r->batch, r->context, r->t_paged * 1e3, gbps, gbps / copy_gbps,
@@ -552,10 +526,10 @@ int bench_attention_cuda(int argc, char **argv) {
                     fflush(stdout);
                     n++;
                 }
-    double bw = headline(rs, n, 0, 0, copy_gbps, max_ctx);
-    double s8 = headline(rs, n, 1, 1, copy_gbps, max_ctx);
-    double s4 = headline(rs, n, 2, 1, copy_gbps, max_ctx);
-    double pc = headline(rs, n, 0, 2, copy_gbps, max_ctx);
+    double bw = kvb_headline(rs, n, 0, KVB_BW_FRACTION, copy_gbps, max_ctx);
+    double s8 = kvb_headline(rs, n, 1, KVB_SPEEDUP, copy_gbps, max_ctx);
+    double s4 = kvb_headline(rs, n, 2, KVB_SPEEDUP, copy_gbps, max_ctx);
+    double pc = kvb_headline(rs, n, 0, KVB_PAGED_VS_CONTIG, copy_gbps, max_ctx);
     printf("\nheadline (page 32, median over batch 1 and 16 at contexts >= 8k; paged/contig at %dk):\n"
            "  fp16 %.2f of copy bandwidth, int8 %.2fx and int4 %.2fx faster than fp16, "
            "paged/contiguous %.3f\n", max_ctx / 1024, bw, s8, s4, pc);

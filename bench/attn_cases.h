@@ -1,0 +1,72 @@
+/*
+ * What the CPU and CUDA attention benchmarks share: a measured case, the
+ * headline figures over the cases, and the options that pick cases.
+ */
+#ifndef KVPAGE_BENCH_ATTN_CASES_H
+#define KVPAGE_BENCH_ATTN_CASES_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+/* One measured case: format index (0 = fp16, the baseline), page size,
+ * batch, context; seconds per call paged and contiguous; KV bytes read. */
+typedef struct {
+    int fmt, page, batch, context;
+    double t_paged, t_contig, bytes;
+} kvb_result;
+
+static inline const kvb_result *kvb_find(const kvb_result *rs, int n, int fmt, int page, int batch,
+                                         int context) {
+    for (int i = 0; i < n; i++)
+        if (rs[i].fmt == fmt && rs[i].page == page && rs[i].batch == batch && rs[i].context == context)
+            return &rs[i];
+    return NULL;
+}
+
+enum { KVB_BW_FRACTION = 0, KVB_SPEEDUP = 1, KVB_PAGED_VS_CONTIG = 2 };
+
+/* Median over the page-32 cases with context >= 8k of: the fraction of the
+ * roof (GB/s) the KV reads reach, the speedup over fp16, or paged ÷
+ * contiguous at the longest context (max_ctx). */
+static inline double kvb_headline(const kvb_result *rs, int n, int fmt, int what, double roof_gbps,
+                                  int max_ctx) {
+    double v[128];
+    int k = 0;
+    for (int i = 0; i < n && k < 128; i++) {
+        const kvb_result *r = &rs[i];
+        if (r->fmt != fmt || r->page != 32 || r->context < 8192) continue;
+        if (what == KVB_PAGED_VS_CONTIG && r->context != max_ctx) continue;
+        const kvb_result *base = kvb_find(rs, n, 0, r->page, r->batch, r->context);
+        if (what == KVB_BW_FRACTION) v[k++] = r->bytes / r->t_paged / 1e9 / roof_gbps;
+        else if (what == KVB_SPEEDUP && base != NULL) v[k++] = base->t_paged / r->t_paged;
+        else if (what == KVB_PAGED_VS_CONTIG) v[k++] = r->t_contig / r->t_paged;
+    }
+    return k > 0 ? bench_median(v, k) : 0.0;
+}
+
+/* Which cases to run (-1: all). */
+typedef struct {
+    int fmt, page, batch, context;
+} kvb_only;
+
+/* --format NAME (format_index(NAME) >= 0), --page N, --batch N, --context N
+ * at argv[*i]: 1 if taken (*i moves past its value), -1 for an unknown
+ * format name, 0 if argv[*i] is none of these. */
+static inline int kvb_parse_only(int argc, char **argv, int *i, int (*format_index)(const char *),
+                                 kvb_only *only) {
+    const char *a = argv[*i];
+    if (*i + 1 >= argc) return 0;
+    const char *val = argv[*i + 1];
+    if (!strcmp(a, "--page")) only->page = atoi(val);
+    else if (!strcmp(a, "--batch")) only->batch = atoi(val);
+    else if (!strcmp(a, "--context")) only->context = atoi(val);
+    else if (!strcmp(a, "--format")) {
+        if ((only->fmt = format_index(val)) < 0) return -1;
+    } else return 0;
+    (*i)++;
+    return 1;
+}
+
+#endif
