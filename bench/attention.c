@@ -233,19 +233,8 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
     memset(&c, 0, sizeof c);
     c.ctx = ctx;
     c.store = s;
-    c.view.batch = B;
-    c.view.page_size = P;
-    c.view.num_pages = (int32_t)pages;
-    c.view.num_staging = lay.needs_staging ? B : 0;
-    c.view.indptr = indptr;
-    c.view.indices = ids;
-    c.view.last_page_len = last;
-    kvp_attention_params_init(&c.ap);
-    c.ap.q_heads = Q_HEADS;
-    c.ap.sm_scale = 1.0f / sqrtf((float)HEAD_DIM);
-    c.ap.qo_indptr = qo;
-    c.ap.q = q;
-    c.ap.out = out;
+    kvb_decode_call(&c.view, &c.ap, B, P, pages, lay.needs_staging ? B : 0, indptr, ids, last, qo,
+                    Q_HEADS, HEAD_DIM, q, out);
     c.q = q;
     c.out = out;
     c.sm_scale = c.ap.sm_scale;

@@ -5,10 +5,12 @@
 #ifndef KVPAGE_BENCH_ATTN_CASES_H
 #define KVPAGE_BENCH_ATTN_CASES_H
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
+#include "kvpage.h"
 
 /* One measured case: format index (0 = fp16, the baseline), page size,
  * batch, context; seconds per call paged and contiguous; KV bytes read. */
@@ -67,6 +69,27 @@ static inline int kvb_parse_only(int argc, char **argv, int *i, int (*format_ind
     } else return 0;
     (*i)++;
     return 1;
+}
+
+/* The decode batch's view (B sequences of `P`-token pages) and attention
+ * parameters (q_heads, 1/sqrt(head_dim), one query row per sequence). */
+static inline void kvb_decode_call(kvp_kv_view_t *view, kvp_attention_params_t *ap, int32_t B,
+                                   int32_t P, int64_t pages, int32_t staging, const int32_t *indptr,
+                                   const int32_t *ids, const int32_t *last, const int32_t *qo,
+                                   int32_t q_heads, int32_t head_dim, const void *q, void *out) {
+    view->batch = B;
+    view->page_size = P;
+    view->num_pages = (int32_t)pages;
+    view->num_staging = staging;
+    view->indptr = indptr;
+    view->indices = ids;
+    view->last_page_len = last;
+    kvp_attention_params_init(ap);
+    ap->q_heads = q_heads;
+    ap->sm_scale = 1.0f / sqrtf((float)head_dim);
+    ap->qo_indptr = qo;
+    ap->q = q;
+    ap->out = out;
 }
 
 #endif
