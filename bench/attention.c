@@ -21,11 +21,6 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define Q_HEADS 32
-#define KV_HEADS 8
-#define HEAD_DIM 128
-#define TEMPLATE_PAGES 64
-#define ACC_TOKENS 4096
 
 typedef struct {
     const char *name;

@@ -26,11 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define Q_HEADS 32
-#define KV_HEADS 8
-#define HEAD_DIM 128
-#define TEMPLATE_PAGES 64
-#define ACC_TOKENS 4096
 #define ACC_SEQS 4
 #define PROBE_BYTES (1ull << 30)
 

@@ -12,6 +12,14 @@
 #include "bench.h"
 #include "kvpage.h"
 
+/* The cases' shape: llama-3.1-8b, one layer; pages are filled from a
+ * template of TEMPLATE_PAGES pages; accuracy runs use ACC_TOKENS tokens. */
+#define Q_HEADS 32
+#define KV_HEADS 8
+#define HEAD_DIM 128
+#define TEMPLATE_PAGES 64
+#define ACC_TOKENS 4096
+
 /* One measured case: format index (0 = fp16, the baseline), page size,
  * batch, context; seconds per call paged and contiguous; KV bytes read. */
 typedef struct {

@@ -149,14 +149,8 @@ static int create_parts(kvp_cache_t *c, const kvp_cache_params_t *p, const kvp_l
     cp.threads = p->threads;
     cp.isa = p->isa;
     cp.allocator = p->allocator;
-    if (cuda) {
-        kvp_cuda_params_t cc = *cuda;
-        cc.arena = NULL; /* the store's, not the context's */
-        cc.arena_bytes = 0;
-        rc = kvp_cuda_ctx_create(&cp, &cc, &c->ctx, err, err_size);
-    } else {
-        rc = kvp_ctx_create(&cp, &c->ctx, err, err_size);
-    }
+    rc = cuda ? kvp_cuda_ctx_create(&cp, cuda, &c->ctx, err, err_size) /* ignores `arena` */
+              : kvp_ctx_create(&cp, &c->ctx, err, err_size);
     if (rc != KVP_OK || p->host_bytes == 0) return rc;
 
     kvp_page_io_t io = {.struct_size = sizeof io};

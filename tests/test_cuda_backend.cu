@@ -1109,32 +1109,20 @@ static kvp_cache_params_t cache_params(int32_t kf, int32_t vf, uint64_t host_byt
     return p;
 }
 
-/* Both arenas start with the same bytes outside the fixed region. */
-static void cache_fill(cache_twin *t) {
-    kvp_layout_t lay = {};
-    lay.struct_size = sizeof lay;
-    assert_int_equal(kvp_store_layout(kvp_cache_store(t->cpu), &lay), KVP_OK);
-    void *cb, *gb;
-    uint64_t cn, gn;
-    assert_int_equal(kvp_store_arena(kvp_cache_store(t->cpu), &cb, &cn), KVP_OK);
-    assert_int_equal(kvp_store_arena(kvp_cache_store(t->gpu), &gb, &gn), KVP_OK);
-    assert_true(cn == gn);
-    memset((uint8_t *)cb + lay.fixed_bytes, 0x5A, (size_t)(cn - lay.fixed_bytes));
-    assert_int_equal(cudaMemset((uint8_t *)gb + lay.fixed_bytes, 0x5A, (size_t)(gn - lay.fixed_bytes)),
-                     cudaSuccess);
-}
-
-static void cache_same_arena(cache_twin *t) {
-    void *cb, *gb;
-    uint64_t cn, gn;
-    assert_int_equal(kvp_store_synchronize(kvp_cache_store(t->gpu)), KVP_OK);
-    assert_int_equal(kvp_store_arena(kvp_cache_store(t->cpu), &cb, &cn), KVP_OK);
-    assert_int_equal(kvp_store_arena(kvp_cache_store(t->gpu), &gb, &gn), KVP_OK);
-    uint8_t *h = (uint8_t *)malloc((size_t)gn);
-    to_host(h, gb, (size_t)gn);
-    assert_true(cn == gn);
-    assert_memory_equal(h, cb, (size_t)cn);
-    free(h);
+/* The two caches' stores as a twin (owned by the caches: not twin_free'd),
+ * for twin_fill and twin_compare. */
+static twin cache_stores(const cache_twin *t) {
+    twin w;
+    memset(&w, 0, sizeof w);
+    w.cpu = kvp_cache_store(t->cpu);
+    w.gpu = kvp_cache_store(t->gpu);
+    w.lay.struct_size = sizeof w.lay;
+    assert_int_equal(kvp_store_layout(w.cpu, &w.lay), KVP_OK);
+    w.layers = t->layers;
+    w.H = t->H;
+    w.D = t->D;
+    w.P = w.lay.page_size;
+    return w;
 }
 
 /* One step on both caches: the same rows written, attention compared. */
@@ -1209,7 +1197,8 @@ static void test_cache_facade(void **state) {
         assert_int_equal(rc, KVP_OK);
         assert_int_equal(kvp_store_backend(kvp_cache_store(t.gpu)), KVP_BACKEND_CUDA);
         assert_int_equal(kvp_ctx_backend(kvp_cache_ctx(t.gpu)), KVP_BACKEND_CUDA);
-        cache_fill(&t);
+        twin stores = cache_stores(&t);
+        twin_fill(&stores, 0x5A);
         int32_t s[4], c0, c1;
         for (int i = 0; i < 3; i++) {
             assert_int_equal(kvp_cache_seq_create(t.cpu, 0, 0, &c0), KVP_OK);
@@ -1226,7 +1215,7 @@ static void test_cache_facade(void **state) {
         s[3] = c0;
         const int32_t fk[2] = {s[0], s[3]}, two[2] = {2, 3};
         cache_step(&t, fk, 2, two);            /* both sides of the shared page append */
-        cache_same_arena(&t);
+        twin_compare(&stores, "cache");
         assert_int_equal(kvp_cache_seq_swap_out(t.cpu, s[1]), KVP_OK);
         rc = kvp_cache_seq_swap_out(t.gpu, s[1]);
         if (rc != KVP_OK) print_error("gpu swap_out: %s\n", kvp_cache_last_error(t.gpu));
@@ -1238,7 +1227,7 @@ static void test_cache_facade(void **state) {
         assert_int_equal(kvp_cache_seq_truncate(t.cpu, s[2], 50), KVP_OK);
         assert_int_equal(kvp_cache_seq_truncate(t.gpu, s[2], 50), KVP_OK);
         cache_step(&t, s, 4, (const int32_t[]){1, 2, 3, 1});
-        cache_same_arena(&t);
+        twin_compare(&stores, "cache");
         kvp_pool_stats_t a = {}, b = {};
         a.struct_size = b.struct_size = sizeof a;
         assert_int_equal(kvp_pool_stats(kvp_cache_pool(t.cpu), &a), KVP_OK);

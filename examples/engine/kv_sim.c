@@ -47,7 +47,7 @@ typedef struct {
     int32_t rows, cap;
     int32_t *row_seq, *row_pos;
     float *range;      /* [head_dim] scratch */
-    int *order;        /* [head_dim] scratch */
+    int *taken;        /* [head_dim] scratch: 1 = kept as int8 */
     char name[64];
 } sim_kv;
 
@@ -114,22 +114,22 @@ static void quant_key_page(sim_kv *s, float *k, int32_t first_pos, long stride, 
         for (int t = 0; t < n; t++)
             if (isfinite(kk[t * stride + d])) lo = fminf(lo, kk[t * stride + d]), hi = fmaxf(hi, kk[t * stride + d]);
         s->range[d] = lo > hi ? 0 : hi - lo;
-        s->order[d] = 0; /* 1: taken as int8 */
+        s->taken[d] = 0;
     }
     for (int i = 0; i < s->wide && i < hd; i++) {
         int best = -1;
         for (int d = 0; d < hd; d++)
-            if (!s->order[d] && (best < 0 || s->range[d] > s->range[best])) best = d;
-        s->order[best] = 1;
+            if (!s->taken[d] && (best < 0 || s->range[d] > s->range[best])) best = d;
+        s->taken[best] = 1;
     }
-    for (int d = 0; d < hd; d++) quant_asym(kk + d, n, stride, s->order[d] ? 255 : 15);
+    for (int d = 0; d < hd; d++) quant_asym(kk + d, n, stride, s->taken[d] ? 255 : 15);
 }
 
 static void sim_destroy(kv_cache_t *kv) {
     sim_kv *s = as_sim(kv);
     if (!s) return;
     if (s->inner) s->inner->ops->destroy(s->inner);
-    free(s->row_seq), free(s->row_pos), free(s->range), free(s->order);
+    free(s->row_seq), free(s->row_pos), free(s->range), free(s->taken);
     free(s);
 }
 
@@ -280,8 +280,8 @@ kv_cache_t *kv_sim_create(const kv_shape_t *shape, pool_t *pool, const char *spe
     snprintf(s->name, sizeof s->name, "sim %s", spec);
     s->inner = kv_contig_create(shape, pool);
     s->range = malloc((size_t)shape->head_dim * sizeof *s->range);
-    s->order = malloc((size_t)shape->head_dim * sizeof *s->order);
-    if (!s->inner || !s->range || !s->order) {
+    s->taken = malloc((size_t)shape->head_dim * sizeof *s->taken);
+    if (!s->inner || !s->range || !s->taken) {
         snprintf(err, err_size, "cannot create the contiguous cache");
         sim_destroy(&s->base);
         return NULL;

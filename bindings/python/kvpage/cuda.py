@@ -26,14 +26,13 @@ import numpy as np
 
 from . import _lib
 from .errors import check, errbuf, error_for
-from .kernels import Cache, Context, Store, _ops_array, _quant_desc, attention_struct
+from .kernels import (_DTYPES, Cache, Context, Store, _ops_array, _quant_desc, append_struct,
+                      attention_struct, slots_of)
 from .paging import Export, PageOp
 from .plan import Format
 
 L = _lib.lib
 
-#: NumPy dtypes a device K/V/Q/output tensor may have, with their format codes.
-_DTYPES = {np.dtype(np.float32): int(Format.FP32), np.dtype(np.float16): int(Format.FP16)}
 _BF16_CODE = int(Format.BF16)
 
 
@@ -226,20 +225,12 @@ class CudaStore(Store):
         """Write device rows of K/V at their slots (host int64 array, from
         ``Table.append``); SEAL ops quantize the pages they name. Enqueued on
         ``stream`` if given (it becomes the store's stream)."""
-        s = np.asarray(slots)
-        if s.dtype != np.int64 or s.ndim != 1 or not s.flags.c_contiguous:
-            raise ValueError("slots must be a contiguous int64 array (Table.append returns one)")
+        s = slots_of(slots)
         kp, kc, ks = device_rows(k, "k", self.kv_heads, self.head_dim, s.size, dtype)
         vp, vc, vs = device_rows(v, "v", self.kv_heads, self.head_dim, s.size, dtype)
         if kc != vc:
             raise ValueError("k and v must have the same dtype")
-        a = _lib.new_struct(_lib.AppendC)
-        L.kvp_append_init(ctypes.byref(a))
-        a.layer, a.rows, a.dtype = layer, s.size, kc
-        a.k, a.v, a.k_row_stride, a.v_row_stride = kp or None, vp or None, ks, vs
-        a.slots = s.ctypes.data
-        arr = _ops_array(ops)
-        a.ops, a.num_ops = ctypes.cast(arr, ctypes.c_void_p), len(ops)
+        a, _ops_keep = append_struct(layer, s, kp, vp, kc, ks, vs, ops)
         if stream is None:
             self._check(L.kvp_store_append(self._p(), ctypes.byref(a)))
         else:

@@ -94,6 +94,27 @@ def _buffer_address(buf, what: str, writable: bool) -> tuple[Optional[int], int]
     return (a.ctypes.data if a.nbytes else None), a.nbytes
 
 
+def slots_of(slots) -> np.ndarray:
+    """The append's slots: a contiguous int64 array, as Table.append returns."""
+    s = np.asarray(slots)
+    if s.dtype != np.int64 or s.ndim != 1 or not s.flags.c_contiguous:
+        raise ValueError("slots must be a contiguous int64 array (Table.append returns one)")
+    return s
+
+
+def append_struct(layer, slots, k_ptr, v_ptr, dtype_code, k_stride, v_stride, ops):
+    """A filled ``kvp_append_t`` and the ops array it points to (keep both
+    alive until the call)."""
+    a = _lib.new_struct(_lib.AppendC)
+    L.kvp_append_init(ctypes.byref(a))
+    a.layer, a.rows, a.dtype = layer, slots.size, dtype_code
+    a.k, a.v, a.k_row_stride, a.v_row_stride = k_ptr or None, v_ptr or None, k_stride, v_stride
+    a.slots = slots.ctypes.data
+    arr = _ops_array(ops)
+    a.ops, a.num_ops = ctypes.cast(arr, ctypes.c_void_p), len(ops)
+    return a, arr
+
+
 def _ops_array(ops: Sequence[PageOp]):
     arr = (_lib.PageOpC * max(len(ops), 1))()
     for i, o in enumerate(ops):
@@ -145,20 +166,12 @@ class Store(Handle):
     def append(self, layer: int, k, v, slots, ops: Sequence[PageOp] = ()) -> None:
         """Write rows of K/V (quantizing on the way in) at their slots; SEAL ops
         from the table's append are run here."""
-        s = np.asarray(slots)
-        if s.dtype != np.int64 or s.ndim != 1 or not s.flags.c_contiguous:
-            raise ValueError("slots must be a contiguous int64 array (Table.append returns one)")
+        s = slots_of(slots)
         k, kc, ks = rows_of(k, "k", self.kv_heads, self.head_dim, s.size)
         v, vc, vs = rows_of(v, "v", self.kv_heads, self.head_dim, s.size)
         if kc != vc:
             raise ValueError("k and v must have the same dtype")
-        a = _lib.new_struct(_lib.AppendC)
-        L.kvp_append_init(ctypes.byref(a))
-        a.layer, a.rows, a.dtype = layer, s.size, kc
-        a.k, a.v, a.k_row_stride, a.v_row_stride = k.ctypes.data, v.ctypes.data, ks, vs
-        a.slots = s.ctypes.data
-        arr = _ops_array(ops)
-        a.ops, a.num_ops = ctypes.cast(arr, ctypes.c_void_p), len(ops)
+        a, _ops_keep = append_struct(layer, s, k.ctypes.data, v.ctypes.data, kc, ks, vs, ops)
         self._check(L.kvp_store_append(self._p(), ctypes.byref(a)))
 
     def apply_ops(self, ops: Sequence[PageOp]) -> None:
