@@ -38,7 +38,7 @@ static const bench_format formats[] = {
 typedef kvb_result result;
 
 typedef struct {
-    int threads, quick, isa, acc_seqs, accuracy_only;
+    int threads, quick, isa, acc_seqs, accuracy_only, no_accuracy;
     double min_seconds;
     kvb_only only; /* -1: all */
 } options;
@@ -135,19 +135,25 @@ out:
 
 typedef int (*run_fn)(void *arg);
 
+/* Median of 5..64 samples covering about min_seconds; a sample times
+ * enough back-to-back calls to last min_seconds/64 when one call is short. */
 static double time_median(run_fn fn, void *arg, double min_seconds) {
     double t[64];
     if (fn(arg) != 0) return -1.0; /* warm-up */
     double t0 = bench_now();
     if (fn(arg) != 0) return -1.0;
-    t[0] = bench_now() - t0;
-    int reps = t[0] > 0 ? (int)(min_seconds / t[0]) : 64;
+    double one = bench_now() - t0;
+    int reps = one > 0 ? (int)(min_seconds / one) : 64, inner = 1;
     if (reps < 5) reps = 5;
-    if (reps > 64) reps = 64;
-    for (int i = 1; i < reps; i++) {
+    if (reps > 64) {
+        inner = (reps + 63) / 64;
+        reps = 64;
+    }
+    for (int i = 0; i < reps; i++) {
         t0 = bench_now();
-        if (fn(arg) != 0) return -1.0;
-        t[i] = bench_now() - t0;
+        for (int k = 0; k < inner; k++)
+            if (fn(arg) != 0) return -1.0;
+        t[i] = (bench_now() - t0) / inner;
     }
     return bench_median(t, reps);
 }
@@ -350,9 +356,13 @@ static int parse_options(int argc, char **argv, options *o) {
     o->only.fmt = o->only.page = o->only.batch = o->only.context = -1;
     o->acc_seqs = 8;
     o->accuracy_only = 0;
+    o->no_accuracy = 0;
+    double seconds = 0.0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) o->quick = 1;
         else if (!strcmp(argv[i], "--accuracy-only")) o->accuracy_only = 1;
+        else if (!strcmp(argv[i], "--no-accuracy")) o->no_accuracy = 1;
+        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--acc-seqs") && i + 1 < argc) o->acc_seqs = atoi(argv[++i]);
         else if ((taken = kvb_parse_only(argc, argv, &i, format_index, &o->only)) != 0) {
             if (taken < 0) return -1;
@@ -368,7 +378,9 @@ static int parse_options(int argc, char **argv, options *o) {
         } else return -1;
     }
     if (o->quick) o->min_seconds = 0.12;
-    return o->threads >= 1 && o->threads <= 64 && o->acc_seqs >= 1 && o->acc_seqs <= 256 ? 0 : -1;
+    if (seconds > 0.0) o->min_seconds = seconds;
+    return !(o->accuracy_only && o->no_accuracy) && seconds >= 0.0 && seconds <= 600.0 &&
+           o->threads >= 1 && o->threads <= 64 && o->acc_seqs >= 1 && o->acc_seqs <= 256 ? 0 : -1;
 }
 
 int bench_attention(int argc, char **argv) {
@@ -379,7 +391,8 @@ int bench_attention(int argc, char **argv) {
     if (parse_options(argc, argv, &o) != 0) {
         fprintf(stderr, "usage: kvpage-bench attention [--device cpu|cuda] [--quick] [--threads N] "
                         "[--isa auto|portable|avx2|avx512]\n"
-                        "       [--acc-seqs N (8)] [--accuracy-only]\n"
+                        "       [--acc-seqs N (8)] [--accuracy-only | --no-accuracy] "
+                        "[--seconds S (per case; 0.25, --quick 0.12)]\n"
                         "       [--format fp16|int8|int4|fp16-hnd] [--page N] [--batch N] "
                         "[--context N]   (run only matching cases)\n");
         return 2;
@@ -409,10 +422,11 @@ int bench_attention(int argc, char **argv) {
 
     double acc[3], acc16[3];
     for (int f = 0; f < 3; f++) {
-        acc[f] = accuracy(ctx, &formats[f], 32, &rng, o.acc_seqs);
-        acc16[f] = accuracy(ctx, &formats[f], 16, &rng, o.acc_seqs);
+        acc[f] = o.no_accuracy ? NAN : accuracy(ctx, &formats[f], 32, &rng, o.acc_seqs);
+        acc16[f] = o.no_accuracy ? NAN : accuracy(ctx, &formats[f], 16, &rng, o.acc_seqs);
     }
-    printf("accuracy vs float64 reference (rel. L2 of the output; %d sequences of %d tokens, keys "
+    if (o.no_accuracy) printf("accuracy: not measured (--no-accuracy)\n\n");
+    else printf("accuracy vs float64 reference (rel. L2 of the output; %d sequences of %d tokens, keys "
            "with outlier channels):\n  page 32: fp16 %.2e  int8 %.2e  int4 %.2e\n"
            "  page 16: fp16 %.2e  int8 %.2e  int4 %.2e\n\n", o.acc_seqs, ACC_TOKENS, acc[0], acc[1],
            acc[2], acc16[0], acc16[1], acc16[2]);
@@ -477,13 +491,18 @@ int bench_attention(int argc, char **argv) {
     printf("\nheadline (page 32, median over batch 1 and 16 at contexts >= 8k; paged/contig at %dk):\n"
            "  fp16 %.2f of read bandwidth, int8 %.2fx and int4 %.2fx faster than fp16, "
            "paged/contiguous %.3f\n", max_ctx / 1024, bw, s8, s4, pc);
+    /* errors not measured (--no-accuracy) are JSON nulls */
+    char errs[5][16];
+    const double *ev[5] = {&acc[0], &acc[1], &acc[2], &acc16[1], &acc16[2]};
+    for (int k = 0; k < 5; k++)
+        snprintf(errs[k], sizeof errs[k], isnan(*ev[k]) ? "null" : "%.3e", *ev[k]);
     printf("{\"bench\": \"attention\", \"threads\": %d, \"isa\": \"%s\", \"quick\": %s, "
            "\"read_gbps\": %.3f, \"fma_per_s\": %.6g, \"fp16_bw_fraction\": %.4f, "
            "\"int8_speedup\": %.4f, \"int4_speedup\": %.4f, \"paged_vs_contiguous\": %.4f, "
-           "\"fp16_rel_err\": %.3e, \"int8_rel_err\": %.3e, \"int4_rel_err\": %.3e, "
-           "\"int8_rel_err_page16\": %.3e, \"int4_rel_err_page16\": %.3e}\n",
+           "\"fp16_rel_err\": %s, \"int8_rel_err\": %s, \"int4_rel_err\": %s, "
+           "\"int8_rel_err_page16\": %s, \"int4_rel_err_page16\": %s}\n",
            o.threads, kvp_isa_name(kvp_ctx_isa(ctx)), o.quick ? "true" : "false", roofs.read_gbps,
-           roofs.fma_per_s, bw, s8, s4, pc, acc[0], acc[1], acc[2], acc16[1], acc16[2]);
+           roofs.fma_per_s, bw, s8, s4, pc, errs[0], errs[1], errs[2], errs[3], errs[4]);
     kvp_ctx_destroy(ctx);
     return 0;
 }

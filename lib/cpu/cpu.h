@@ -35,6 +35,7 @@ typedef struct {
     float p[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;        /* exp(logit - m) */
     float qstep[KVP__TILE_ROWS];  /* integer q: q' ~= qstep * (128*qh + ql) */
     float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
+    float k4a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32]; /* int4 keys' outliers: q * oscale (AVX-512) */
     float lvec[KVP__TILE_ROWS][16] KVP__ALIGN64; /* SIMD paths: l = l + sum(lvec), reduced at the end */
     float m[KVP__TILE_ROWS], l[KVP__TILE_ROWS];
     float pmax[KVP__TILE_ROWS];   /* largest p of the current chunk (exp(chunk max - m)) */

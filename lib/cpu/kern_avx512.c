@@ -65,6 +65,17 @@ TGT_INLINE static __m128i pack_s8_reg(__m512i x) {
 }
 #define PACK_S8(x) pack_s8_reg(x)
 #endif
+/* The same with unsigned saturation (int32 lanes to u8 0..255). */
+#if defined(__clang__)
+#define PACK_U8S(x) _mm512_cvtusepi32_epi8(x)
+#else
+TGT_INLINE static __m128i pack_u8s_reg(__m512i x) {
+    __m128i r;
+    __asm__("vpmovusdb %1, %0" : "=v"(r) : "v"(x));
+    return r;
+}
+#define PACK_U8S(x) pack_u8s_reg(x)
+#endif
 static inline int32_t load32(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -76,6 +87,17 @@ static inline int32_t load32(const void *p) {
 TGT_INLINE static __mmask16 mask16(int n) {
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
+
+/* Sums (or maxima) of 4 vectors at once: lane 4*i of the result holds
+ * vector i's, 13 instructions where 4 separate reductions take about 30. */
+#define REDUCE4(OP, a0, a1, a2, a3, out)                                                           \
+    do {                                                                                           \
+        __m512 x01_ = OP(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE)); \
+        __m512 x23_ = OP(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE)); \
+        __m512 y_ = OP(_mm512_shuffle_f32x4(x01_, x23_, 0x88), _mm512_shuffle_f32x4(x01_, x23_, 0xDD)); \
+        y_ = OP(y_, _mm512_permute_ps(y_, 0x4E));                                                  \
+        (out) = OP(y_, _mm512_permute_ps(y_, 0xB1));                                               \
+    } while (0)
 
 /* exp(x) for x <= 0 (and -inf -> 0): 2^n * poly(r), |rel err| < 2e-7. */
 TGT static inline __m512 exp512(__m512 x) {
@@ -185,13 +207,14 @@ TGT_INLINE static void klogits_tm(int fmt, kvp__tile *t, const uint8_t *kb,
 
 /* ---- K: int8 / int4, integer dot products ----------------------------------------------------------- */
 
-/* Vector version of kvp__qprep_int (int8 keys): fold the page's channel
- * scales into q and quantize it to 15 bits as two s8 halves. */
-TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+/* Pass 1 of the integer-key preps: q' = q * scale (to t->qf), and for the
+ * 4 rows together max|q'|, Σ q·min and Σ q' (lane 4r of amax4/cst4/sum4). */
+TGT_INLINE static void kprep_fold(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f,
+                                  __m512 *amax4, __m512 *cst4, __m512 *sum4) {
     const int D = t->D;
     const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    __m512 amax[R], cst[R];
-    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = _mm512_setzero_ps();
+    __m512 amax[R], cst[R], sum[R];
+    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = sum[r] = _mm512_setzero_ps();
     for (int d = 0; d < D; d += 16) {
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
         __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d)));
@@ -200,22 +223,61 @@ TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
             _mm512_store_ps(&t->qf[r][d], qf);
             cst[r] = _mm512_fmadd_ps(q, m, cst[r]);
             amax[r] = _mm512_max_ps(amax[r], _mm512_abs_ps(qf));
+            if (sum4 != NULL) sum[r] = _mm512_add_ps(sum[r], qf);
         }
     }
+    REDUCE4(_mm512_max_ps, amax[0], amax[1], amax[2], amax[3], *amax4);
+    REDUCE4(_mm512_add_ps, cst[0], cst[1], cst[2], cst[3], *cst4);
+    if (sum4 != NULL) REDUCE4(_mm512_add_ps, sum[0], sum[1], sum[2], sum[3], *sum4);
+}
+
+/* 1/step per row where max|q'| > 0, else 0 (lanes as kprep_fold's). */
+TGT_INLINE static __m512 kprep_inv(__m512 amax4, float levels) {
+    __mmask16 nz = _mm512_cmp_ps_mask(amax4, _mm512_setzero_ps(), _CMP_GT_OQ);
+    return _mm512_maskz_div_ps(nz, _mm512_set1_ps(levels), amax4);
+}
+
+/* Vector version of kvp__qprep_int (int8 keys): fold the page's channel
+ * scales into q and quantize it to 15 bits as two s8 halves. */
+TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    const int D = t->D;
+    __m512 amax4, cst4;
+    kprep_fold(t, kb, f, &amax4, &cst4, NULL);
+    float inv[16] KVP__ALIGN64, step[16] KVP__ALIGN64, cst[16] KVP__ALIGN64;
+    _mm512_store_ps(inv, kprep_inv(amax4, 16256.0f));
+    _mm512_store_ps(step, _mm512_mul_ps(amax4, _mm512_set1_ps(1.0f / 16256.0f)));
+    _mm512_store_ps(cst, cst4);
     UNROLL for (int r = 0; r < R; r++) {
-        float am = _mm512_reduce_max_ps(amax[r]), step = am / 16256.0f;
-        __m512 vinv = _mm512_set1_ps(am > 0.0f ? 1.0f / step : 0.0f);
+        __m512 vinv = _mm512_set1_ps(inv[4 * r]);
         for (int d = 0; d < D; d += 16) {
             /* x = rne(q' / step) in -16256..16256 (MXCSR: nearest-even), split
-             * exactly as x = 128*hi + lo, hi = (x + 64) >> 7, lo in -64..63 */
+             * exactly as x = 128*hi + lo, hi = x >> 7 in -127..127, lo = x & 127 */
             __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qf[r][d]), vinv));
-            __m512i hi = _mm512_srai_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(64)), 7);
-            __m512i lo = _mm512_sub_epi32(x, _mm512_slli_epi32(hi, 7));
-            _mm_store_si128((__m128i *)(void *)&t->qh[r][d], PACK_S8(hi));
-            _mm_store_si128((__m128i *)(void *)&t->ql[r][d], PACK_S8(lo));
+            _mm_store_si128((__m128i *)(void *)&t->qh[r][d], PACK_S8(_mm512_srai_epi32(x, 7)));
+            _mm_store_si128((__m128i *)(void *)&t->ql[r][d],
+                            PACK_S8(_mm512_and_si512(x, _mm512_set1_epi32(127))));
         }
-        t->qstep[r] = step;
-        t->qconst[r] = _mm512_reduce_add_ps(cst[r]); /* 15 bits: the residual is fp32 noise */
+        t->qstep[r] = step[4 * r];
+        t->qconst[r] = cst[4 * r]; /* 15 bits: the residual is fp32 noise */
+    }
+}
+
+/* int4 keys' outlier channels: a[r][j] = q[r][idx_j] * oscale_j to the
+ * tile, Σ_j q[r][idx_j] * omin_j to qconst. Once per page. */
+TGT_INLINE static void k4_outlier_prep(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
+    if (o.count == 0) return;
+    float os[8] KVP__ALIGN64, om[8] KVP__ALIGN64; /* count = head_dim/32 <= 8 */
+    __mmask8 m = (__mmask8)((1u << o.count) - 1u);
+    _mm256_store_ps(os, _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, o.table + 2 * (size_t)o.count)));
+    _mm256_store_ps(om, _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, o.table + 4 * (size_t)o.count)));
+    for (int j = 0; j < o.count; j++) {
+        uint16_t d;
+        memcpy(&d, o.table + 2 * (size_t)j, 2);
+        for (int r = 0; r < R; r++) {
+            t->k4a[r][j] = t->q[r][d] * os[j];
+            t->qconst[r] += t->q[r][d] * om[j];
+        }
     }
 }
 
@@ -224,39 +286,33 @@ TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
  * suffice against 4-bit codes once the outlier channels do not set the step,
  * and they do not: those are the int8 outlier table's (their int4 scales are
  * 0, so q' is 0 there). The rounding error times the middle code (7.5) goes
- * to the constant. */
+ * to the constant: Σ (q' - step*x) = Σ q' - step * Σ x. */
 TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     const int D = t->D;
-    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    __m512 amax[R], cst[R], resid[R], vinv[R], vstep[R];
-    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = resid[r] = _mm512_setzero_ps();
-    for (int d = 0; d < D; d += 16) {
-        __m512 sv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
-        __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d)));
-        UNROLL for (int r = 0; r < R; r++) {
-            __m512 q = _mm512_load_ps(&t->q[r][d]), qf = _mm512_mul_ps(q, sv);
-            _mm512_store_ps(&t->qf[r][d], qf);
-            cst[r] = _mm512_fmadd_ps(q, mv, cst[r]);
-            amax[r] = _mm512_max_ps(amax[r], _mm512_abs_ps(qf));
-        }
-    }
-    UNROLL for (int r = 0; r < R; r++) {
-        float step = _mm512_reduce_max_ps(amax[r]) / 127.0f;
-        vinv[r] = _mm512_set1_ps(step > 0.0f ? 1.0f / step : 0.0f);
-        vstep[r] = _mm512_set1_ps(step);
-        t->qstep[r] = step;
-    }
+    __m512 amax4, cst4, sum4;
+    kprep_fold(t, kb, f, &amax4, &cst4, &sum4);
+    float inv[16] KVP__ALIGN64;
+    _mm512_store_ps(inv, kprep_inv(amax4, 127.0f));
+    __m512i xs[R];
+    UNROLL for (int r = 0; r < R; r++) xs[r] = _mm512_setzero_si512();
     for (int d = 0; d < D; d += 16)
         UNROLL for (int r = 0; r < R; r++) {
-            __m512 qf = _mm512_load_ps(&t->qf[r][d]);
-            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(qf, vinv[r]));
+            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qf[r][d]), _mm512_set1_ps(inv[4 * r])));
             _mm_store_si128((__m128i *)(void *)&t->qh[r][d], PACK_S8(x));
-            resid[r] = _mm512_add_ps(resid[r], _mm512_fnmadd_ps(vstep[r], _mm512_cvtepi32_ps(x), qf));
+            xs[r] = _mm512_add_epi32(xs[r], x);
         }
-    UNROLL for (int r = 0; r < R; r++)
-        t->qconst[r] = _mm512_reduce_add_ps(cst[r]) + 7.5f * _mm512_reduce_add_ps(resid[r]);
+    __m512 x4, step4 = _mm512_mul_ps(amax4, _mm512_set1_ps(1.0f / 127.0f));
+    REDUCE4(_mm512_add_ps, _mm512_cvtepi32_ps(xs[0]), _mm512_cvtepi32_ps(xs[1]),
+            _mm512_cvtepi32_ps(xs[2]), _mm512_cvtepi32_ps(xs[3]), x4);
+    float step[16] KVP__ALIGN64, cst[16] KVP__ALIGN64;
+    _mm512_store_ps(step, step4);
+    _mm512_store_ps(cst, _mm512_fmadd_ps(_mm512_fnmadd_ps(step4, x4, sum4), _mm512_set1_ps(7.5f), cst4));
+    UNROLL for (int r = 0; r < R; r++) {
+        t->qstep[r] = step[4 * r];
+        t->qconst[r] = cst[4 * r];
+    }
+    k4_outlier_prep(t, kb, f);
 }
-
 
 /* logits = qconst + qstep * (128*hi + lo), hi/lo int32 dot products. */
 TGT static inline __m512 int_logits(const kvp__tile *t, int r, __m512i hi, __m512i lo) {
@@ -301,26 +357,20 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     R4(K8_OUT)
 }
 
-/* int4 keys' outlier channels (int8 codes, [R][P]): logits += a . code + cst,
- * 16 tokens per vector. */
+/* int4 keys' outlier channels (int8 codes, [R][P]): logits += a . code,
+ * 16 tokens per vector (a and the constant from k4_outlier_prep). */
 TGT static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
     kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
-    if (o.count == 0) return;
-    float a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32], cst[KVP__TILE_ROWS];
-    kvp__k4_outlier_fold(t, &o, a, cst);
     for (int i0 = 0; i0 < n; i0 += 16) {
-        int w = n - i0 < 16 ? n - i0 : 16;
-        __mmask16 m = (__mmask16)((1u << w) - 1u);
+        __mmask16 m = mask16(n - i0);
         __m512 acc[R];
-        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_set1_ps(cst[r]);
+        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_maskz_loadu_ps(m, &t->logits[r][i0]);
         for (int j = 0; j < o.count; j++) {
             const uint8_t *p = o.codes + (size_t)j * (size_t)f->page_size + (size_t)(t0 + i0);
             __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p)));
-            UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r][j]), c, acc[r]);
+            UNROLL for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(t->k4a[r][j]), c, acc[r]);
         }
-        UNROLL for (int r = 0; r < R; r++)
-            _mm512_mask_storeu_ps(&t->logits[r][i0], m,
-                                  _mm512_add_ps(_mm512_maskz_loadu_ps(m, &t->logits[r][i0]), acc[r]));
+        UNROLL for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(&t->logits[r][i0], m, acc[r]);
     }
 }
 
@@ -581,34 +631,75 @@ TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
 }
 
 /* int4 values: token groups of [D/2][4] bytes; in each 32-channel scale
- * group, channel i is the low nibble and i + W/2 the high nibble. */
+ * group, channel i is the low nibble and i + W/2 the high nibble.
+ * Per group g and row r: p'[t] = p[t]·scale[g][t] quantized to u8 against
+ * the bound pmax_r·smax_g (p / pmax_r and scale·255/smax_g are formed once,
+ * so a code costs one multiply), and mterm = Σ p·(min + 8·scale) with the
+ * 4 rows' sums reduced together. */
 TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
     const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4;
     const uint8_t *sc = vb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
     const uint8_t *base = vb + (size_t)t0 * (size_t)D / 2;
     const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+    const __mmask16 mk0 = mask16(n4), mk1 = mask16(n4 - 16);
+    /* per group: scales and min + 8·scale as fp32, the largest scale */
+    float sv[KVP__ATTN_MAX_D / 32][KVP__CHUNK] KVP__ALIGN64, wv[KVP__ATTN_MAX_D / 32][KVP__CHUNK] KVP__ALIGN64;
+    float smax[KVP__ATTN_MAX_D / 32 + 3][4] KVP__ALIGN64; /* lane 0 of each: group g's */
+    for (int g0 = 0; g0 < G; g0 += 4) {
+        __m512 mx[4];
+        for (int k = 0; k < 4; k++) {
+            int g = g0 + k;
+            mx[k] = _mm512_setzero_ps();
+            if (g >= G) continue;
+            const uint8_t *sg = sc + 2 * ((size_t)g * (size_t)P + (size_t)t0);
+            const uint8_t *mg = mn + 2 * ((size_t)g * (size_t)P + (size_t)t0);
+            __m512 s0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk0, sg));
+            __m512 s1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk1, sg + 32));
+            _mm512_store_ps(&sv[g][0], s0);
+            _mm512_store_ps(&sv[g][16], s1);
+            /* v = s*(c-8) + (m + 8s): see the codes below */
+            _mm512_store_ps(&wv[g][0], _mm512_fmadd_ps(s0, _mm512_set1_ps(8.0f),
+                                                       _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk0, mg))));
+            _mm512_store_ps(&wv[g][16], _mm512_fmadd_ps(s1, _mm512_set1_ps(8.0f),
+                                                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk1, mg + 32))));
+            mx[k] = _mm512_max_ps(s0, s1); /* scales are >= 0 */
+        }
+        __m512 m4;
+        REDUCE4(_mm512_max_ps, mx[0], mx[1], mx[2], mx[3], m4);
+        _mm512_store_ps(&smax[g0][0], m4);
+    }
+    __m512 pr[R][2];
+    float pmax[16] KVP__ALIGN64;
+    UNROLL for (int r = 0; r < R; r++) {
+        pmax[4 * r] = t->pmax[r];
+        __m512 inv = _mm512_set1_ps(t->pmax[r] > 0.0f ? 1.0f / t->pmax[r] : 0.0f);
+        pr[r][0] = _mm512_mul_ps(_mm512_maskz_load_ps(mk0, &t->p[r][0]), inv);
+        pr[r][1] = _mm512_mul_ps(_mm512_maskz_load_ps(mk1, &t->p[r][16]), inv);
+    }
     for (int g = 0; g < G; g++) {
         int w = D - 32 * g < 32 ? D - 32 * g : 32, half = w / 2;
-        float vs[KVP__CHUNK] KVP__ALIGN64, vm[KVP__CHUNK] KVP__ALIGN64, step[R], mterm[R];
-        uint32_t pq[R][KVP__CHUNK / 4 + 4] KVP__ALIGN64;
-        float smax = load_scales(sc + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, vs);
-        for (int j = 0; j < 2; j++)
-            _mm512_store_ps(vm + 16 * j, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
-                                             mask16(n4 - 16 * j), mn + 2 * ((size_t)g * (size_t)P + (size_t)t0) + 32 * j)));
+        float sm = smax[g][0];
+        __m512 sn = _mm512_set1_ps(sm > 0.0f ? 255.0f / sm : 0.0f);
+        __m512 s0 = _mm512_mul_ps(_mm512_load_ps(&sv[g][0]), sn), s1 = _mm512_mul_ps(_mm512_load_ps(&sv[g][16]), sn);
+        __m512 w0 = _mm512_load_ps(&wv[g][0]), w1 = _mm512_load_ps(&wv[g][16]);
+        uint32_t pq[R][KVP__CHUNK / 4] KVP__ALIGN64;
+        __m512 mt[R], mt4;
         UNROLL for (int r = 0; r < R; r++) {
-            step[r] = quantize_probs(t->p[r], vs, n4, t->pmax[r], smax, pq[r]);
-            __m512 s = _mm512_setzero_ps();
-            for (int j = 0; j < 2; j++) /* v = s*(c-8) + (m + 8s): see the codes below */
-                s = _mm512_fmadd_ps(_mm512_maskz_load_ps(mask16(n4 - 16 * j), &t->p[r][16 * j]),
-                                    _mm512_fmadd_ps(_mm512_load_ps(vs + 16 * j), _mm512_set1_ps(8.0f),
-                                                    _mm512_load_ps(vm + 16 * j)), s);
-            mterm[r] = _mm512_reduce_add_ps(s);
+            /* p/pmax * s*255/smax <= 255 (saturating in case exp rounds p above pmax) */
+            __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(pr[r][0], s0));
+            __m512i c1 = _mm512_cvtps_epi32(_mm512_mul_ps(pr[r][1], s1));
+            _mm_store_si128((__m128i *)(void *)&pq[r][0], PACK_U8S(c0));
+            _mm_store_si128((__m128i *)(void *)&pq[r][4], PACK_U8S(c1));
+            mt[r] = _mm512_fmadd_ps(pr[r][0], w0, _mm512_mul_ps(pr[r][1], w1));
         }
+        REDUCE4(_mm512_add_ps, mt[0], mt[1], mt[2], mt[3], mt4);
+        float mterm[16] KVP__ALIGN64;
+        _mm512_store_ps(mterm, _mm512_mul_ps(mt4, _mm512_load_ps(pmax)));
+        float smax_g = sm;
         const __mmask64 m = half == 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * half)) - 1);
 #define V4_DECL(r) __m512i lo_##r = _mm512_setzero_si512(), hi_##r = lo_##r;
         R4(V4_DECL)
         for (int tg = 0; tg < n4 / 4; tg++) {
-            PF_AHEAD_BY(base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64, t->pf_v, 1);
             __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64);
             /* codes centred on 0 (c - 8): the rounding error of the u8
              * probabilities then does not add up coherently over tokens, as
@@ -617,9 +708,9 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
             __m512i vhi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(b, 4), low), eight);
 #define V4_STEP(r)                                                                                 \
     {                                                                                              \
-        __m512i pr = _mm512_set1_epi32((int)pq[r][tg]);                                            \
-        DPBUSD(lo_##r, pr, vlo);                                                                   \
-        DPBUSD(hi_##r, pr, vhi);                                                                   \
+        __m512i pb = _mm512_set1_epi32((int)pq[r][tg]);                                            \
+        DPBUSD(lo_##r, pb, vlo);                                                                   \
+        DPBUSD(hi_##r, pb, vhi);                                                                   \
     }
             R4(V4_STEP)
         }
@@ -627,10 +718,11 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
 #define V4_OUT(r)                                                                                  \
     {                                                                                              \
         float *o = t->o + (size_t)r * (size_t)D + (size_t)(32 * g);                                \
-        __m512 st = _mm512_set1_ps(step[r]), mt = _mm512_set1_ps(mterm[r]);                        \
+        __m512 st = _mm512_set1_ps(pmax[4 * r] * smax_g * (1.0f / 255.0f));                          \
+        __m512 mtv = _mm512_set1_ps(mterm[4 * r]);                                                 \
         __m512 c0 = _mm512_maskz_loadu_ps(mh, o), c1 = _mm512_maskz_loadu_ps(mh, o + half);        \
-        c0 = _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_##r), st, c0), mt);               \
-        c1 = _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_##r), st, c1), mt);               \
+        c0 = _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_##r), st, c0), mtv);              \
+        c1 = _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_##r), st, c1), mtv);              \
         _mm512_mask_storeu_ps(o, mh, c0);                                                          \
         _mm512_mask_storeu_ps(o + half, mh, c1);                                                   \
     }
