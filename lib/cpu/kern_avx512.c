@@ -414,21 +414,29 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
 TGT static void softmax_avx512(kvp__tile *t, int n, int32_t pos0) {
     const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    __m512 x[R][2];
-    float cmax[R], m_new[R], e[16] KVP__ALIGN64;
-    for (int r = 0; r < R; r++) {
+    __m512 x[R][2], cm[R], cm4;
+    float cmax4[16] KVP__ALIGN64, cmax[R], m_new[R], e[16] KVP__ALIGN64;
+    UNROLL for (int r = 0; r < R; r++) {
         if (t->soft_cap > 0.0f)
             for (int i = 0; i < n; i++) t->logits[r][i] = t->soft_cap * tanhf(t->logits[r][i] / t->soft_cap);
-        __m512 cm = ninf;
-        for (int j = 0; j < 2; j++) {
-            __m512i pos = _mm512_add_epi32(iota, _mm512_set1_epi32(pos0 + 16 * j));
-            __mmask16 ok = mask16(n - 16 * j) &
-                           _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(t->lo[r])) &
-                           _mm512_cmple_epi32_mask(pos, _mm512_set1_epi32(t->hi[r]));
-            x[r][j] = _mm512_mask_blend_ps(ok, ninf, _mm512_load_ps(&t->logits[r][16 * j]));
-            cm = _mm512_max_ps(cm, x[r][j]);
+        if (t->lo[r] <= pos0 && t->hi[r] >= pos0 + n - 1) { /* the whole chunk is visible */
+            x[r][0] = _mm512_mask_load_ps(ninf, mask16(n), &t->logits[r][0]);
+            x[r][1] = _mm512_mask_load_ps(ninf, mask16(n - 16), &t->logits[r][16]);
+        } else {
+            for (int j = 0; j < 2; j++) {
+                __m512i pos = _mm512_add_epi32(iota, _mm512_set1_epi32(pos0 + 16 * j));
+                __mmask16 ok = mask16(n - 16 * j) &
+                               _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(t->lo[r])) &
+                               _mm512_cmple_epi32_mask(pos, _mm512_set1_epi32(t->hi[r]));
+                x[r][j] = _mm512_mask_load_ps(ninf, ok, &t->logits[r][16 * j]);
+            }
         }
-        cmax[r] = _mm512_reduce_max_ps(cm);
+        cm[r] = _mm512_max_ps(x[r][0], x[r][1]);
+    }
+    REDUCE4(_mm512_max_ps, cm[0], cm[1], cm[2], cm[3], cm4);
+    _mm512_store_ps(cmax4, cm4);
+    for (int r = 0; r < R; r++) {
+        cmax[r] = cmax4[4 * r];
         m_new[r] = t->m[r] > cmax[r] ? t->m[r] : cmax[r];
         /* one vector exp for every row's rescale factor and chunk maximum */
         e[r] = m_new[r] == -INFINITY || t->m[r] == m_new[r] ? 0.0f : t->m[r] - m_new[r];
