@@ -13,6 +13,8 @@
 
 #include "../backend.h"
 
+#include <stddef.h>
+
 #define KVP__TILE_ROWS 4
 #define KVP__ITEM_ROWS 32
 #define KVP__CHUNK 32
@@ -43,7 +45,8 @@ typedef struct {
     float *o;                     /* [rows][D] output accumulators */
     int32_t rows, D, P;
     int32_t head, row0;           /* kv head; first row (i*group + g) of the tile */
-    int32_t pf_k, pf_v;           /* prefetch distance in bytes: the K / V block stride */
+    ptrdiff_t pf_k, pf_v;         /* prefetch distance in bytes: from this K / V block to the
+                                     one the item reads a few steps on (lib/cpu/attn.c) */
     float fp8_k, fp8_v;           /* this layer/head's fp8 scales (0 if unused) */
     float soft_cap;
 } kvp__tile;

@@ -39,14 +39,13 @@
 #define DPBUSD_B(acc, a, p32)                                                                      \
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*(const int32_t *)(const void *)(p32)))
 #endif
-/* Software prefetch, into L2, the same place one block further on: the next
- * kv head's block of the page, adjacent in the arena, which the item reads
- * next (dist = the block's bytes, t->pf_k or t->pf_v). Measured with 2
- * threads, 32k tokens, on a shared machine (best of 15 runs, variants
- * interleaved): no prefetch vs 2 KiB ahead: fp16 13.1 -> 16.0 GB/s, int8
- * 10.0 -> 11.8, int4 6.4 -> 9.2; for fp16, 8 KiB (its block) beat 2, 4 and
- * 6 KiB (7.6-9.6 -> 11.8-17.9 GB/s), while a fixed 8 KiB slowed int4 (its
- * blocks are 2.5 KiB: it fetched other pages). */
+/* Software prefetch, into L2, the same place in the block the item reads
+ * some steps later (dist = t->pf_k or t->pf_v, set per step by
+ * lib/cpu/attn.c to a fixed lead in bytes; 0 at the item's end). Spread
+ * through the stream this way, prefetches interleave with the arithmetic;
+ * whole-block bursts measured slower. Earlier measurements (2 threads, 32k
+ * tokens, shared machine): no prefetch vs 2 KiB ahead: fp16 13.1 -> 16.0
+ * GB/s, int8 10.0 -> 11.8, int4 6.4 -> 9.2. */
 #define PF_AHEAD_BY(p, dist, lines)                                                                \
     do {                                                                                           \
         for (int pf_ = 0; pf_ < (lines); pf_++)                                                    \
@@ -708,6 +707,7 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
 #define V4_DECL(r) __m512i lo_##r = _mm512_setzero_si512(), hi_##r = lo_##r;
         R4(V4_DECL)
         for (int tg = 0; tg < n4 / 4; tg++) {
+            PF_AHEAD_BY(base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64, t->pf_v, 1);
             __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64);
             /* codes centred on 0 (c - 8): the rounding error of the u8
              * probabilities then does not add up coherently over tokens, as
