@@ -405,6 +405,15 @@ static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
             pf_k = akb - kb;
             pf_v = avb - vb;
         }
+        if (s + 1 < steps) { /* the next step's scale data into L1: its prep reads them first */
+            const uint8_t *nkb, *nvb;
+            const stage_set *nst;
+            resolve_page(j, id.b, id.h0 + (s + 1) % nh, first + (s + 1) / nh, &nkb, &nvb, &nst);
+            if (!kvp__format_is_plain(nst->kf->format)) {
+                uint64_t data = kvp__block_data_bytes(nst->kf), used = kvp__block_used_bytes(nst->kf);
+                for (uint64_t off = data; off < used; off += 64) __builtin_prefetch(nkb + off, 0, 3);
+            }
+        }
         for (int t = 0; t < id.tiles_per_head; t++) {
             tiles[t].pf_k = pf_k;
             tiles[t].pf_v = pf_v;
