@@ -231,10 +231,10 @@ TGT_INLINE static void kprep_fold(kvp__tile *t, const uint8_t *kb, const kvp__bl
     if (sum4 != NULL) REDUCE4(_mm512_add_ps, sum[0], sum[1], sum[2], sum[3], *sum4);
 }
 
-/* 1/step per row where max|q'| > 0, else 0 (lanes as kprep_fold's). */
-TGT_INLINE static __m512 kprep_inv(__m512 amax4, float levels) {
-    __mmask16 nz = _mm512_cmp_ps_mask(amax4, _mm512_setzero_ps(), _CMP_GT_OQ);
-    return _mm512_maskz_div_ps(nz, _mm512_set1_ps(levels), amax4);
+/* num / x in the lanes where x > 0, else 0. */
+TGT_INLINE static __m512 div_or_zero(float num, __m512 x) {
+    __mmask16 nz = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
+    return _mm512_maskz_div_ps(nz, _mm512_set1_ps(num), x);
 }
 
 /* Where the two parts of channels d..d+3 (d % 4 == 0) sit in t->qhl[r]:
@@ -255,7 +255,7 @@ TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
     __m512 amax4, cst4;
     kprep_fold(t, kb, f, &amax4, &cst4, NULL);
     float inv[16] KVP__ALIGN64, step[16] KVP__ALIGN64, cst[16] KVP__ALIGN64;
-    _mm512_store_ps(inv, kprep_inv(amax4, 16256.0f));
+    _mm512_store_ps(inv, div_or_zero(16256.0f, amax4));
     _mm512_store_ps(step, _mm512_mul_ps(amax4, _mm512_set1_ps(1.0f / 16256.0f)));
     _mm512_store_ps(cst, cst4);
     const __m512i m127 = _mm512_set1_epi16(127);
@@ -305,7 +305,7 @@ TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
     __m512 amax4, cst4, sum4;
     kprep_fold(t, kb, f, &amax4, &cst4, &sum4);
     float inv[16] KVP__ALIGN64;
-    _mm512_store_ps(inv, kprep_inv(amax4, 127.0f));
+    _mm512_store_ps(inv, div_or_zero(127.0f, amax4));
     __m512i xs[R];
     UNROLL for (int r = 0; r < R; r++) xs[r] = _mm512_setzero_si512();
     for (int d = 0; d < D; d += 16)
@@ -667,7 +667,8 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
     const __mmask16 mk0 = mask16(n4), mk1 = mask16(n4 - 16);
     /* per group: scales and min + 8·scale as fp32, the largest scale */
     float sv[KVP__ATTN_MAX_D / 32][KVP__CHUNK] KVP__ALIGN64, wv[KVP__ATTN_MAX_D / 32][KVP__CHUNK] KVP__ALIGN64;
-    float smax[KVP__ATTN_MAX_D / 32 + 3][4] KVP__ALIGN64; /* lane 0 of each: group g's */
+    /* lane 0 of each: group g's largest scale and 255 / it (0 if 0) */
+    float smax[KVP__ATTN_MAX_D / 32 + 3][4] KVP__ALIGN64, sinv[KVP__ATTN_MAX_D / 32 + 3][4] KVP__ALIGN64;
     for (int g0 = 0; g0 < G; g0 += 4) {
         __m512 mx[4];
         for (int k = 0; k < 4; k++) {
@@ -690,19 +691,22 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
         __m512 m4;
         REDUCE4(_mm512_max_ps, mx[0], mx[1], mx[2], mx[3], m4);
         _mm512_store_ps(&smax[g0][0], m4);
+        _mm512_store_ps(&sinv[g0][0], div_or_zero(255.0f, m4));
     }
+    /* rows: p / pmax (lane 4r of pmax4 / pinv: row r's) */
     __m512 pr[R][2];
-    float pmax[16] KVP__ALIGN64;
+    const __m512 pmax4 = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                               _mm512_castps128_ps512(_mm_loadu_ps(t->pmax)));
+    float pinv[16] KVP__ALIGN64;
+    _mm512_store_ps(pinv, div_or_zero(1.0f, pmax4));
     UNROLL for (int r = 0; r < R; r++) {
-        pmax[4 * r] = t->pmax[r];
-        __m512 inv = _mm512_set1_ps(t->pmax[r] > 0.0f ? 1.0f / t->pmax[r] : 0.0f);
+        __m512 inv = _mm512_set1_ps(pinv[4 * r]);
         pr[r][0] = _mm512_mul_ps(_mm512_maskz_load_ps(mk0, &t->p[r][0]), inv);
         pr[r][1] = _mm512_mul_ps(_mm512_maskz_load_ps(mk1, &t->p[r][16]), inv);
     }
     for (int g = 0; g < G; g++) {
         int w = D - 32 * g < 32 ? D - 32 * g : 32, half = w / 2;
-        float sm = smax[g][0];
-        __m512 sn = _mm512_set1_ps(sm > 0.0f ? 255.0f / sm : 0.0f);
+        __m512 sn = _mm512_set1_ps(sinv[g][0]);
         __m512 s0 = _mm512_mul_ps(_mm512_load_ps(&sv[g][0]), sn), s1 = _mm512_mul_ps(_mm512_load_ps(&sv[g][16]), sn);
         __m512 w0 = _mm512_load_ps(&wv[g][0]), w1 = _mm512_load_ps(&wv[g][16]);
         uint32_t pq[R][KVP__CHUNK / 4] KVP__ALIGN64;
@@ -716,9 +720,9 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
             mt[r] = _mm512_fmadd_ps(pr[r][0], w0, _mm512_mul_ps(pr[r][1], w1));
         }
         REDUCE4(_mm512_add_ps, mt[0], mt[1], mt[2], mt[3], mt4);
-        float mterm[16] KVP__ALIGN64;
-        _mm512_store_ps(mterm, _mm512_mul_ps(mt4, _mm512_load_ps(pmax)));
-        float smax_g = sm;
+        float mterm[16] KVP__ALIGN64, step[16] KVP__ALIGN64; /* lane 4r: row r's */
+        _mm512_store_ps(mterm, _mm512_mul_ps(mt4, pmax4));
+        _mm512_store_ps(step, _mm512_mul_ps(pmax4, _mm512_set1_ps(smax[g][0] * (1.0f / 255.0f))));
         const __mmask64 m = half == 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * half)) - 1);
 #define V4_DECL(r) __m512i lo_##r = _mm512_setzero_si512(), hi_##r = lo_##r;
         R4(V4_DECL)
@@ -742,7 +746,7 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
 #define V4_OUT(r)                                                                                  \
     {                                                                                              \
         float *o = t->o + (size_t)r * (size_t)D + (size_t)(32 * g);                                \
-        __m512 st = _mm512_set1_ps(pmax[4 * r] * smax_g * (1.0f / 255.0f));                          \
+        __m512 st = _mm512_set1_ps(step[4 * r]);                                                   \
         __m512 mtv = _mm512_set1_ps(mterm[4 * r]);                                                 \
         __m512 c0 = _mm512_maskz_loadu_ps(mh, o), c1 = _mm512_maskz_loadu_ps(mh, o + half);        \
         c0 = _mm512_add_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_##r), st, c0), mtv);              \
