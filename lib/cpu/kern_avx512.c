@@ -522,37 +522,6 @@ TGT_INLINE static void vacc_pl(int fmt, kvp__tile *t, const uint8_t *vb, const k
 
 /* ---- V: int8 / int4, integer dot products ------------------------------------------------------------- */
 
-/* Quantize p' = p * vscale (n tokens of one row) to u8 codes packed 4 per
- * token group, against the bound pmax * smax >= p' (no reduction needed);
- * returns the step (p' ~= step * code). */
-TGT_INLINE static float quantize_probs(const float *p, const float *vs, int n, float pmax, float smax,
-                                       uint32_t *groups) {
-    float top = pmax * smax;
-    float inv = top > 0.0f ? 255.0f / top : 0.0f;
-    __m512 vinv = _mm512_set1_ps(inv);
-    for (int j = 0; j < 2; j++) {
-        __mmask16 m = mask16(n - 16 * j);
-        __m512 pv = _mm512_mul_ps(_mm512_maskz_load_ps(m, p + 16 * j), _mm512_maskz_load_ps(m, vs + 16 * j));
-        __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(pv, vinv));
-        _mm_storeu_si128((__m128i *)(void *)(groups + 4 * j),
-                         PACK_S8(_mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), _mm512_set1_epi32(255))));
-    }
-    return top / 255.0f;
-}
-
-/* Scale data of n tokens as fp32 (fp16 values at src, one per token);
- * returns their maximum. */
-TGT_INLINE static float load_scales(const uint8_t *src, int n, float *dst) {
-    __m512 mx = _mm512_setzero_ps();
-    for (int j = 0; j < 2; j++) {
-        __mmask16 m = mask16(n - 16 * j);
-        __m512 v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + 32 * j));
-        _mm512_store_ps(dst + 16 * j, v);
-        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
-    }
-    return _mm512_reduce_max_ps(mx);
-}
-
 /* Tokens of a trailing partial token group (page sizes not a multiple of 4). */
 static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int i0, int n) {
     for (int i = i0; i < n; i++)
@@ -564,22 +533,10 @@ static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, i
         }
 }
 
-/* Probabilities for int8 values get 16 bits, as two u8 halves (p' ~= step *
- * (256*hi + lo)): 8 bits would add ~0.4% to the output error, as much as
- * the values' own quantization. */
-TGT_INLINE static float quantize_probs16(const float *p, const float *vs, int n, float pmax,
-                                         float smax, uint32_t *hi, uint32_t *lo) {
-    float top = pmax * smax;
-    __m512 vinv = _mm512_set1_ps(top > 0.0f ? 65535.0f / top : 0.0f);
-    for (int j = 0; j < 2; j++) {
-        __mmask16 m = mask16(n - 16 * j);
-        __m512 pv = _mm512_mul_ps(_mm512_maskz_load_ps(m, p + 16 * j), _mm512_maskz_load_ps(m, vs + 16 * j));
-        __m512i x = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(pv, vinv)), _mm512_set1_epi32(65535));
-        _mm_storeu_si128((__m128i *)(void *)(hi + 4 * j), PACK_S8(_mm512_srli_epi32(x, 8)));
-        _mm_storeu_si128((__m128i *)(void *)(lo + 4 * j),
-                         PACK_S8(_mm512_and_si512(x, _mm512_set1_epi32(255))));
-    }
-    return top / 65535.0f;
+/* Row values v[0..3] to lanes 4r (the layout of REDUCE4 results). */
+TGT_INLINE static __m512 rows_to_lanes(const float *v) {
+    return _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                 _mm512_castps128_ps512(_mm_loadu_ps(v)));
 }
 
 typedef struct {
@@ -641,11 +598,29 @@ TGT static void vacc_i8_chunk1(kvp__tile *t, const uint8_t *base, int d0, int gr
 /* int8 values: token groups [D][4] (s8), one fp16 scale per token. */
 TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
     const int D = t->D, n4 = n / 4 * 4;
-    float vs[KVP__CHUNK] KVP__ALIGN64;
+    const __mmask16 mk0 = mask16(n4), mk1 = mask16(n4 - 16);
+    const uint8_t *sc = vb + kvp__block_data_bytes(f) + 2 * (size_t)t0;
+    __m512 s0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk0, sc));
+    __m512 s1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk1, sc + 32));
+    float smax = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)); /* scales are >= 0 */
+    /* Probabilities get 16 bits, as two u8 halves (p' ~= step * (256*hi +
+     * lo)), against the bound top = pmax * smax: 8 bits would add ~0.4% to
+     * the output error, as much as the values' own quantization. */
+    __m512 top4 = _mm512_mul_ps(rows_to_lanes(t->pmax), _mm512_set1_ps(smax));
+    float inv[16] KVP__ALIGN64, step[16] KVP__ALIGN64; /* lane 4r: row r's */
+    _mm512_store_ps(inv, div_or_zero(65535.0f, top4));
+    _mm512_store_ps(step, _mm512_mul_ps(top4, _mm512_set1_ps(1.0f / 65535.0f)));
     probs16 pq KVP__ALIGN64;
-    float smax = load_scales(vb + kvp__block_data_bytes(f) + 2 * (size_t)t0, n4, vs);
-    UNROLL for (int r = 0; r < R; r++)
-        pq.step[r] = quantize_probs16(t->p[r], vs, n4, t->pmax[r], smax, pq.hi[r], pq.lo[r]);
+    UNROLL for (int r = 0; r < R; r++) {
+        __m512 vinv = _mm512_set1_ps(inv[4 * r]);
+        for (int j = 0; j < 2; j++) {
+            __m512 pv = _mm512_mul_ps(_mm512_maskz_load_ps(j ? mk1 : mk0, &t->p[r][16 * j]), j ? s1 : s0);
+            __m512i x = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(pv, vinv)), _mm512_set1_epi32(65535));
+            _mm_storeu_si128((__m128i *)(void *)&pq.hi[r][4 * j], PACK_S8(_mm512_srli_epi32(x, 8)));
+            _mm_storeu_si128((__m128i *)(void *)&pq.lo[r][4 * j], PACK_S8(_mm512_and_si512(x, _mm512_set1_epi32(255))));
+        }
+        pq.step[r] = step[4 * r];
+    }
     const uint8_t *base = vb + (size_t)t0 * (size_t)D;
     int d0 = 0;
     for (; d0 + 32 <= D; d0 += 32) vacc_i8_chunk2(t, base, d0, n4 / 4, &pq);
@@ -695,8 +670,7 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
     }
     /* rows: p / pmax (lane 4r of pmax4 / pinv: row r's) */
     __m512 pr[R][2];
-    const __m512 pmax4 = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-                                               _mm512_castps128_ps512(_mm_loadu_ps(t->pmax)));
+    const __m512 pmax4 = rows_to_lanes(t->pmax);
     float pinv[16] KVP__ALIGN64;
     _mm512_store_ps(pinv, div_or_zero(1.0f, pmax4));
     UNROLL for (int r = 0; r < R; r++) {
