@@ -231,6 +231,12 @@ TGT_INLINE static void kprep_fold(kvp__tile *t, const uint8_t *kb, const kvp__bl
     if (sum4 != NULL) REDUCE4(_mm512_add_ps, sum[0], sum[1], sum[2], sum[3], *sum4);
 }
 
+/* Lanes 0, 4, 8, 12 (REDUCE4's results) as 4 floats: one permute, where
+ * storing the vector and reading scalars back stalls store forwarding. */
+TGT_INLINE static __m128 lanes_to_rows(__m512 v) {
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), v));
+}
+
 /* num / x in the lanes where x > 0, else 0. */
 TGT_INLINE static __m512 div_or_zero(float num, __m512 x) {
     __mmask16 nz = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
@@ -317,13 +323,9 @@ TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
     __m512 x4, step4 = _mm512_mul_ps(amax4, _mm512_set1_ps(1.0f / 127.0f));
     REDUCE4(_mm512_add_ps, _mm512_cvtepi32_ps(xs[0]), _mm512_cvtepi32_ps(xs[1]),
             _mm512_cvtepi32_ps(xs[2]), _mm512_cvtepi32_ps(xs[3]), x4);
-    float step[16] KVP__ALIGN64, cst[16] KVP__ALIGN64;
-    _mm512_store_ps(step, step4);
-    _mm512_store_ps(cst, _mm512_fmadd_ps(_mm512_fnmadd_ps(step4, x4, sum4), _mm512_set1_ps(7.5f), cst4));
-    UNROLL for (int r = 0; r < R; r++) {
-        t->qstep[r] = step[4 * r];
-        t->qconst[r] = cst[4 * r];
-    }
+    __m512 c4 = _mm512_fmadd_ps(_mm512_fnmadd_ps(step4, x4, sum4), _mm512_set1_ps(7.5f), cst4);
+    _mm_storeu_ps(t->qstep, lanes_to_rows(step4));
+    _mm_storeu_ps(t->qconst, lanes_to_rows(c4));
     k4_outlier_prep(t, kb, f);
 }
 
