@@ -27,6 +27,7 @@ typedef struct {
     kvp__klogits_fn klogits;
     kvp__vacc_fn vacc;
     const kvp__blockfmt *kf, *vf;
+    uint64_t kdata, kused, vdata, vused; /* element bytes and used bytes of a K / V block */
 } stage_set;
 
 typedef struct {
@@ -278,17 +279,18 @@ static void resolve_page(const attn_job *j, int32_t b, int32_t h, int32_t page,
  * 0.87 of the contiguous layout's speed, now 0.97-1.07. */
 #define PREFETCH_LEAD_BYTES 32768
 
-static void prefetch_range(const uint8_t *b, uint64_t n) {
-    for (uint64_t off = 0; off < n; off += 64) __builtin_prefetch(b + off, 0, 2);
+static void prefetch_range(const uint8_t *b, uint64_t from, uint64_t to, int locality) {
+    for (uint64_t off = from; off < to; off += 64) {
+        if (locality == 3) __builtin_prefetch(b + off, 0, 3);
+        else __builtin_prefetch(b + off, 0, 2);
+    }
 }
 
-/* The part of a block its kernels' in-stream prefetches do not cover: the
- * scale data after the element data of integer formats. */
-static void prefetch_tail(const kvp__blockfmt *f, const uint8_t *b) {
-    if (kvp__format_is_plain(f->format)) return;
-    uint64_t data = kvp__block_data_bytes(f);
-    prefetch_range(b + data, kvp__block_used_bytes(f) - data);
-}
+/* One (page, head) step of an item: its blocks and their stages. */
+typedef struct {
+    const uint8_t *kb, *vb;
+    const stage_set *st;
+} step_blocks;
 
 /* One head's tiles over one page. */
 static void run_page(const attn_job *j, kvp__tile *tiles, int ntiles, const uint8_t *kb,
@@ -381,45 +383,38 @@ static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
     int32_t nh = id.h1 - id.h0, steps = (end - first) * nh;
     uint64_t step_bytes = j->kbytes + j->vbytes;
     int32_t ahead = (int32_t)((PREFETCH_LEAD_BYTES + step_bytes - 1) / step_bytes);
-    for (int32_t s = 0; s < steps && s < ahead; s++) { /* the first steps: no lead to hide them */
-        const uint8_t *kb, *vb;
-        const stage_set *st;
-        resolve_page(j, id.b, id.h0 + s % nh, first + s / nh, &kb, &vb, &st);
-        prefetch_range(kb, kvp__block_used_bytes(st->kf));
-        prefetch_range(vb, kvp__block_used_bytes(st->vf));
+#define STEP_AT(s_, out_) resolve_page(j, id.b, id.h0 + (s_) % nh, first + (s_) / nh, &(out_).kb, &(out_).vb, &(out_).st)
+    step_blocks cur, nxt, ah;
+    for (int32_t s = 1; s < steps && s < ahead; s++) { /* the first steps: no lead to hide them */
+        STEP_AT(s, ah);
+        prefetch_range(ah.kb, 0, ah.st->kused, 2);
+        prefetch_range(ah.vb, 0, ah.st->vused, 2);
     }
+    if (steps > 0) STEP_AT(0, nxt);
     for (int32_t s = 0; s < steps; s++) {
         int32_t pg = first + s / nh, h = id.h0 + s % nh;
         int32_t tok0 = pg * j->P, ntok = kv_len - tok0 < j->P ? kv_len - tok0 : j->P;
-        const uint8_t *kb, *vb;
-        const stage_set *st;
-        resolve_page(j, id.b, h, pg, &kb, &vb, &st);
+        cur = nxt;
         kvp__tile *tiles = &ts->tiles[(h - id.h0) * id.tiles_per_head];
         ptrdiff_t pf_k = 0, pf_v = 0;
-        if (s + ahead < steps) {
-            const uint8_t *akb, *avb;
-            const stage_set *ast;
-            resolve_page(j, id.b, id.h0 + (s + ahead) % nh, first + (s + ahead) / nh, &akb, &avb, &ast);
-            prefetch_tail(ast->kf, akb);
-            prefetch_tail(ast->vf, avb);
-            pf_k = akb - kb;
-            pf_v = avb - vb;
+        if (s + ahead < steps) { /* the kernels stream their prefetches along it */
+            STEP_AT(s + ahead, ah);
+            prefetch_range(ah.kb, ah.st->kdata, ah.st->kused, 2);
+            prefetch_range(ah.vb, ah.st->vdata, ah.st->vused, 2);
+            pf_k = ah.kb - cur.kb;
+            pf_v = ah.vb - cur.vb;
         }
-        if (s + 1 < steps) { /* the next step's scale data into L1: its prep reads them first */
-            const uint8_t *nkb, *nvb;
-            const stage_set *nst;
-            resolve_page(j, id.b, id.h0 + (s + 1) % nh, first + (s + 1) / nh, &nkb, &nvb, &nst);
-            if (!kvp__format_is_plain(nst->kf->format)) {
-                uint64_t data = kvp__block_data_bytes(nst->kf), used = kvp__block_used_bytes(nst->kf);
-                for (uint64_t off = data; off < used; off += 64) __builtin_prefetch(nkb + off, 0, 3);
-            }
+        if (s + 1 < steps) { /* the next step's key scale data into L1: its prep reads them first */
+            STEP_AT(s + 1, nxt);
+            prefetch_range(nxt.kb, nxt.st->kdata, nxt.st->kused, 3);
         }
         for (int t = 0; t < id.tiles_per_head; t++) {
             tiles[t].pf_k = pf_k;
             tiles[t].pf_v = pf_v;
         }
-        run_page(j, tiles, id.tiles_per_head, kb, vb, st, tok0, ntok);
+        run_page(j, tiles, id.tiles_per_head, cur.kb, cur.vb, cur.st, tok0, ntok);
     }
+#undef STEP_AT
     finish_item(j, &id, ts->tiles, ntiles, ts->tmp);
 }
 
@@ -471,6 +466,13 @@ static void merge_worker(void *arg, int32_t thread) {
     }
 }
 
+static void set_sizes(stage_set *st) {
+    st->kdata = kvp__block_data_bytes(st->kf);
+    st->kused = kvp__block_used_bytes(st->kf);
+    st->vdata = kvp__block_data_bytes(st->vf);
+    st->vused = kvp__block_used_bytes(st->vf);
+}
+
 static void pick_stages(attn_job *j, const kvp__blockfmt *kf, const kvp__blockfmt *vf,
                         const kvp__blockfmt *skf, const kvp__blockfmt *svf) {
     int32_t isa = j->ctx->isa;
@@ -480,12 +482,14 @@ static void pick_stages(attn_job *j, const kvp__blockfmt *kf, const kvp__blockfm
     j->pool_stages.kprep = kvp__pick_kprep(isa, kf->format);
     j->pool_stages.klogits = kvp__pick_klogits(isa, kf->format, kvp__blockfmt_dim_major(kf));
     j->pool_stages.vacc = kvp__pick_vacc(isa, vf->format);
+    set_sizes(&j->pool_stages);
     if (skf != NULL) {
         j->staging_stages.kf = skf;
         j->staging_stages.vf = svf;
         j->staging_stages.kprep = kvp__pick_kprep(isa, skf->format);
         j->staging_stages.klogits = kvp__pick_klogits(isa, skf->format, kvp__blockfmt_dim_major(skf));
         j->staging_stages.vacc = kvp__pick_vacc(isa, svf->format);
+        set_sizes(&j->staging_stages);
     }
 }
 
