@@ -208,27 +208,27 @@ TGT_INLINE static void klogits_tm(int fmt, kvp__tile *t, const uint8_t *kb,
 /* ---- K: int8 / int4, integer dot products ----------------------------------------------------------- */
 
 /* Pass 1 of the integer-key preps: q' = q * scale (to t->qf), and for the
- * 4 rows together max|q'|, Σ q·min and Σ q' (lane 4r of amax4/cst4/sum4). */
-TGT_INLINE static void kprep_fold(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f,
-                                  __m512 *amax4, __m512 *cst4, __m512 *sum4) {
+ * 4 rows together max|q'| and Σ q·(min + mid·scale) (lane 4r of amax4 /
+ * cst4; mid: the code the query's rounding error is charged at). */
+TGT_INLINE static void kprep_fold(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, float mid,
+                                  __m512 *amax4, __m512 *cst4) {
     const int D = t->D;
     const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    __m512 amax[R], cst[R], sum[R];
-    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = sum[r] = _mm512_setzero_ps();
+    __m512 amax[R], cst[R];
+    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = _mm512_setzero_ps();
     for (int d = 0; d < D; d += 16) {
         __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
         __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d)));
+        if (mid != 0.0f) m = _mm512_fmadd_ps(s, _mm512_set1_ps(mid), m);
         UNROLL for (int r = 0; r < R; r++) {
             __m512 q = _mm512_load_ps(&t->q[r][d]), qf = _mm512_mul_ps(q, s);
             _mm512_store_ps(&t->qf[r][d], qf);
             cst[r] = _mm512_fmadd_ps(q, m, cst[r]);
             amax[r] = _mm512_range_ps(amax[r], qf, 0x0B); /* max(|a|, |b|) */
-            if (sum4 != NULL) sum[r] = _mm512_add_ps(sum[r], qf);
         }
     }
     REDUCE4(_mm512_max_ps, amax[0], amax[1], amax[2], amax[3], *amax4);
     REDUCE4(_mm512_add_ps, cst[0], cst[1], cst[2], cst[3], *cst4);
-    if (sum4 != NULL) REDUCE4(_mm512_add_ps, sum[0], sum[1], sum[2], sum[3], *sum4);
 }
 
 /* Lanes 0, 4, 8, 12 (REDUCE4's results) as 4 floats: one permute, where
@@ -259,7 +259,7 @@ static inline int qhl_at(int d) {
 TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     const int D = t->D;
     __m512 amax4, cst4;
-    kprep_fold(t, kb, f, &amax4, &cst4, NULL);
+    kprep_fold(t, kb, f, 0.0f, &amax4, &cst4);
     float inv[16] KVP__ALIGN64, step[16] KVP__ALIGN64, cst[16] KVP__ALIGN64;
     _mm512_store_ps(inv, div_or_zero(16256.0f, amax4));
     _mm512_store_ps(step, _mm512_mul_ps(amax4, _mm512_set1_ps(1.0f / 16256.0f)));
@@ -305,11 +305,12 @@ TGT_INLINE static void k4_outlier_prep(kvp__tile *t, const uint8_t *kb, const kv
  * suffice against 4-bit codes once the outlier channels do not set the step,
  * and they do not: those are the int8 outlier table's (their int4 scales are
  * 0, so q' is 0 there). The rounding error times the middle code (7.5) goes
- * to the constant: Σ (q' - step*x) = Σ q' - step * Σ x. */
+ * to the constant: 7.5·Σ (q' - step*x), with Σ q'·7.5 inside the min
+ * term's dot product (q·(min + 7.5·scale)) and Σ x summed as x is formed. */
 TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     const int D = t->D;
-    __m512 amax4, cst4, sum4;
-    kprep_fold(t, kb, f, &amax4, &cst4, &sum4);
+    __m512 amax4, cst4;
+    kprep_fold(t, kb, f, 7.5f, &amax4, &cst4);
     float inv[16] KVP__ALIGN64;
     _mm512_store_ps(inv, div_or_zero(127.0f, amax4));
     __m512i xs[R];
@@ -323,7 +324,7 @@ TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
     __m512 x4, step4 = _mm512_mul_ps(amax4, _mm512_set1_ps(1.0f / 127.0f));
     REDUCE4(_mm512_add_ps, _mm512_cvtepi32_ps(xs[0]), _mm512_cvtepi32_ps(xs[1]),
             _mm512_cvtepi32_ps(xs[2]), _mm512_cvtepi32_ps(xs[3]), x4);
-    __m512 c4 = _mm512_fmadd_ps(_mm512_fnmadd_ps(step4, x4, sum4), _mm512_set1_ps(7.5f), cst4);
+    __m512 c4 = _mm512_fnmadd_ps(_mm512_mul_ps(step4, _mm512_set1_ps(7.5f)), x4, cst4);
     _mm_storeu_ps(t->qstep, lanes_to_rows(step4));
     _mm_storeu_ps(t->qconst, lanes_to_rows(c4));
     k4_outlier_prep(t, kb, f);
