@@ -346,6 +346,7 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     const uint8_t *base = kb + (size_t)t0 * 4;
     if (n <= 16) { /* pages of 16 tokens or fewer: one 16-token slab */
         for (int d = 0; d < D; d += 4) {
+            PF_AHEAD_BY(base + (size_t)(d / 4) * (size_t)P * 4, t->pf_k, 1);
             __m512i k0 = _mm512_maskz_loadu_epi8(m0, base + (size_t)(d / 4) * (size_t)P * 4);
             const int at = qhl_at(d);
 #define K8_STEP1(r)                                                                                \
