@@ -35,6 +35,7 @@ typedef struct {
     int8_t ql[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* integer q, low part */
     int8_t qhl[KVP__TILE_ROWS][2 * KVP__ATTN_MAX_D] KVP__ALIGN64; /* AVX-512 int8 keys: both parts,
                                                                     packed (kern_avx512.c) */
+    int16_t q16[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* AVX2 int8/int4 keys: 15-bit q */
     float logits[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;
     float p[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;        /* exp(logit - m) */
     float qstep[KVP__TILE_ROWS];  /* integer q: q' ~= qstep * (128*qh + ql) */

@@ -229,46 +229,80 @@ PLAIN_STAGES(fp8, KVP_FORMAT_FP8_E4M3)
 
 /* ---- K: int8 / int4 through vpmaddwd ----------------------------------------------------------------- */
 
-/* q' = q * channel scale, quantized to 15 bits (portable helper, split form),
- * recombined to s16 x = 128*qh + ql. */
+/* q' = q * channel scale, quantized per row to 15 bits as int16 (t->q16):
+ * x = rne(q' / step), step = max|q'| / 16383. vpmaddwd then sums u8 codes
+ * times x exactly in int32 (2 * 255 * 16383 per pair, 128 pairs at most at
+ * head_dim 256). */
 TGT static void kprep_int16(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
-    kvp__qprep_int(t, kb, f);
+    const int D = t->D;
+    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax[R], cst[R];
+    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+        __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc + 2 * d)));
+        __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(mn + 2 * d)));
+        UNROLL for (int r = 0; r < R; r++) {
+            __m256 q = _mm256_load_ps(&t->q[r][d]), qf = _mm256_mul_ps(q, s);
+            _mm256_store_ps(&t->qf[r][d], qf);
+            cst[r] = _mm256_fmadd_ps(q, m, cst[r]);
+            amax[r] = _mm256_max_ps(amax[r], _mm256_andnot_ps(sign, qf));
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) {
+        float am = hmax8(amax[r]), step = am / 16383.0f;
+        __m256 inv = _mm256_set1_ps(am > 0.0f ? 16383.0f / am : 0.0f);
+        for (int d = 0; d < D; d += 16) { /* D is a multiple of 8; 16-wide with a tail */
+            __m256i x0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(&t->qf[r][d]), inv));
+            __m256i x1 = d + 8 < D ? _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(&t->qf[r][d + 8]), inv)) : x0;
+            /* packs interleave the 128-bit lanes: put quads back in order */
+            __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(x0, x1), 0xD8);
+            if (d + 8 < D) _mm256_store_si256((__m256i *)(void *)&t->q16[r][d], w);
+            else _mm_store_si128((__m128i *)(void *)&t->q16[r][d], _mm256_castsi256_si128(w));
+        }
+        t->qstep[r] = step;
+        t->qconst[r] = hsum8(cst[r]); /* 15 bits: the rounding residual is fp32 noise */
+    }
 }
 
-static inline int16_t q16(const kvp__tile *t, int r, int d) {
-    return (int16_t)(128 * t->qh[r][d] + t->ql[r][d]);
+/* Tokens [i0, i0+8) of n: 32-bit lanes valid for token < n. */
+TGT_INLINE static __m256i token_mask8(int i0, int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* int8 keys, [D/4][P][4]: 4 tokens x 4 channels per 16 bytes. */
+/* acc (lanes: token a's channel pairs 01, 23, token b's, ...) for tokens
+ * 0-3 and 4-7 -> 8 logits in token order, stored for the valid tokens. */
+TGT_INLINE static void store_logits8(kvp__tile *t, int r, int i0, __m256i sums, __m256i valid) {
+    __m256 l = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(t->qstep[r]), _mm256_set1_ps(t->qconst[r]));
+    _mm256_maskstore_ps(&t->logits[r][i0], valid, l);
+}
+
+/* int8 keys, [D/4][P][4]: 8 tokens x 4 channels per 32 bytes, widened to
+ * two vectors of 16-bit codes, vpmaddwd against (q0 q1 q2 q3) broadcast. */
 TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
     const int P = f->page_size, D = t->D;
-    for (int c0 = 0; c0 < n; c0 += 4) {
-        int w = n - c0 < 4 ? n - c0 : 4;
-        __m256i acc[R];
-        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();
+    for (int i0 = 0; i0 < n; i0 += 8) {
+        const __m256i valid = token_mask8(i0, n);
+        __m256i a0[R], a1[R];
+        UNROLL for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_si256();
+        const uint8_t *base = kb + (size_t)(t0 + i0) * 4;
         for (int d = 0; d < D; d += 4) {
-            const uint8_t *p = kb + (size_t)(d / 4) * (size_t)P * 4 + (size_t)(t0 + c0) * 4;
-            uint8_t tmp[16] = {0};
-            memcpy(tmp, p, (size_t)w * 4);
-            __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)tmp));
+            const uint8_t *p = base + (size_t)(d / 4) * (size_t)P * 4;
+            _mm_prefetch((const char *)p + t->pf_k, _MM_HINT_T2);
+            __m256i b = _mm256_maskload_epi32((const int *)(const void *)p, valid);
+            __m256i c0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(b));
+            __m256i c1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(b, 1));
             UNROLL for (int r = 0; r < R; r++) {
-                int32_t lo, hi;
-                int16_t qq[2] = {q16(t, r, d), q16(t, r, d + 1)}, qr[2] = {q16(t, r, d + 2), q16(t, r, d + 3)};
-                memcpy(&lo, qq, 4);
-                memcpy(&hi, qr, 4);
-                __m256i q = _mm256_set_epi32(hi, lo, hi, lo, hi, lo, hi, lo);
-                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(c, q));
+                int64_t qq;
+                memcpy(&qq, &t->q16[r][d], 8);
+                __m256i q = _mm256_set1_epi64x(qq);
+                a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(c0, q));
+                a1[r] = _mm256_add_epi32(a1[r], _mm256_madd_epi16(c1, q));
             }
         }
-        UNROLL for (int r = 0; r < R; r++) {
-            /* lanes: t0 (d01, d23), t1 (..), t2, t3 -> add pairs */
-            __m256i s = _mm256_hadd_epi32(acc[r], acc[r]); /* per 128: [t0 t1 t0 t1] / [t2 t3 ..] */
-            int32_t v[8];
-            _mm256_storeu_si256((__m256i *)(void *)v, s);
-            int32_t tok[4] = {v[0], v[1], v[4], v[5]};
-            for (int i = 0; i < w; i++)
-                t->logits[r][c0 + i] = t->qconst[r] + t->qstep[r] * (float)tok[i];
-        }
+        /* hadd: per 128 bits [t0 t1 t4 t5] / [t2 t3 t6 t7] -> quads in order */
+        UNROLL for (int r = 0; r < R; r++)
+            store_logits8(t, r, i0, _mm256_permute4x64_epi64(_mm256_hadd_epi32(a0[r], a1[r]), 0xD8), valid);
     }
 }
 
@@ -298,40 +332,35 @@ TGT static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
 }
 
 /* int4 keys, [D/4][P/2][4] with tokens 2i / 2i+1 in the low / high nibble:
- * unpacked to the int8 layout 8 tokens at a time. */
+ * 16 bytes hold 8 tokens x 4 channels; the low nibbles (even tokens) and the
+ * high ones (odd) are widened to 16 bits and summed as for int8 keys. */
 TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
     const int P = f->page_size, D = t->D;
-    for (int c0 = 0; c0 < n; c0 += 4) {
-        int w = n - c0 < 4 ? n - c0 : 4;
-        __m256i acc[R];
-        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_si256();
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (int i0 = 0; i0 < n; i0 += 8) {
+        const __m256i valid = token_mask8(i0, n);
+        /* token pairs present: 4 bytes each */
+        const __m128i pairs = _mm_cmpgt_epi32(_mm_set1_epi32((n - i0 + 1) / 2), _mm_setr_epi32(0, 1, 2, 3));
+        __m256i ae[R], ao[R];
+        UNROLL for (int r = 0; r < R; r++) ae[r] = ao[r] = _mm256_setzero_si256();
+        const uint8_t *base = kb + (size_t)((t0 + i0) / 2) * 4;
         for (int d = 0; d < D; d += 4) {
-            const uint8_t *p = kb + (size_t)(d / 4) * (size_t)(P / 2) * 4 + (size_t)((t0 + c0) / 2) * 4;
-            uint8_t tmp[16] = {0}, src[8] = {0};
-            memcpy(src, p, (size_t)(w + 1) / 2 * 4);
-            for (int i = 0; i < 4; i++)
-                for (int j = 0; j < 4; j++) {
-                    uint8_t b = src[(i / 2) * 4 + j];
-                    tmp[i * 4 + j] = (uint8_t)((i & 1) ? b >> 4 : b & 0x0F);
-                }
-            __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)tmp));
+            const uint8_t *p = base + (size_t)(d / 4) * (size_t)(P / 2) * 4;
+            _mm_prefetch((const char *)p + t->pf_k, _MM_HINT_T2);
+            __m128i b = _mm_maskload_epi32((const int *)(const void *)p, pairs);
+            __m256i ce = _mm256_cvtepu8_epi16(_mm_and_si128(b, low));
+            __m256i co = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), low));
             UNROLL for (int r = 0; r < R; r++) {
-                int32_t lo, hi;
-                int16_t qq[2] = {q16(t, r, d), q16(t, r, d + 1)}, qr[2] = {q16(t, r, d + 2), q16(t, r, d + 3)};
-                memcpy(&lo, qq, 4);
-                memcpy(&hi, qr, 4);
-                __m256i q = _mm256_set_epi32(hi, lo, hi, lo, hi, lo, hi, lo);
-                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(c, q));
+                int64_t qq;
+                memcpy(&qq, &t->q16[r][d], 8);
+                __m256i q = _mm256_set1_epi64x(qq);
+                ae[r] = _mm256_add_epi32(ae[r], _mm256_madd_epi16(ce, q));
+                ao[r] = _mm256_add_epi32(ao[r], _mm256_madd_epi16(co, q));
             }
         }
-        UNROLL for (int r = 0; r < R; r++) {
-            __m256i s = _mm256_hadd_epi32(acc[r], acc[r]);
-            int32_t v[8];
-            _mm256_storeu_si256((__m256i *)(void *)v, s);
-            int32_t tok[4] = {v[0], v[1], v[4], v[5]};
-            for (int i = 0; i < w; i++)
-                t->logits[r][c0 + i] = t->qconst[r] + t->qstep[r] * (float)tok[i];
-        }
+        /* hadd: per 128 bits [t0 t2 t1 t3] / [t4 t6 t5 t7] -> token order */
+        UNROLL for (int r = 0; r < R; r++)
+            store_logits8(t, r, i0, _mm256_shuffle_epi32(_mm256_hadd_epi32(ae[r], ao[r]), 0xD8), valid);
     }
     k4_outliers(t, kb, f, t0, n);
 }
