@@ -40,7 +40,7 @@ typedef struct {
     float p[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;        /* exp(logit - m) */
     float qstep[KVP__TILE_ROWS];  /* integer q: q' ~= qstep * (128*qh + ql) */
     float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
-    float k4a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32]; /* int4 keys' outliers: q * oscale (AVX-512) */
+    float k4a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32]; /* int4 keys' outliers: q * oscale (SIMD paths) */
     float lvec[KVP__TILE_ROWS][16] KVP__ALIGN64; /* SIMD paths: l = l + sum(lvec), reduced at the end */
     float m[KVP__TILE_ROWS], l[KVP__TILE_ROWS];
     float pmax[KVP__TILE_ROWS];   /* largest p of the current chunk (exp(chunk max - m)) */
@@ -103,6 +103,10 @@ static inline kvp__k4_outl kvp__k4_outliers_of(const uint8_t *kb, const kvp__blo
  * the constant sum_j q[r][idx_j] * min_j. Returns the count. */
 int kvp__k4_outlier_fold(const kvp__tile *t, const kvp__k4_outl *o, float a[][KVP_MAX_HEAD_DIM / 32],
                          float *cst);
+/* Once per page, after the prep set qconst: t->k4a = the fold's a, and its
+ * constant added to qconst (for kernels that add only a . code per token).
+ * F16C code in kern_avx2.c, called by the AVX2 and AVX-512 preps. */
+void kvp__k4_outlier_prep(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f);
 /* Scalar: logits[r][i] += sum_j a[r][j] * code_j(t0+i) + cst[r], i < n. */
 void kvp__k4_outlier_logits(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0,
                             int n);

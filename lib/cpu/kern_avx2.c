@@ -263,6 +263,42 @@ TGT static void kprep_int16(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
         t->qstep[r] = step;
         t->qconst[r] = hsum8(cst[r]); /* 15 bits: the rounding residual is fp32 noise */
     }
+    if (f->format == KVP_FORMAT_INT4) kvp__k4_outlier_prep(t, kb, f);
+}
+
+/* count <= 8 fp16 values at p as a vector (lanes past count 0), read with
+ * exact-size integer loads: no read past the table, and no vector load of a
+ * just-written buffer (which would stall on store forwarding). */
+TGT_INLINE static __m128i load_halves(const uint8_t *p, int count) {
+    uint64_t lo = 0, hi = 0;
+    switch (count) {
+    case 8: memcpy(&hi, p + 8, 8); /* fall through */
+    case 4: memcpy(&lo, p, 8); break;
+    case 3: memcpy(&lo, p, 4); memcpy((uint8_t *)&lo + 4, p + 4, 2); break;
+    case 2: memcpy(&lo, p, 4); break;
+    default: /* head dims the attention kernels do not take; kept exact anyway */
+        for (int j = 0; j < count; j++) memcpy((uint8_t *)(j < 4 ? &lo : &hi) + 2 * (j % 4), p + 2 * j, 2);
+    }
+    return _mm_set_epi64x((long long)hi, (long long)lo);
+}
+
+TGT void kvp__k4_outlier_prep(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
+    if (o.count == 0) return;
+    /* count = head_dim/32 <= 8: scales and mins converted 8 at a time */
+    uint16_t idx[8];
+    memcpy(idx, o.table, 2 * (size_t)o.count);
+    float sm[16] KVP__ALIGN64; /* scales, then mins */
+    _mm256_store_ps(sm, _mm256_cvtph_ps(load_halves(o.table + 2 * (size_t)o.count, o.count)));
+    _mm256_store_ps(sm + 8, _mm256_cvtph_ps(load_halves(o.table + 4 * (size_t)o.count, o.count)));
+    float cst[R] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j = 0; j < o.count; j++)
+        for (int r = 0; r < R; r++) {
+            float q = t->q[r][idx[j]];
+            t->k4a[r][j] = q * sm[j];
+            cst[r] += q * sm[8 + j];
+        }
+    for (int r = 0; r < R; r++) t->qconst[r] += cst[r];
 }
 
 /* Tokens [i0, i0+8) of n: 32-bit lanes valid for token < n. */
@@ -306,28 +342,23 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     }
 }
 
-/* int4 keys' outlier channels (int8 codes, [R][P]): logits += a . code + cst,
- * 8 tokens per vector. */
+
+/* int4 keys' outlier channels (int8 codes, [R][P]): logits += a . code,
+ * 8 tokens per vector (a and the constant from kvp__k4_outlier_prep). */
 TGT static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
     kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
-    if (o.count == 0) return;
-    float a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32], cst[KVP__TILE_ROWS];
-    kvp__k4_outlier_fold(t, &o, a, cst);
     for (int i0 = 0; i0 < n; i0 += 8) {
-        int w = n - i0 < 8 ? n - i0 : 8;
+        const __m256i valid = token_mask8(i0, n);
         __m256 acc[R];
-        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_set1_ps(cst[r]);
+        UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_maskload_ps(&t->logits[r][i0], valid);
         for (int j = 0; j < o.count; j++) {
+            const uint8_t *p = o.codes + (size_t)j * (size_t)f->page_size + (size_t)(t0 + i0);
             uint8_t tmp[8] = {0};
-            memcpy(tmp, o.codes + (size_t)j * (size_t)f->page_size + (size_t)(t0 + i0), (size_t)w);
+            memcpy(tmp, p, (size_t)(n - i0 < 8 ? n - i0 : 8));
             __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)tmp)));
-            UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a[r][j]), c, acc[r]);
+            UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(t->k4a[r][j]), c, acc[r]);
         }
-        UNROLL for (int r = 0; r < R; r++) {
-            float v[8];
-            _mm256_storeu_ps(v, acc[r]);
-            for (int i = 0; i < w; i++) t->logits[r][i0 + i] += v[i];
-        }
+        UNROLL for (int r = 0; r < R; r++) _mm256_maskstore_ps(&t->logits[r][i0], valid, acc[r]);
     }
 }
 
@@ -367,35 +398,7 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
 
 /* ---- V: int8 / int4, decoded per token group -------------------------------------------------- */
 
-/* 8 channels x 4 tokens of s8 codes ([d][4], 32 bytes) -> 4 vectors, one per
- * token, of the 8 channels as fp32. */
-TGT_INLINE static void group_codes(__m256i b, __m256 *tok) {
-    const __m256i by_token = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
-                                              0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    __m256i s = _mm256_shuffle_epi8(b, by_token); /* per 128 bits: token 0..3 x 4 channels */
-    for (int j = 0; j < 4; j++) {
-        __m256i pick = _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(j, 4 + j, 0, 0, 0, 0, 0, 0));
-        tok[j] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm256_castsi256_si128(pick)));
-    }
-}
 
-/* o[r][d0..d0+8) += sum over token groups of w[r][t] * code(t, d). `codes`
- * returns the 32 code bytes of token group g. */
-TGT_INLINE static void vacc_groups8(kvp__tile *t, int d0, int groups, const float (*w)[KVP__CHUNK],
-                                    const uint8_t *base, size_t group_stride, int nibble) {
-    __m256 acc[R];
-    UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_load_ps(t->o + (size_t)r * (size_t)t->D + (size_t)d0);
-    for (int g = 0; g < groups; g++) {
-        __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(base + (size_t)g * group_stride));
-        if (nibble >= 0) /* int4: the low or high nibbles, as non-negative s8 */
-            b = _mm256_and_si256(nibble ? _mm256_srli_epi16(b, 4) : b, _mm256_set1_epi8(0x0F));
-        __m256 tok[4];
-        group_codes(b, tok);
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int j = 0; j < 4; j++)
-            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&w[r][4 * g + j]), tok[j], acc[r]);
-    }
-    UNROLL for (int r = 0; r < R; r++) _mm256_store_ps(t->o + (size_t)r * (size_t)t->D + (size_t)d0, acc[r]);
-}
 
 /* Tokens of a trailing partial token group (page sizes not a multiple of 4). */
 static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int i0, int n) {
@@ -408,52 +411,133 @@ static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, i
         }
 }
 
-static inline float half_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return kvp__f16_to_f32(h);
+
+/* Probabilities times token scales (w = p·s, n4 tokens of one row, <= bound
+ * top) quantized to 15 bits, as int16 in token order; returns the step. */
+TGT_INLINE static float quantize_w15(const float *p, const float *s, int n4, float top, int16_t *out) {
+    const __m256 inv = _mm256_set1_ps(top > 0.0f ? 32767.0f / top : 0.0f);
+    for (int i = 0; i < KVP__CHUNK; i += 16) {
+        __m256i x0 = _mm256_setzero_si256(), x1 = x0;
+        if (i < n4) x0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(p + i), _mm256_load_ps(s + i)), inv));
+        if (i + 8 < n4) x1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(p + i + 8), _mm256_load_ps(s + i + 8)), inv));
+        /* saturating pack: exp may round p a hair above pmax */
+        _mm256_store_si256((__m256i *)(void *)(out + i), _mm256_permute4x64_epi64(_mm256_packs_epi32(x0, x1), 0xD8));
+    }
+    return top / 32767.0f;
 }
 
-/* int8 values: token groups [D][4], one scale per token. */
-TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
-    const int D = t->D, n4 = n / 4 * 4;
-    const uint8_t *sc = vb + kvp__block_data_bytes(f);
-    float w[R][KVP__CHUNK] KVP__ALIGN64;
-    for (int i = 0; i < n4; i++) {
-        float s = half_at(sc + 2 * (size_t)(t0 + i));
-        for (int r = 0; r < R; r++) w[r][i] = t->p[r][i] * s;
+/* Scales of n4 tokens (fp16 at src) as fp32 in dst (zero past n4); returns
+ * the largest (scales are >= 0). */
+TGT_INLINE static float load_scales8(const uint8_t *src, int n4, float *dst) {
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < KVP__CHUNK; i += 8) {
+        __m256 v = _mm256_setzero_ps();
+        if (i < n4) v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * (size_t)i)));
+        if (i + 8 > n4) /* a partial group of 8: n4 is a multiple of 4 */
+            v = _mm256_blend_ps(v, _mm256_setzero_ps(), 0xF0);
+        _mm256_store_ps(dst + i, v);
+        mx = _mm256_max_ps(mx, v);
     }
+    return hmax8(mx);
+}
+
+/* 16 bytes of a token group (4 channels x 4 tokens of s8 codes, [d][4])
+ * times the row's 15-bit weights of the group's 4 tokens (q: w0 w1 w2 w3
+ * in every 64 bits): 8 lanes = (channel, token pair) sums. */
+#define W15_AT(pq, r, g) _mm256_set1_epi64x(load64((pq)[r] + 4 * (g)))
+static inline int64_t load64(const int16_t *p) {
+    int64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* o[r][d..d+8) += step[r] * (lane pairs of lo: channels d..d+3, hi: d+4..d+7
+ * or, for int4, the group's other half) + add[r]. */
+TGT_INLINE static __m256 pair_sums(__m256i lo, __m256i hi) {
+    /* hadd: per 128 bits [lo c0 c1, hi c0 c1] / [lo c2 c3, hi c2 c3] */
+    return _mm256_cvtepi32_ps(_mm256_permute4x64_epi64(_mm256_hadd_epi32(lo, hi), 0xD8));
+}
+
+/* int8 values: token groups [D][4] (s8), one fp16 scale per token;
+ * vpmaddwd of the codes widened to 16 bits against 15-bit p·scale. */
+TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+    const int D = t->D, n4 = n / 4 * 4, groups = n4 / 4;
+    float s[KVP__CHUNK] KVP__ALIGN64, step[R];
+    int16_t pq[R][KVP__CHUNK] KVP__ALIGN64;
+    float smax = load_scales8(vb + kvp__block_data_bytes(f) + 2 * (size_t)t0, n4, s);
+    for (int r = 0; r < R; r++) step[r] = quantize_w15(t->p[r], s, n4, t->pmax[r] * smax, pq[r]);
     const uint8_t *base = vb + (size_t)t0 * (size_t)D;
-    for (int d0 = 0; d0 < D; d0 += 8)
-        vacc_groups8(t, d0, n4 / 4, (const float(*)[KVP__CHUNK])w, base + (size_t)d0 * 4, 4 * (size_t)D, -1);
+    for (int d = 0; d < D; d += 8) {
+        __m256i lo[R], hi[R];
+        UNROLL for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+        for (int g = 0; g < groups; g++) {
+            const uint8_t *p = base + (size_t)g * 4 * (size_t)D + (size_t)d * 4;
+            _mm_prefetch((const char *)p + t->pf_v, _MM_HINT_T2);
+            __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)p);
+            __m256i c0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b));
+            __m256i c1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b, 1));
+            UNROLL for (int r = 0; r < R; r++) {
+                __m256i w = W15_AT(pq, r, g);
+                lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(c0, w));
+                hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(c1, w));
+            }
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            float *o = t->o + (size_t)r * (size_t)D + (size_t)d;
+            _mm256_store_ps(o, _mm256_fmadd_ps(pair_sums(lo[r], hi[r]), _mm256_set1_ps(step[r]), _mm256_load_ps(o)));
+        }
+    }
     if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
 }
 
-/* int4 values: per 32-channel group, channel i low nibble, i + W/2 high. */
+/* int4 values: per 32-channel group, channel i low nibble, i + W/2 high;
+ * codes centred (c - 8), 15-bit p·scale, Σ p·(min + 8·scale) added per
+ * group (as the AVX-512 kernel, docs/formats.md). */
 TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
-    const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4;
+    const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4, groups = n4 / 4;
     const uint8_t *sc = vb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
     const uint8_t *base = vb + (size_t)t0 * (size_t)D / 2;
+    const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
     for (int g = 0; g < G; g++) {
         int width = D - 32 * g < 32 ? D - 32 * g : 32, half = width / 2;
-        float w[R][KVP__CHUNK] KVP__ALIGN64, mterm[R] = {0};
-        for (int i = 0; i < n4; i++) {
-            size_t at = 2 * ((size_t)g * (size_t)P + (size_t)(t0 + i));
-            float s = half_at(sc + at), m = half_at(mn + at);
-            for (int r = 0; r < R; r++) {
-                w[r][i] = t->p[r][i] * s;
-                mterm[r] += t->p[r][i] * m;
+        float s[KVP__CHUNK] KVP__ALIGN64, m[KVP__CHUNK] KVP__ALIGN64, step[R], mterm[R];
+        int16_t pq[R][KVP__CHUNK] KVP__ALIGN64;
+        float smax = load_scales8(sc + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, s);
+        load_scales8(mn + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, m);
+        UNROLL for (int r = 0; r < R; r++) {
+            step[r] = quantize_w15(t->p[r], s, n4, t->pmax[r] * smax, pq[r]);
+            __m256 acc = _mm256_setzero_ps();
+            for (int i = 0; i < n4; i += 8) { /* past n4 the scales are 0 */
+                __m256 wv = _mm256_fmadd_ps(_mm256_load_ps(s + i), _mm256_set1_ps(8.0f), _mm256_load_ps(m + i));
+                acc = _mm256_fmadd_ps(_mm256_load_ps(&t->p[r][i]), wv, acc);
             }
+            mterm[r] = hsum8(acc);
         }
         const uint8_t *gb = base + (size_t)g * 64;
-        for (int c = 0; c < half; c += 8) {
-            vacc_groups8(t, 32 * g + c, n4 / 4, (const float(*)[KVP__CHUNK])w, gb + (size_t)c * 4, 2 * (size_t)D, 0);
-            vacc_groups8(t, 32 * g + half + c, n4 / 4, (const float(*)[KVP__CHUNK])w, gb + (size_t)c * 4,
-                         2 * (size_t)D, 1);
-        }
-        for (int r = 0; r < R; r++) {
-            float *o = t->o + (size_t)r * (size_t)D + (size_t)(32 * g);
-            for (int d = 0; d < width; d++) o[d] += mterm[r];
+        for (int c = 0; c < half; c += 4) { /* byte channels c..c+3: channels c.., half+c.. */
+            __m256i lo[R], hi[R];
+            UNROLL for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+            for (int tg = 0; tg < groups; tg++) {
+                const uint8_t *p = gb + (size_t)tg * 2 * (size_t)D + (size_t)c * 4;
+                _mm_prefetch((const char *)p + t->pf_v, _MM_HINT_T2);
+                __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
+                __m256i cl = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(b, low), eight));
+                __m256i ch = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), low), eight));
+                UNROLL for (int r = 0; r < R; r++) {
+                    __m256i w = W15_AT(pq, r, tg);
+                    lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(cl, w));
+                    hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(ch, w));
+                }
+            }
+            UNROLL for (int r = 0; r < R; r++) {
+                /* lanes 0-3: channels c..c+3; 4-7: half+c.. */
+                float *o = t->o + (size_t)r * (size_t)D + (size_t)(32 * g);
+                __m256 prev = _mm256_set_m128(_mm_loadu_ps(o + half + c), _mm_loadu_ps(o + c));
+                __m256 v = _mm256_add_ps(_mm256_fmadd_ps(pair_sums(lo[r], hi[r]), _mm256_set1_ps(step[r]), prev),
+                                         _mm256_set1_ps(mterm[r]));
+                _mm_storeu_ps(o + c, _mm256_castps256_ps128(v));
+                _mm_storeu_ps(o + half + c, _mm256_extractf128_ps(v, 1));
+            }
         }
     }
     if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);

@@ -281,24 +281,6 @@ TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
     }
 }
 
-/* int4 keys' outlier channels: a[r][j] = q[r][idx_j] * oscale_j to the
- * tile, Σ_j q[r][idx_j] * omin_j to qconst. Once per page. */
-TGT_INLINE static void k4_outlier_prep(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
-    kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
-    if (o.count == 0) return;
-    float os[8] KVP__ALIGN64, om[8] KVP__ALIGN64; /* count = head_dim/32 <= 8 */
-    __mmask8 m = (__mmask8)((1u << o.count) - 1u);
-    _mm256_store_ps(os, _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, o.table + 2 * (size_t)o.count)));
-    _mm256_store_ps(om, _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m, o.table + 4 * (size_t)o.count)));
-    for (int j = 0; j < o.count; j++) {
-        uint16_t d;
-        memcpy(&d, o.table + 2 * (size_t)j, 2);
-        for (int r = 0; r < R; r++) {
-            t->k4a[r][j] = t->q[r][d] * os[j];
-            t->qconst[r] += t->q[r][d] * om[j];
-        }
-    }
-}
 
 /* int4 keys: q' = q * scale quantized to 8 bits per row (step = max|q'| /
  * 127): one vpdpbusd per quad and row, half the two-part 15-bit form. 8 bits
@@ -327,7 +309,7 @@ TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
     __m512 c4 = _mm512_fnmadd_ps(_mm512_mul_ps(step4, _mm512_set1_ps(7.5f)), x4, cst4);
     _mm_storeu_ps(t->qstep, lanes_to_rows(step4));
     _mm_storeu_ps(t->qconst, lanes_to_rows(c4));
-    k4_outlier_prep(t, kb, f);
+    kvp__k4_outlier_prep(t, kb, f);
 }
 
 /* logits = qconst + qstep * (128*hi + lo), hi/lo int32 dot products. */
