@@ -263,7 +263,6 @@ TGT static void kprep_int16(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
         t->qstep[r] = step;
         t->qconst[r] = hsum8(cst[r]); /* 15 bits: the rounding residual is fp32 noise */
     }
-    if (f->format == KVP_FORMAT_INT4) kvp__k4_outlier_prep(t, kb, f);
 }
 
 /* count <= 8 fp16 values at p as a vector (lanes past count 0), read with
@@ -299,6 +298,44 @@ TGT void kvp__k4_outlier_prep(kvp__tile *t, const uint8_t *kb, const kvp__blockf
             cst[r] += q * sm[8 + j];
         }
     for (int r = 0; r < R; r++) t->qconst[r] += cst[r];
+}
+
+/* int4 keys: q' = q * scale to 8 bits per row (step = max|q'| / 127), as
+ * the AVX-512 prep: the outlier channels are the int8 table's, so they do
+ * not set the step, and the rounding error times the middle code (7.5)
+ * goes to the constant. vpmaddubsw then takes the u8 codes (0..15) against
+ * s8 q with no saturation (2 * 15 * 127 per pair). */
+TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    const int D = t->D;
+    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax[R], cst[R];
+    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d += 8) {
+        __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc + 2 * d)));
+        __m256 m = _mm256_fmadd_ps(s, _mm256_set1_ps(7.5f),
+                                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(mn + 2 * d))));
+        UNROLL for (int r = 0; r < R; r++) {
+            __m256 q = _mm256_load_ps(&t->q[r][d]), qf = _mm256_mul_ps(q, s);
+            _mm256_store_ps(&t->qf[r][d], qf);
+            cst[r] = _mm256_fmadd_ps(q, m, cst[r]); /* Σ q·(min + 7.5·scale) */
+            amax[r] = _mm256_max_ps(amax[r], _mm256_andnot_ps(sign, qf));
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) {
+        float am = hmax8(amax[r]), step = am / 127.0f;
+        __m256 inv = _mm256_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
+        __m256i xs = _mm256_setzero_si256();
+        for (int d = 0; d < D; d += 8) {
+            __m256i x = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(&t->qf[r][d]), inv));
+            xs = _mm256_add_epi32(xs, x);
+            __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+            _mm_storel_epi64((__m128i *)(void *)&t->qh[r][d], _mm_packs_epi16(w, w));
+        }
+        t->qstep[r] = step;
+        t->qconst[r] = hsum8(cst[r]) - 7.5f * step * (float)hsum8(_mm256_cvtepi32_ps(xs));
+    }
+    kvp__k4_outlier_prep(t, kb, f);
 }
 
 /* Tokens [i0, i0+8) of n: 32-bit lanes valid for token < n. */
@@ -364,34 +401,40 @@ TGT static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
 
 /* int4 keys, [D/4][P/2][4] with tokens 2i / 2i+1 in the low / high nibble:
  * 16 bytes hold 8 tokens x 4 channels; the low nibbles (even tokens) and the
- * high ones (odd) are widened to 16 bits and summed as for int8 keys. */
+ * high ones (odd) make one vector of u8 codes for vpmaddubsw against the
+ * 8-bit query. The 16-bit pair sums (|.| <= 3810) add up over 8 channel
+ * quads before vpmaddwd widens them to one int32 per token. */
 TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
     const int P = f->page_size, D = t->D;
     const __m128i low = _mm_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int i0 = 0; i0 < n; i0 += 8) {
         const __m256i valid = token_mask8(i0, n);
         /* token pairs present: 4 bytes each */
         const __m128i pairs = _mm_cmpgt_epi32(_mm_set1_epi32((n - i0 + 1) / 2), _mm_setr_epi32(0, 1, 2, 3));
-        __m256i ae[R], ao[R];
-        UNROLL for (int r = 0; r < R; r++) ae[r] = ao[r] = _mm256_setzero_si256();
+        __m256i acc[R], a16[R];
+        UNROLL for (int r = 0; r < R; r++) acc[r] = a16[r] = _mm256_setzero_si256();
         const uint8_t *base = kb + (size_t)((t0 + i0) / 2) * 4;
         for (int d = 0; d < D; d += 4) {
             const uint8_t *p = base + (size_t)(d / 4) * (size_t)(P / 2) * 4;
             _mm_prefetch((const char *)p + t->pf_k, _MM_HINT_T2);
             __m128i b = _mm_maskload_epi32((const int *)(const void *)p, pairs);
-            __m256i ce = _mm256_cvtepu8_epi16(_mm_and_si128(b, low));
-            __m256i co = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), low));
+            __m256i c = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low), _mm_and_si128(b, low));
             UNROLL for (int r = 0; r < R; r++) {
-                int64_t qq;
-                memcpy(&qq, &t->q16[r][d], 8);
-                __m256i q = _mm256_set1_epi64x(qq);
-                ae[r] = _mm256_add_epi32(ae[r], _mm256_madd_epi16(ce, q));
-                ao[r] = _mm256_add_epi32(ao[r], _mm256_madd_epi16(co, q));
+                int32_t qq;
+                memcpy(&qq, &t->qh[r][d], 4);
+                a16[r] = _mm256_add_epi16(a16[r], _mm256_maddubs_epi16(c, _mm256_set1_epi32(qq)));
             }
+            if ((d & 31) == 28 || d + 4 >= D) /* every 8 quads: widen before 16 bits overflow */
+                UNROLL for (int r = 0; r < R; r++) {
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(a16[r], ones));
+                    a16[r] = _mm256_setzero_si256();
+                }
         }
-        /* hadd: per 128 bits [t0 t2 t1 t3] / [t4 t6 t5 t7] -> token order */
+        /* lanes: tokens 0 2 4 6 | 1 3 5 7 */
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         UNROLL for (int r = 0; r < R; r++)
-            store_logits8(t, r, i0, _mm256_shuffle_epi32(_mm256_hadd_epi32(ae[r], ao[r]), 0xD8), valid);
+            store_logits8(t, r, i0, _mm256_permutevar8x32_epi32(acc[r], order), valid);
     }
     k4_outliers(t, kb, f, t0, n);
 }
@@ -490,22 +533,42 @@ TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
     if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
 }
 
+/* w = p·s (n4 tokens of one row, <= bound top) quantized to u8 codes in
+ * token order (zero past n4); returns the step. */
+TGT_INLINE static float quantize_w8(const float *p, const float *s, int n4, float top, uint8_t *out) {
+    const __m256 inv = _mm256_set1_ps(top > 0.0f ? 255.0f / top : 0.0f);
+    __m256i x[4];
+    for (int k = 0; k < 4; k++)
+        x[k] = 8 * k < n4 ? _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(p + 8 * k), _mm256_load_ps(s + 8 * k)), inv))
+                          : _mm256_setzero_si256();
+    /* packs work per 128-bit lane: dwords 0-3 of x0 x1 | 4-7 of x0 x1 ... */
+    __m256i w01 = _mm256_packs_epi32(x[0], x[1]), w23 = _mm256_packs_epi32(x[2], x[3]);
+    __m256i b = _mm256_packus_epi16(w01, w23); /* saturating: exp may round p above pmax */
+    /* dword order now 0 2 4 6 1 3 5 7 (4 tokens each): restore 0..7 */
+    _mm256_store_si256((__m256i *)(void *)out,
+                       _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    return top / 255.0f;
+}
+
 /* int4 values: per 32-channel group, channel i low nibble, i + W/2 high;
- * codes centred (c - 8), 15-bit p·scale, Σ p·(min + 8·scale) added per
- * group (as the AVX-512 kernel, docs/formats.md). */
+ * p·scale to u8 and the codes centred (c - 8) as s8, as the AVX-512
+ * kernel: vpmaddubsw pair sums (|.| <= 4080) add up in 16 bits over a
+ * chunk's 8 token groups, then vpmaddwd widens them, one int32 per
+ * channel; Σ p·(min + 8·scale) is added per group. */
 TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
     const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4, groups = n4 / 4;
     const uint8_t *sc = vb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
     const uint8_t *base = vb + (size_t)t0 * (size_t)D / 2;
     const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int g = 0; g < G; g++) {
         int width = D - 32 * g < 32 ? D - 32 * g : 32, half = width / 2;
         float s[KVP__CHUNK] KVP__ALIGN64, m[KVP__CHUNK] KVP__ALIGN64, step[R], mterm[R];
-        int16_t pq[R][KVP__CHUNK] KVP__ALIGN64;
+        uint8_t pq[R][KVP__CHUNK] KVP__ALIGN64;
         float smax = load_scales8(sc + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, s);
         load_scales8(mn + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, m);
         UNROLL for (int r = 0; r < R; r++) {
-            step[r] = quantize_w15(t->p[r], s, n4, t->pmax[r] * smax, pq[r]);
+            step[r] = quantize_w8(t->p[r], s, n4, t->pmax[r] * smax, pq[r]);
             __m256 acc = _mm256_setzero_ps();
             for (int i = 0; i < n4; i += 8) { /* past n4 the scales are 0 */
                 __m256 wv = _mm256_fmadd_ps(_mm256_load_ps(s + i), _mm256_set1_ps(8.0f), _mm256_load_ps(m + i));
@@ -515,26 +578,26 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
         }
         const uint8_t *gb = base + (size_t)g * 64;
         for (int c = 0; c < half; c += 4) { /* byte channels c..c+3: channels c.., half+c.. */
-            __m256i lo[R], hi[R];
-            UNROLL for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
-            for (int tg = 0; tg < groups; tg++) {
+            __m256i a16[R];
+            UNROLL for (int r = 0; r < R; r++) a16[r] = _mm256_setzero_si256();
+            for (int tg = 0; tg < groups; tg++) { /* <= 8 groups: 16-bit sums do not overflow */
                 const uint8_t *p = gb + (size_t)tg * 2 * (size_t)D + (size_t)c * 4;
                 _mm_prefetch((const char *)p + t->pf_v, _MM_HINT_T2);
                 __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
-                __m256i cl = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(b, low), eight));
-                __m256i ch = _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), low), eight));
+                __m256i cv = _mm256_set_m128i(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), low), eight),
+                                              _mm_sub_epi8(_mm_and_si128(b, low), eight));
                 UNROLL for (int r = 0; r < R; r++) {
-                    __m256i w = W15_AT(pq, r, tg);
-                    lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(cl, w));
-                    hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(ch, w));
+                    int32_t pp;
+                    memcpy(&pp, &pq[r][4 * tg], 4);
+                    a16[r] = _mm256_add_epi16(a16[r], _mm256_maddubs_epi16(_mm256_set1_epi32(pp), cv));
                 }
             }
             UNROLL for (int r = 0; r < R; r++) {
                 /* lanes 0-3: channels c..c+3; 4-7: half+c.. */
                 float *o = t->o + (size_t)r * (size_t)D + (size_t)(32 * g);
+                __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(a16[r], ones));
                 __m256 prev = _mm256_set_m128(_mm_loadu_ps(o + half + c), _mm_loadu_ps(o + c));
-                __m256 v = _mm256_add_ps(_mm256_fmadd_ps(pair_sums(lo[r], hi[r]), _mm256_set1_ps(step[r]), prev),
-                                         _mm256_set1_ps(mterm[r]));
+                __m256 v = _mm256_add_ps(_mm256_fmadd_ps(sum, _mm256_set1_ps(step[r]), prev), _mm256_set1_ps(mterm[r]));
                 _mm_storeu_ps(o + c, _mm256_castps256_ps128(v));
                 _mm_storeu_ps(o + half + c, _mm256_extractf128_ps(v, 1));
             }
@@ -545,7 +608,7 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
 
 const kvp__kernels kvp__kernels_avx2 = {
     "avx2",
-    {kprep_plain, kprep_plain, kprep_plain, kprep_plain, kprep_int16, kprep_int16},
+    {kprep_plain, kprep_plain, kprep_plain, kprep_plain, kprep_int16, kprep_int4},
     {{klogits_tm_fp32, klogits_dm_fp32},
      {klogits_tm_fp16, klogits_dm_fp16},
      {klogits_tm_bf16, klogits_dm_bf16},
