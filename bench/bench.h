@@ -34,6 +34,8 @@ int bench_pool(int argc, char **argv);
 /* Memory utilization: static reservation vs. paging (bench/utilization.c). */
 int bench_utilization(int argc, char **argv);
 int bench_attention(int argc, char **argv);
+/* The CPU attention kernels' stages on in-cache pages (bench/stages.c). */
+int bench_stages(int argc, char **argv);
 /* kvpage-bench attention --device cuda (bench/attention_cuda.c). */
 int bench_attention_cuda(int argc, char **argv);
 

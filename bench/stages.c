@@ -1,0 +1,174 @@
+/*
+ * kvpage-bench stages: the CPU attention kernels' stages one at a time, on
+ * pages that stay in cache, one tile of 4 query rows (a GQA group), one
+ * thread: where the time of a (page, kv head) step goes, without memory
+ * stalls, threads or scheduling. The tool for tuning a kernel: run it
+ * before and after a change, in the same quiet moment.
+ *
+ * Stages (lib/cpu/cpu.h): prep (the query folded with a page's key scales,
+ * integer keys), keys (logits), softmax, values (o += p.v); "all" runs the
+ * four in order as attention does. Keys follow the benchmark distribution
+ * (bench/kvdist.h: outlier channels, offsets), values and queries N(0,1).
+ */
+#include "bench.h"
+#include "kvdist.h"
+#include "cpu/cpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PAGES 64 /* 64 pages of one head: ~0.3 MiB int4 .. 1 MiB fp16, in L2 */
+
+typedef struct {
+    const char *name;
+    int32_t format;
+} stage_format;
+
+static const stage_format stage_formats[] = {
+    {"fp16", KVP_FORMAT_FP16}, {"bf16", KVP_FORMAT_BF16}, {"int8", KVP_FORMAT_INT8}, {"int4", KVP_FORMAT_INT4}};
+
+typedef struct {
+    kvp__tile tile;
+    float o[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;
+} stage_state;
+
+enum { S_PREP, S_KEYS, S_SOFTMAX, S_VALUES, S_ALL, S_COUNT };
+static const char *const stage_names[S_COUNT] = {"prep", "keys", "softmax", "values", "all"};
+
+typedef struct {
+    kvp__kprep_fn prep;
+    kvp__klogits_fn keys;
+    kvp__softmax_fn softmax;
+    kvp__vacc_fn values;
+    kvp__blockfmt kf, vf;
+    const uint8_t *k, *v;
+    size_t kstride, vstride;
+    int P;
+} stage_set_t;
+
+/* One timed pass of `iters` steps of stage s; returns seconds. */
+static double run_stage(const stage_set_t *ss, stage_state *st, int s, int iters) {
+    kvp__tile *t = &st->tile;
+    double t0 = bench_now();
+    for (int it = 0; it < iters; it++) {
+        int p = it % PAGES, n = ss->P < KVP__CHUNK ? ss->P : KVP__CHUNK;
+        const uint8_t *kb = ss->k + (size_t)p * ss->kstride, *vb = ss->v + (size_t)p * ss->vstride;
+        if ((s == S_PREP || s == S_ALL) && ss->prep != NULL) ss->prep(t, kb, &ss->kf);
+        if (s == S_KEYS || s == S_ALL) ss->keys(t, kb, &ss->kf, 0, n);
+        if (s == S_SOFTMAX || s == S_ALL) ss->softmax(t, n, it * n);
+        if (s == S_VALUES || s == S_ALL) ss->values(t, vb, &ss->vf, 0, n);
+    }
+    return bench_now() - t0;
+}
+
+int bench_stages(int argc, char **argv) {
+    int fmt = 3, isa = KVP_ISA_AUTO, P = 32, D = 128, iters = 4000, reps = 15;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (v != NULL && !strcmp(a, "--format")) {
+            fmt = -1;
+            for (int k = 0; k < (int)(sizeof stage_formats / sizeof *stage_formats); k++)
+                if (!strcmp(v, stage_formats[k].name)) fmt = k;
+            i++;
+        } else if (v != NULL && !strcmp(a, "--isa")) {
+            isa = -1;
+            for (int32_t k = KVP_ISA_AUTO; k <= KVP_ISA_AVX512; k++)
+                if (!strcmp(v, kvp_isa_name(k))) isa = k;
+            i++;
+        } else if (v != NULL && !strcmp(a, "--page")) P = atoi(argv[++i]);
+        else if (v != NULL && !strcmp(a, "--head-dim")) D = atoi(argv[++i]);
+        else if (v != NULL && !strcmp(a, "--iters")) iters = atoi(argv[++i]);
+        else fmt = -1, i = argc;
+    }
+    if (isa == KVP_ISA_AUTO) {
+        kvp_ctx_params_t cp;
+        kvp_ctx_params_init(&cp);
+        kvp_ctx_t *c = NULL;
+        if (kvp_ctx_create(&cp, &c, NULL, 0) == KVP_OK) isa = kvp_ctx_isa(c);
+        kvp_ctx_destroy(c);
+    }
+    bool ok_dim = D == 64 || D == 80 || D == 96 || D == 128 || D == 256;
+    if (fmt < 0 || isa < 0 || !kvp_isa_supported(isa) || !ok_dim || P < 2 || P > 64 || P % 2 != 0 ||
+        iters < 1) {
+        fprintf(stderr, "usage: kvpage-bench stages [--format fp16|bf16|int8|int4 (int4)] "
+                        "[--isa portable|avx2|avx512 (best here)] [--page N (32, even, <= 64)] "
+                        "[--head-dim 64|80|96|128|256 (128)] [--iters N (4000)]\n");
+        return 2;
+    }
+    const int32_t f = stage_formats[fmt].format;
+    stage_set_t ss;
+    memset(&ss, 0, sizeof ss);
+    ss.P = P;
+    ss.kf = kvp__blockfmt_make(f, 1, KVP_K_ORDER_DIM_MAJOR, P, D);
+    ss.vf = kvp__blockfmt_make(f, 0, KVP_K_ORDER_TOKEN_MAJOR, P, D);
+    ss.kstride = (size_t)kvp__round_up_u64(kvp__block_used_bytes(&ss.kf), KVP_BLOCK_ALIGN);
+    ss.vstride = (size_t)kvp__round_up_u64(kvp__block_used_bytes(&ss.vf), KVP_BLOCK_ALIGN);
+    ss.prep = kvp__pick_kprep(isa, f);
+    ss.keys = kvp__pick_klogits(isa, f, kvp__blockfmt_dim_major(&ss.kf));
+    ss.softmax = kvp__pick_softmax(isa);
+    ss.values = kvp__pick_vacc(isa, f);
+
+    /* sizes rounded to the alignment, as aligned_alloc asks */
+    uint8_t *k = aligned_alloc(64, (ss.kstride * PAGES + 63) & ~(size_t)63);
+    uint8_t *v = aligned_alloc(64, (ss.vstride * PAGES + 63) & ~(size_t)63);
+    float *x = malloc(sizeof(float) * (size_t)P * (size_t)D);
+    stage_state *st = aligned_alloc(64, sizeof *st);
+    kvd_rng rng;
+    kvd_keys keys = {0, 0, NULL, NULL};
+    kvd_seed(&rng, 20261129);
+    int rc = 1;
+    if (k == NULL || v == NULL || x == NULL || st == NULL || kvd_keys_init(&keys, &rng, 1, D) != 0) goto out;
+    for (int p = 0; p < PAGES; p++) {
+        kvd_fill_keys(&keys, &rng, (size_t)P, x);
+        kvp__block_encode(&ss.kf, k + (size_t)p * ss.kstride, 0, P, x, (size_t)D, 1.0f);
+        kvd_fill_normal(&rng, (size_t)P * (size_t)D, x);
+        kvp__block_encode(&ss.vf, v + (size_t)p * ss.vstride, 0, P, x, (size_t)D, 1.0f);
+    }
+    ss.k = k;
+    ss.v = v;
+    memset(st, 0, sizeof *st);
+    kvp__tile *t = &st->tile;
+    t->rows = KVP__TILE_ROWS;
+    t->D = D;
+    t->P = P;
+    t->o = &st->o[0][0];
+    float sm = (float)kvd_sm_scale(&keys);
+    for (int r = 0; r < KVP__TILE_ROWS; r++) {
+        kvd_fill_normal(&rng, (size_t)D, t->q[r]);
+        for (int d = 0; d < D; d++) t->q[r][d] *= sm;
+        t->m[r] = -INFINITY;
+        t->hi[r] = INT32_MAX / 2; /* every position the passes reach is visible */
+    }
+    double best[S_COUNT];
+    for (int s = 0; s < S_COUNT; s++) best[s] = 1e30;
+    for (int rep = 0; rep < reps; rep++) /* stages interleaved: the same machine state for each */
+        for (int s = 0; s < S_COUNT; s++) {
+            double dt = run_stage(&ss, st, s, iters);
+            if (dt < best[s]) best[s] = dt;
+        }
+    double bytes = (double)(kvp__block_used_bytes(&ss.kf) + kvp__block_used_bytes(&ss.vf));
+    printf("attention stages: %s, %s kernels, page %d, head_dim %d, 4 query rows, 1 thread, %d "
+           "in-cache pages (best of %d passes of %d steps)\n",
+           stage_formats[fmt].name, kvp_isa_name(isa), P, D, PAGES, reps, iters);
+    printf("%-8s %14s\n", "stage", "ns per step");
+    for (int s = 0; s < S_COUNT; s++) printf("%-8s %14.1f\n", stage_names[s], best[s] / iters * 1e9);
+    double ns_all = best[S_ALL] / iters * 1e9;
+    printf("one step = one page of one kv head (%.0f bytes of K and V): %.1f GB/s per core in cache\n",
+           bytes, bytes / ns_all);
+    printf("{\"bench\": \"stages\", \"format\": \"%s\", \"isa\": \"%s\", \"page\": %d, \"head_dim\": %d, "
+           "\"prep_ns\": %.1f, \"keys_ns\": %.1f, \"softmax_ns\": %.1f, \"values_ns\": %.1f, "
+           "\"all_ns\": %.1f, \"gbps_per_core\": %.2f}\n",
+           stage_formats[fmt].name, kvp_isa_name(isa), P, D, best[S_PREP] / iters * 1e9,
+           best[S_KEYS] / iters * 1e9, best[S_SOFTMAX] / iters * 1e9, best[S_VALUES] / iters * 1e9,
+           ns_all, bytes / ns_all);
+    rc = 0;
+out:
+    if (rc != 0) fprintf(stderr, "kvpage-bench stages: out of memory\n");
+    kvd_keys_free(&keys);
+    free(k);
+    free(v);
+    free(x);
+    free(st);
+    return rc;
+}
