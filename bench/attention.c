@@ -417,8 +417,9 @@ int bench_attention(int argc, char **argv) {
     printf("attention decode: llama-3.1-8b shapes (%d q heads, %d kv heads, head_dim %d), "
            "q_len 1, %d threads, kernels %s%s\n", Q_HEADS, KV_HEADS, HEAD_DIM, o.threads,
            kvp_isa_name(kvp_ctx_isa(ctx)), o.quick ? ", --quick" : "");
-    printf("roofs (same run): streaming read %.1f GB/s, fp32 FMA %.1f G/s (%s)\n", roofs.read_gbps,
-           roofs.fma_per_s / 1e9, roofs.isa);
+    printf("roofs (same run): streaming read %.1f GB/s, fp32 FMA %.1f G/s (%s), int8 MAC %.1f G/s "
+           "(VNNI; 0: none)\n", roofs.read_gbps, roofs.fma_per_s / 1e9, roofs.isa,
+           roofs.int8_macs_per_s / 1e9);
 
     double acc[3], acc16[3];
     for (int f = 0; f < 3; f++) {
@@ -497,12 +498,12 @@ int bench_attention(int argc, char **argv) {
     for (int k = 0; k < 5; k++)
         snprintf(errs[k], sizeof errs[k], isnan(*ev[k]) ? "null" : "%.3e", *ev[k]);
     printf("{\"bench\": \"attention\", \"threads\": %d, \"isa\": \"%s\", \"quick\": %s, "
-           "\"read_gbps\": %.3f, \"fma_per_s\": %.6g, \"fp16_bw_fraction\": %.4f, "
+           "\"read_gbps\": %.3f, \"fma_per_s\": %.6g, \"int8_macs_per_s\": %.6g, \"fp16_bw_fraction\": %.4f, "
            "\"int8_speedup\": %.4f, \"int4_speedup\": %.4f, \"paged_vs_contiguous\": %.4f, "
            "\"fp16_rel_err\": %s, \"int8_rel_err\": %s, \"int4_rel_err\": %s, "
            "\"int8_rel_err_page16\": %s, \"int4_rel_err_page16\": %s}\n",
            o.threads, kvp_isa_name(kvp_ctx_isa(ctx)), o.quick ? "true" : "false", roofs.read_gbps,
-           roofs.fma_per_s, bw, s8, s4, pc, errs[0], errs[1], errs[2], errs[3], errs[4]);
+           roofs.fma_per_s, roofs.int8_macs_per_s, bw, s8, s4, pc, errs[0], errs[1], errs[2], errs[3], errs[4]);
     kvp_ctx_destroy(ctx);
     return 0;
 }

@@ -20,6 +20,8 @@ typedef struct {
     int threads;
     double read_gbps;      /* streaming read over a buffer far larger than the caches */
     double fma_per_s;      /* fp32 fused multiply-adds per second (not flops) */
+    double int8_macs_per_s; /* u8 x s8 multiply-adds per second through AVX-512 VNNI
+                               (vpdpbusd: 64 per instruction); 0 without VNNI */
     const char *isa;       /* vector ISA the probes used */
 } bench_roofs;
 

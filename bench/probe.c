@@ -122,6 +122,24 @@ __attribute__((target("avx512f"))) static float fma_avx512(long iters, float see
     s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
     return _mm512_reduce_add_ps(s);
 }
+
+/* vpdpbusd with twelve independent accumulators. GCC copies the accumulator
+ * around the intrinsic (lib/cpu/kern_avx512.c), so the instruction is asm. */
+#define DPB(acc) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(y))
+__attribute__((target("avx512f,avx512vnni"))) static int dpbusd_avx512(long iters, int seed) {
+    const __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8((char)(seed | 1));
+    __m512i a0 = _mm512_set1_epi32(seed), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+            a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    for (long i = 0; i < iters; i++) {
+        DPB(a0); DPB(a1); DPB(a2); DPB(a3); DPB(a4); DPB(a5);
+        DPB(a6); DPB(a7); DPB(a8); DPB(a9); DPB(a10); DPB(a11);
+    }
+    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
+    s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
+    return _mm512_reduce_add_epi32(s);
+}
+#undef DPB
 #endif
 
 static const char *pick(read_fn *r, fma_fn *f, int *lanes) {
@@ -162,6 +180,15 @@ static void *read_worker(void *arg) {
     worker *w = arg;
     pthread_barrier_wait(w->start);
     w->sink = w->read(w->p, w->n);
+    return NULL;
+}
+
+static void *dpbusd_worker(void *arg) {
+    worker *w = arg;
+    pthread_barrier_wait(w->start);
+#ifdef BENCH_X86
+    w->sink = (float)dpbusd_avx512(w->iters, (int)w->n);
+#endif
     return NULL;
 }
 
@@ -232,6 +259,21 @@ int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out) {
         times[r] = run_workers(threads, ws, fma_worker);
     }
     out->fma_per_s = (double)iters * 12.0 * (double)lanes * (double)threads / bench_median(times, reps);
+
+    out->int8_macs_per_s = 0.0;
+#ifdef BENCH_X86
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni")) {
+        for (int r = 0; r < reps; r++) {
+            memset(ws, 0, sizeof ws);
+            for (int t = 0; t < threads; t++) {
+                ws[t].iters = iters;
+                ws[t].n = (size_t)t;
+            }
+            times[r] = run_workers(threads, ws, dpbusd_worker);
+        }
+        out->int8_macs_per_s = (double)iters * 12.0 * 64.0 * (double)threads / bench_median(times, reps);
+    }
+#endif
     return 0;
 }
 
@@ -260,8 +302,11 @@ int bench_roofline(int argc, char **argv) {
     printf("  streaming read   %8.1f GB/s\n", r.read_gbps);
     printf("  fp32 FMA         %8.1f G/s  (%.1f GFLOP/s)\n", r.fma_per_s / 1e9, 2 * r.fma_per_s / 1e9);
     printf("  FMA per byte     %8.2f\n", r.fma_per_s / (r.read_gbps * 1e9));
+    if (r.int8_macs_per_s > 0)
+        printf("  int8 MAC (VNNI)  %8.1f G/s  (%.2f G vpdpbusd/s per thread)\n", r.int8_macs_per_s / 1e9,
+               r.int8_macs_per_s / 64.0 / threads / 1e9);
     printf("{\"bench\": \"roofline\", \"threads\": %d, \"isa\": \"%s\", \"read_gbps\": %.3f, "
-           "\"fma_per_s\": %.6g}\n",
-           threads, r.isa, r.read_gbps, r.fma_per_s);
+           "\"fma_per_s\": %.6g, \"int8_macs_per_s\": %.6g}\n",
+           threads, r.isa, r.read_gbps, r.fma_per_s, r.int8_macs_per_s);
     return 0;
 }

@@ -3,10 +3,13 @@
  * global -march flags) and used only when the CPU has them (lib/cpu/isa.c).
  *
  * Float formats: convert 8 elements per instruction and FMA, the tile's 4
- * query rows sharing each load. int8/int4 keys and values: vpmaddwd on
- * 16-bit operands (AVX2 has no VNNI, and vpmaddubsw would saturate u8 x s8
- * pairs): codes widened to 16 bits, the folded query (keys) or the folded
- * probabilities (values) quantized to 15 bits, sums exact in int32.
+ * query rows sharing each load. int8 keys and values: vpmaddwd on 16-bit
+ * operands (AVX2 has no VNNI, and vpmaddubsw would saturate u8 x s8 pairs
+ * of 8-bit codes): codes widened to 16 bits, the folded query (keys) or
+ * the folded probabilities (values) quantized to 15 bits, sums exact in
+ * int32. int4 keys and values: vpmaddubsw, with the 8-bit query and u8
+ * probabilities of the AVX-512 kernels, which 4-bit codes cannot saturate;
+ * its 16-bit sums are widened before they could overflow.
  */
 #include "cpu.h"
 
