@@ -236,15 +236,19 @@ PLAIN_STAGES(fp8, KVP_FORMAT_FP8_E4M3)
  * x = rne(q' / step), step = max|q'| / 16383. vpmaddwd then sums u8 codes
  * times x exactly in int32 (2 * 255 * 16383 per pair, 128 pairs at most at
  * head_dim 256). */
-TGT static void kprep_int16(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+/* Pass 1 of the integer-key preps: q' = q * scale (to t->qf), and per row
+ * the vectors of max|q'| and Σ q·(min + mid·scale) (mid: the code the
+ * query's rounding error is charged at, 0 for a 15-bit query). */
+TGT_INLINE static void kprep_fold(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, float mid,
+                                  __m256 *amax, __m256 *cst) {
     const int D = t->D;
     const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 amax[R], cst[R];
     UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = _mm256_setzero_ps();
     for (int d = 0; d < D; d += 8) {
         __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc + 2 * d)));
         __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(mn + 2 * d)));
+        if (mid != 0.0f) m = _mm256_fmadd_ps(s, _mm256_set1_ps(mid), m);
         UNROLL for (int r = 0; r < R; r++) {
             __m256 q = _mm256_load_ps(&t->q[r][d]), qf = _mm256_mul_ps(q, s);
             _mm256_store_ps(&t->qf[r][d], qf);
@@ -252,6 +256,12 @@ TGT static void kprep_int16(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
             amax[r] = _mm256_max_ps(amax[r], _mm256_andnot_ps(sign, qf));
         }
     }
+}
+
+TGT static void kprep_int16(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
+    const int D = t->D;
+    __m256 amax[R], cst[R];
+    kprep_fold(t, kb, f, 0.0f, amax, cst);
     UNROLL for (int r = 0; r < R; r++) {
         float am = hmax8(amax[r]), step = am / 16383.0f;
         __m256 inv = _mm256_set1_ps(am > 0.0f ? 16383.0f / am : 0.0f);
@@ -310,21 +320,8 @@ TGT void kvp__k4_outlier_prep(kvp__tile *t, const uint8_t *kb, const kvp__blockf
  * s8 q with no saturation (2 * 15 * 127 per pair). */
 TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     const int D = t->D;
-    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 amax[R], cst[R];
-    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = _mm256_setzero_ps();
-    for (int d = 0; d < D; d += 8) {
-        __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sc + 2 * d)));
-        __m256 m = _mm256_fmadd_ps(s, _mm256_set1_ps(7.5f),
-                                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(mn + 2 * d))));
-        UNROLL for (int r = 0; r < R; r++) {
-            __m256 q = _mm256_load_ps(&t->q[r][d]), qf = _mm256_mul_ps(q, s);
-            _mm256_store_ps(&t->qf[r][d], qf);
-            cst[r] = _mm256_fmadd_ps(q, m, cst[r]); /* Σ q·(min + 7.5·scale) */
-            amax[r] = _mm256_max_ps(amax[r], _mm256_andnot_ps(sign, qf));
-        }
-    }
+    kprep_fold(t, kb, f, 7.5f, amax, cst); /* cst: Σ q·(min + 7.5·scale) */
     UNROLL for (int r = 0; r < R; r++) {
         float am = hmax8(amax[r]), step = am / 127.0f;
         __m256 inv = _mm256_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);

@@ -51,28 +51,23 @@
         for (int pf_ = 0; pf_ < (lines); pf_++)                                                    \
             _mm_prefetch((const char *)(p) + (dist) + 64 * pf_, _MM_HINT_T2);                      \
     } while (0)
-/* 16 int32 lanes to 16 bytes (truncating), kept in a register: compilers
- * fuse the intrinsic with a following store into vpmovdb-to-memory, which is
- * microcoded and slow on AMD Zen 4 (it dominated the query preparation). */
+/* 16 int32 lanes to 16 bytes, kept in a register: PACK_S8 truncating,
+ * PACK_U8S with unsigned saturation (0..255). Compilers fuse the intrinsic
+ * with a following store into vpmovdb-to-memory, which is microcoded and
+ * slow on AMD Zen 4 (it dominated the query preparation). */
 #if defined(__clang__)
 #define PACK_S8(x) _mm512_cvtepi32_epi8(x)
-#else
-TGT_INLINE static __m128i pack_s8_reg(__m512i x) {
-    __m128i r;
-    __asm__("vpmovdb %1, %0" : "=v"(r) : "v"(x));
-    return r;
-}
-#define PACK_S8(x) pack_s8_reg(x)
-#endif
-/* The same with unsigned saturation (int32 lanes to u8 0..255). */
-#if defined(__clang__)
 #define PACK_U8S(x) _mm512_cvtusepi32_epi8(x)
 #else
-TGT_INLINE static __m128i pack_u8s_reg(__m512i x) {
-    __m128i r;
-    __asm__("vpmovusdb %1, %0" : "=v"(r) : "v"(x));
-    return r;
-}
+#define PACK_REG(name, insn)                                                                       \
+    TGT_INLINE static __m128i name(__m512i x) {                                                    \
+        __m128i r;                                                                                 \
+        __asm__(insn " %1, %0" : "=v"(r) : "v"(x));                                                \
+        return r;                                                                                  \
+    }
+PACK_REG(pack_s8_reg, "vpmovdb")
+PACK_REG(pack_u8s_reg, "vpmovusdb")
+#define PACK_S8(x) pack_s8_reg(x)
 #define PACK_U8S(x) pack_u8s_reg(x)
 #endif
 static inline int32_t load32(const void *p) {
