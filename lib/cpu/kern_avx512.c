@@ -372,8 +372,52 @@ TGT static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
 
 /* int4 keys: [D/4][P/2][4] bytes, token 2i in the low nibble and 2i+1 in
  * the high nibble: one 64-byte load holds 32 tokens x 4 channels. */
+/* int4 keys at page 16: a block row (8 token pairs x 4 channels) is 32
+ * bytes, so one vector holds two channel quads, the query's two quads
+ * broadcast to its two halves; half the vpdpbusd of the 32-token loop. */
+TGT static void klogits_int4_p16(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int n) {
+    const int D = t->D, pairs = (n + 1) / 2;
+    const uint64_t half = pairs >= 8 ? 0xFFFFFFFFu : (((uint64_t)1 << (4 * pairs)) - 1);
+    const __mmask64 m = (__mmask64)(half | (half << 32));
+    const __m512i low = _mm512_set1_epi8(0x0F);
+#define K4P_DECL(r) __m512i e_##r = _mm512_setzero_si512(), o_##r = e_##r;
+    R4(K4P_DECL)
+    for (int d = 0; d < D; d += 8) { /* D is a multiple of 8 */
+        const uint8_t *p = kb + (size_t)(d / 4) * 32;
+        PF_AHEAD_BY(p, t->pf_k, 1);
+        __m512i b = _mm512_maskz_loadu_epi8(m, p);
+        __m512i ke = _mm512_and_si512(b, low), ko = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+#define K4P_STEP(r)                                                                                \
+    {                                                                                              \
+        __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(load32(&t->qh[r][d]))), \
+                                       _mm256_set1_epi32(load32(&t->qh[r][d + 4])), 1);           \
+        DPBUSD(e_##r, ke, q);                                                                      \
+        DPBUSD(o_##r, ko, q);                                                                      \
+    }
+        R4(K4P_STEP)
+    }
+    /* halves: the two quads' partial sums; then even/odd tokens interleaved */
+    const __m512i order = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
+    const __mmask16 mn = mask16(n);
+#define K4P_OUT(r)                                                                                 \
+    {                                                                                              \
+        __m256i es = _mm256_add_epi32(_mm512_castsi512_si256(e_##r), _mm512_extracti64x4_epi64(e_##r, 1)); \
+        __m256i os = _mm256_add_epi32(_mm512_castsi512_si256(o_##r), _mm512_extracti64x4_epi64(o_##r, 1)); \
+        __m512i x = _mm512_permutexvar_epi32(order, _mm512_inserti64x4(_mm512_castsi256_si512(es), os, 1)); \
+        _mm512_mask_storeu_ps(&t->logits[r][0], mn,                                                \
+                              _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), _mm512_set1_ps(t->qstep[r]),   \
+                                              _mm512_set1_ps(t->qconst[r])));                      \
+    }
+    R4(K4P_OUT)
+    k4_outliers(t, kb, f, 0, n);
+}
+
 TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
     const int P = f->page_size, D = t->D, pairs = (n + 1) / 2;
+    if (P == 16) {
+        klogits_int4_p16(t, kb, f, n); /* t0 is 0: a chunk holds the whole page */
+        return;
+    }
     const __mmask64 m = pairs >= 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * pairs)) - 1);
     const __m512i low = _mm512_set1_epi8(0x0F);
     const uint8_t *base = kb + (size_t)(t0 / 2) * 4;
