@@ -659,12 +659,15 @@ TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
  * the bound pmax_r·smax_g (p / pmax_r and scale·255/smax_g are formed once,
  * so a code costs one multiply), and mterm = Σ p·(min + 8·scale) with the
  * 4 rows' sums reduced together. */
-TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+/* NH: 16-token halves the chunk has (1 at page 16 and below: the second
+ * half's vector work is skipped, not done on zeros). */
+TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0,
+                                      int n, const int NH) {
     const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4;
     const uint8_t *sc = vb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
     const uint8_t *base = vb + (size_t)t0 * (size_t)D / 2;
     const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
-    const __mmask16 mk0 = mask16(n4), mk1 = mask16(n4 - 16);
+    const __mmask16 mk[2] = {mask16(n4), mask16(n4 - 16)};
     /* per group: scales and min + 8·scale as fp32, the largest scale */
     float sv[KVP__ATTN_MAX_D / 32][KVP__CHUNK] KVP__ALIGN64, wv[KVP__ATTN_MAX_D / 32][KVP__CHUNK] KVP__ALIGN64;
     /* lane 0 of each: group g's largest scale and 255 / it (0 if 0) */
@@ -677,16 +680,15 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
             if (g >= G) continue;
             const uint8_t *sg = sc + 2 * ((size_t)g * (size_t)P + (size_t)t0);
             const uint8_t *mg = mn + 2 * ((size_t)g * (size_t)P + (size_t)t0);
-            __m512 s0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk0, sg));
-            __m512 s1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk1, sg + 32));
-            _mm512_store_ps(&sv[g][0], s0);
-            _mm512_store_ps(&sv[g][16], s1);
-            /* v = s*(c-8) + (m + 8s): see the codes below */
-            _mm512_store_ps(&wv[g][0], _mm512_fmadd_ps(s0, _mm512_set1_ps(8.0f),
-                                                       _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk0, mg))));
-            _mm512_store_ps(&wv[g][16], _mm512_fmadd_ps(s1, _mm512_set1_ps(8.0f),
-                                                        _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk1, mg + 32))));
-            mx[k] = _mm512_max_ps(s0, s1); /* scales are >= 0 */
+            UNROLL for (int j = 0; j < NH; j++) {
+                __m512 sj = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk[j], sg + 32 * j));
+                _mm512_store_ps(&sv[g][16 * j], sj);
+                /* v = s*(c-8) + (m + 8s): see the codes below */
+                _mm512_store_ps(&wv[g][16 * j],
+                                _mm512_fmadd_ps(sj, _mm512_set1_ps(8.0f),
+                                                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk[j], mg + 32 * j))));
+                mx[k] = _mm512_max_ps(mx[k], sj); /* scales are >= 0 */
+            }
         }
         __m512 m4;
         REDUCE4(_mm512_max_ps, mx[0], mx[1], mx[2], mx[3], m4);
@@ -700,23 +702,26 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
     _mm512_store_ps(pinv, div_or_zero(1.0f, pmax4));
     UNROLL for (int r = 0; r < R; r++) {
         __m512 inv = _mm512_set1_ps(pinv[4 * r]);
-        pr[r][0] = _mm512_mul_ps(_mm512_maskz_load_ps(mk0, &t->p[r][0]), inv);
-        pr[r][1] = _mm512_mul_ps(_mm512_maskz_load_ps(mk1, &t->p[r][16]), inv);
+        UNROLL for (int j = 0; j < NH; j++) pr[r][j] = _mm512_mul_ps(_mm512_maskz_load_ps(mk[j], &t->p[r][16 * j]), inv);
     }
     for (int g = 0; g < G; g++) {
         int w = D - 32 * g < 32 ? D - 32 * g : 32, half = w / 2;
         __m512 sn = _mm512_set1_ps(sinv[g][0]);
-        __m512 s0 = _mm512_mul_ps(_mm512_load_ps(&sv[g][0]), sn), s1 = _mm512_mul_ps(_mm512_load_ps(&sv[g][16]), sn);
-        __m512 w0 = _mm512_load_ps(&wv[g][0]), w1 = _mm512_load_ps(&wv[g][16]);
+        __m512 sq[2], wq[2];
+        UNROLL for (int j = 0; j < NH; j++) {
+            sq[j] = _mm512_mul_ps(_mm512_load_ps(&sv[g][16 * j]), sn);
+            wq[j] = _mm512_load_ps(&wv[g][16 * j]);
+        }
         uint32_t pq[R][KVP__CHUNK / 4] KVP__ALIGN64;
         __m512 mt[R], mt4;
         UNROLL for (int r = 0; r < R; r++) {
             /* p/pmax * s*255/smax <= 255 (saturating in case exp rounds p above pmax) */
-            __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(pr[r][0], s0));
-            __m512i c1 = _mm512_cvtps_epi32(_mm512_mul_ps(pr[r][1], s1));
-            _mm_store_si128((__m128i *)(void *)&pq[r][0], PACK_U8S(c0));
-            _mm_store_si128((__m128i *)(void *)&pq[r][4], PACK_U8S(c1));
-            mt[r] = _mm512_fmadd_ps(pr[r][0], w0, _mm512_mul_ps(pr[r][1], w1));
+            mt[r] = _mm512_mul_ps(pr[r][0], wq[0]);
+            UNROLL for (int j = 0; j < NH; j++) {
+                __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(pr[r][j], sq[j]));
+                _mm_store_si128((__m128i *)(void *)&pq[r][4 * j], PACK_U8S(c));
+                if (j > 0) mt[r] = _mm512_fmadd_ps(pr[r][j], wq[j], mt[r]);
+            }
         }
         REDUCE4(_mm512_add_ps, mt[0], mt[1], mt[2], mt[3], mt4);
         float mterm[16] KVP__ALIGN64, step[16] KVP__ALIGN64; /* lane 4r: row r's */
@@ -762,6 +767,11 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
         R4(V4_OUT)
     }
     if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+}
+
+TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+    if (n / 4 * 4 <= 16) vacc_int4_body(t, vb, f, t0, n, 1);
+    else vacc_int4_body(t, vb, f, t0, n, 2);
 }
 
 /* One copy of each plain-format stage per format, so loads are branch-free. */
