@@ -451,7 +451,9 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
 
 /* ---- softmax ---------------------------------------------------------------------------------------- */
 
-TGT static void softmax_avx512(kvp__tile *t, int n, int32_t pos0) {
+/* NH: the chunk's 16-token halves (1: the second is neither loaded nor
+ * exponentiated; its p are stored as 0). */
+TGT_INLINE static void softmax_body(kvp__tile *t, int n, int32_t pos0, const int NH) {
     const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     __m512 x[R][2], cm[R], cm4;
@@ -460,10 +462,10 @@ TGT static void softmax_avx512(kvp__tile *t, int n, int32_t pos0) {
         if (t->soft_cap > 0.0f)
             for (int i = 0; i < n; i++) t->logits[r][i] = t->soft_cap * tanhf(t->logits[r][i] / t->soft_cap);
         if (t->lo[r] <= pos0 && t->hi[r] >= pos0 + n - 1) { /* the whole chunk is visible */
-            x[r][0] = _mm512_mask_load_ps(ninf, mask16(n), &t->logits[r][0]);
-            x[r][1] = _mm512_mask_load_ps(ninf, mask16(n - 16), &t->logits[r][16]);
+            UNROLL for (int j = 0; j < NH; j++)
+                x[r][j] = _mm512_mask_load_ps(ninf, mask16(n - 16 * j), &t->logits[r][16 * j]);
         } else {
-            for (int j = 0; j < 2; j++) {
+            UNROLL for (int j = 0; j < NH; j++) {
                 __m512i pos = _mm512_add_epi32(iota, _mm512_set1_epi32(pos0 + 16 * j));
                 __mmask16 ok = mask16(n - 16 * j) &
                                _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(t->lo[r])) &
@@ -471,7 +473,7 @@ TGT static void softmax_avx512(kvp__tile *t, int n, int32_t pos0) {
                 x[r][j] = _mm512_mask_load_ps(ninf, ok, &t->logits[r][16 * j]);
             }
         }
-        cm[r] = _mm512_max_ps(x[r][0], x[r][1]);
+        cm[r] = NH > 1 ? _mm512_max_ps(x[r][0], x[r][1]) : x[r][0];
     }
     REDUCE4(_mm512_max_ps, cm[0], cm[1], cm[2], cm[3], cm4);
     _mm512_store_ps(cmax4, cm4);
@@ -500,13 +502,19 @@ TGT static void softmax_avx512(kvp__tile *t, int n, int32_t pos0) {
             t->l[r] *= alpha;
         }
         __m512 mv = _mm512_set1_ps(m_new[r]);
-        __m512 p0 = exp512(_mm512_sub_ps(x[r][0], mv)), p1 = exp512(_mm512_sub_ps(x[r][1], mv));
+        __m512 p0 = exp512(_mm512_sub_ps(x[r][0], mv));
+        __m512 p1 = NH > 1 ? exp512(_mm512_sub_ps(x[r][1], mv)) : _mm512_setzero_ps();
         _mm512_store_ps(&t->p[r][0], p0);
         _mm512_store_ps(&t->p[r][16], p1);
         _mm512_store_ps(t->lvec[r], _mm512_add_ps(lv, _mm512_add_ps(p0, p1)));
         t->pmax[r] = e[R + r];
         t->m[r] = m_new[r];
     }
+}
+
+TGT static void softmax_avx512(kvp__tile *t, int n, int32_t pos0) {
+    if (n <= 16) softmax_body(t, n, pos0, 1);
+    else softmax_body(t, n, pos0, 2);
 }
 
 /* ---- V: plain formats, token-major --------------------------------------------------------------------- */
