@@ -31,11 +31,12 @@
 typedef struct {
     float q[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;  /* q * sm_scale */
     float qf[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* q folded with this page's key scales */
-    int8_t qh[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* integer q, high part */
+    int8_t qh[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* integer q, high part (int4 keys,
+                                                               SIMD: the whole 8-bit q) */
     int8_t ql[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* integer q, low part */
     int8_t qhl[KVP__TILE_ROWS][2 * KVP__ATTN_MAX_D] KVP__ALIGN64; /* AVX-512 int8 keys: both parts,
                                                                     packed (kern_avx512.c) */
-    int16_t q16[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* AVX2 int8/int4 keys: 15-bit q */
+    int16_t q16[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* AVX2 int8 keys: 15-bit q */
     float logits[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;
     float p[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;        /* exp(logit - m) */
     float qstep[KVP__TILE_ROWS];  /* integer q: q' ~= qstep * (128*qh + ql) */
