@@ -40,7 +40,6 @@ typedef struct {
     const float *contig_q;
     float *contig_out;
     int32_t batch, kv_heads, group, q_heads, D, P, layer;
-    uint64_t kbytes, vbytes;   /* bytes of a pool K / V block (used) */
     float sm_scale;
     stage_set pool_stages, staging_stages;
     kvp__softmax_fn softmax;
@@ -381,7 +380,7 @@ static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
     /* the item's (page, head) steps, heads inner: a page's blocks of
      * consecutive heads are adjacent, so each page is two sequential runs */
     int32_t nh = id.h1 - id.h0, steps = (end - first) * nh;
-    uint64_t step_bytes = j->kbytes + j->vbytes;
+    uint64_t step_bytes = j->pool_stages.kused + j->pool_stages.vused;
     int32_t ahead = (int32_t)((PREFETCH_LEAD_BYTES + step_bytes - 1) / step_bytes);
 #define STEP_AT(s_, out_) resolve_page(j, id.b, id.h0 + (s_) % nh, first + (s_) / nh, &(out_).kb, &(out_).vb, &(out_).st)
     step_blocks cur, nxt, ah;
@@ -521,8 +520,6 @@ int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
     j.P = s->layout.page_size;
     j.layer = a->p->layer;
     j.sm_scale = a->p->sm_scale;
-    j.kbytes = kvp__block_used_bytes(&s->kfmt);
-    j.vbytes = kvp__block_used_bytes(&s->vfmt);
     pick_stages(&j, &s->kfmt, &s->vfmt, &s->skfmt, &s->svfmt);
     return run_job(&j);
 }
@@ -542,8 +539,6 @@ int kvp__cpu_attention_contig(kvp_ctx_t *c, const kvp__contig *kv, int32_t q_hea
     j.D = kv->kf.head_dim;
     j.P = kv->kf.page_size;
     j.sm_scale = sm_scale;
-    j.kbytes = kvp__block_used_bytes(&kv->kf);
-    j.vbytes = kvp__block_used_bytes(&kv->vf);
     pick_stages(&j, &kv->kf, &kv->vf, NULL, NULL);
     return run_job(&j);
 }

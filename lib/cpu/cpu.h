@@ -39,7 +39,8 @@ typedef struct {
     int16_t q16[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* AVX2 int8 keys: 15-bit q */
     float logits[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;
     float p[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;        /* exp(logit - m) */
-    float qstep[KVP__TILE_ROWS];  /* integer q: q' ~= qstep * (128*qh + ql) */
+    float qstep[KVP__TILE_ROWS];  /* integer q's step: q' ~= qstep * x (x = 128*qh + ql, or
+                                     the 8-bit qh, or q16) */
     float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
     float k4a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32]; /* int4 keys' outliers: q * oscale (SIMD paths) */
     float lvec[KVP__TILE_ROWS][16] KVP__ALIGN64; /* SIMD paths: l = l + sum(lvec), reduced at the end */
@@ -100,10 +101,6 @@ static inline kvp__k4_outl kvp__k4_outliers_of(const uint8_t *kb, const kvp__blo
     return o;
 }
 
-/* Per outlier channel j and tile row r: a[r][j] = q[r][idx_j] * scale_j and
- * the constant sum_j q[r][idx_j] * min_j. Returns the count. */
-int kvp__k4_outlier_fold(const kvp__tile *t, const kvp__k4_outl *o, float a[][KVP_MAX_HEAD_DIM / 32],
-                         float *cst);
 /* Once per page, after the prep set qconst: t->k4a = the fold's a, and its
  * constant added to qconst (for kernels that add only a . code per token).
  * F16C code in kern_avx2.c, called by the AVX2 and AVX-512 preps. */

@@ -120,8 +120,11 @@ void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     }
 }
 
-int kvp__k4_outlier_fold(const kvp__tile *t, const kvp__k4_outl *o, float a[][KVP_MAX_HEAD_DIM / 32],
-                         float *cst) {
+/* Per outlier channel j and tile row r: a[r][j] = q[r][idx_j] * scale_j and
+ * the constant sum_j q[r][idx_j] * min_j. Returns the count. (The SIMD
+ * preps do this once per page in kvp__k4_outlier_prep, with F16C.) */
+static int k4_outlier_fold(const kvp__tile *t, const kvp__k4_outl *o, float a[][KVP_MAX_HEAD_DIM / 32],
+                           float *cst) {
     for (int r = 0; r < KVP__TILE_ROWS; r++) {
         float c = 0.0f;
         for (int j = 0; j < o->count; j++) {
@@ -142,7 +145,7 @@ void kvp__k4_outlier_logits(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
                             int n) {
     kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
     float a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32], cst[KVP__TILE_ROWS];
-    kvp__k4_outlier_fold(t, &o, a, cst);
+    k4_outlier_fold(t, &o, a, cst);
     for (int r = 0; r < KVP__TILE_ROWS; r++)
         for (int i = 0; i < n; i++) {
             float acc = cst[r];
