@@ -403,9 +403,14 @@ static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
             pf_k = ah.kb - cur.kb;
             pf_v = ah.vb - cur.vb;
         }
-        if (s + 1 < steps) { /* the next step's key scale data into L1: its prep reads them first */
+        /* the next step's scale data into L1 (it is in L2 by now): its
+         * prep reads the key scales first, the values stage starts on the
+         * value scales. The value scales measured 5% of int4 time (2
+         * threads, 32k tokens: 2.31 -> 2.19 ms, best of 6 interleaved). */
+        if (s + 1 < steps) {
             STEP_AT(s + 1, nxt);
             prefetch_range(nxt.kb, nxt.st->kdata, nxt.st->kused, 3);
+            prefetch_range(nxt.vb, nxt.st->vdata, nxt.st->vused, 3);
         }
         for (int t = 0; t < id.tiles_per_head; t++) {
             tiles[t].pf_k = pf_k;
