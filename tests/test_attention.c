@@ -508,6 +508,62 @@ static void test_isa_and_thread_agreement(void **state) {
     }
 }
 
+/* int4 values at page 16 and 32: the AVX-512 kernels run two full pages as
+ * one chunk (lib/cpu/attn.c run_pair), the other paths page by page. The
+ * two must agree under every mask and option: windows whose edge falls
+ * inside a pair, causal off, soft cap, several query tokens (tiles per
+ * head), an odd count of full pages before a partial one, and split
+ * sequences (3 threads); and the pair path must meet the int4 bound. */
+static void test_int4_page_pairs(void **state) {
+    (void)state;
+    if (!kvp_isa_supported(KVP_ISA_AVX512)) skip();
+    int32_t kv_len[] = {300, 1, 96, 1123};
+    int32_t q_len[] = {3, 1, 2, 1};
+    static const attn_opts opts[] = {
+        {1, -1, KVP_FORMAT_FP32, 0.0f}, {1, 40, KVP_FORMAT_FP32, 0.0f}, {0, -1, KVP_FORMAT_FP32, 0.0f},
+        {1, -1, KVP_FORMAT_FP32, 4.0f}, {0, 70, KVP_FORMAT_FP32, 3.0f},
+    };
+    static const int32_t kfmts[] = {KVP_FORMAT_INT4, KVP_FORMAT_FP16};
+    static const int32_t pages[] = {16, 32};
+    for (size_t pi = 0; pi < 2; pi++)
+        for (size_t kf = 0; kf < 2; kf++) {
+            batch_spec s = {2, 8, 128, pages[pi], kfmts[kf], KVP_FORMAT_INT4, KVP_K_ORDER_DIM_MAJOR, 4,
+                            kv_len, q_len, 500 + 2 * pi + kf};
+            batch bt;
+            batch_build(&bt, &s);
+            size_t n = (size_t)bt.rows * 8 * 128;
+            float *base = malloc(n * 4), *other = malloc(n * 4);
+            double *as_ref = malloc(n * 8);
+            assert_non_null(base);
+            assert_non_null(other);
+            assert_non_null(as_ref);
+            for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) {
+                kvp_ctx_t *c = make_ctx(KVP_ISA_PORTABLE, 1);
+                run_attention(c, &bt, &opts[i], base, NULL);
+                kvp_ctx_destroy(c);
+                for (size_t k = 0; k < n; k++) as_ref[k] = base[k];
+                for (int32_t threads = 1; threads <= 3; threads += 2) {
+                    c = make_ctx(KVP_ISA_AVX512, threads);
+                    run_attention(c, &bt, &opts[i], other, NULL);
+                    kvp_ctx_destroy(c);
+                    double e = kvd_rel_l2(other, as_ref, n);
+                    if (!(e <= 0.03))
+                        print_error("page %d %s keys, option set %zu, threads %d: %g\n", (int)pages[pi],
+                                    kvp_format_name(kfmts[kf]), i, (int)threads, e);
+                    assert_true(e <= 0.03);
+                }
+            }
+            kvp_ctx_t *c = make_ctx(KVP_ISA_AVX512, 2);
+            double e = batch_error(&bt, c, &plain_opts);
+            kvp_ctx_destroy(c);
+            assert_true(e < bound_of(KVP_FORMAT_INT4));
+            free(base);
+            free(other);
+            free(as_ref);
+            batch_free(&bt);
+        }
+}
+
 /* ---- bad input: clear status, detail, nothing written ------------------------------------------ */
 
 static void test_bad_input(void **state) {
@@ -723,6 +779,7 @@ int main(void) {
         cmocka_unit_test(test_masks_and_options),
         cmocka_unit_test(test_lse),
         cmocka_unit_test(test_isa_and_thread_agreement),
+        cmocka_unit_test(test_int4_page_pairs),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_unsupported_head_dim),
         cmocka_unit_test(test_ctx_params),

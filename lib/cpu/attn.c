@@ -26,6 +26,7 @@ typedef struct {
     kvp__kprep_fn kprep;
     kvp__klogits_fn klogits;
     kvp__vacc_fn vacc;
+    kvp__vacc2_fn vacc2; /* two full pages as one chunk, or NULL */
     const kvp__blockfmt *kf, *vf;
     uint64_t kdata, kused, vdata, vused; /* element bytes and used bytes of a K / V block */
 } stage_set;
@@ -311,6 +312,33 @@ static void run_page(const attn_job *j, kvp__tile *tiles, int ntiles, const uint
     }
 }
 
+/* Two full pages (pg, pg + 1; P = 16 or 32) of one head's tiles as one
+ * chunk of 2P tokens: the second page's keys first, their logits moved up
+ * to [P, 2P), then the first page's, one softmax, one two-block V stage. */
+static void run_pair(const attn_job *j, kvp__tile *tiles, int ntiles, const step_blocks cb[2],
+                     const ptrdiff_t pf_k[2], const ptrdiff_t pf_v[2], int32_t tok0) {
+    const stage_set *st = cb[0].st;
+    const int P = j->P;
+    int32_t last = tok0 + 2 * P - 1;
+    for (int t = 0; t < ntiles; t++) {
+        kvp__tile *tl = &tiles[t];
+        bool any = false;
+        for (int r = 0; r < tl->rows; r++) any |= tl->lo[r] <= last && tl->hi[r] >= tok0;
+        if (!any) continue;
+        for (int k = 1; k >= 0; k--) {
+            tl->pf_k = pf_k[k];
+            if (st->kprep != NULL) st->kprep(tl, cb[k].kb, st->kf);
+            st->klogits(tl, cb[k].kb, st->kf, 0, P);
+            if (k == 1)
+                for (int r = 0; r < KVP__TILE_ROWS; r++)
+                    memcpy(&tl->logits[r][P], &tl->logits[r][0], (size_t)P * sizeof(float));
+        }
+        j->softmax(tl, 2 * P, tok0);
+        tl->pf_v = pf_v[0];
+        st->vacc2(tl, cb[0].vb, cb[1].vb, pf_v[1], st->vf);
+    }
+}
+
 static void store_out_row(const attn_job *j, int32_t b, int32_t i, int32_t qh, const float *o,
                           float m, float l, float *tmp) {
     size_t D = (size_t)j->D;
@@ -378,46 +406,66 @@ static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
     while (first < end && (first + 1) * j->P - 1 < lo) first++; /* before every window */
     while (end > first && (end - 1) * j->P > hi) end--;         /* after the last row */
     /* the item's (page, head) steps, heads inner: a page's blocks of
-     * consecutive heads are adjacent, so each page is two sequential runs */
-    int32_t nh = id.h1 - id.h0, steps = (end - first) * nh;
+     * consecutive heads are adjacent, so each page is two sequential runs.
+     * With a two-block V stage, the full pages come first in pairs (page
+     * pair, head, page): each pair of one head is one chunk (run_pair). */
+    int32_t nh = id.h1 - id.h0, steps = (end - first) * nh, npair = 0;
+    if (j->pool_stages.vacc2 != NULL && (j->P == 16 || j->P == 32)) {
+        int32_t full_end = kv_len / j->P < end ? kv_len / j->P : end;
+        npair = full_end > first ? (full_end - first) / 2 : 0;
+    }
+    const int32_t pair_steps = 2 * npair * nh;
     uint64_t step_bytes = j->pool_stages.kused + j->pool_stages.vused;
     int32_t ahead = (int32_t)((PREFETCH_LEAD_BYTES + step_bytes - 1) / step_bytes);
-#define STEP_AT(s_, out_) resolve_page(j, id.b, id.h0 + (s_) % nh, first + (s_) / nh, &(out_).kb, &(out_).vb, &(out_).st)
-    step_blocks cur, nxt, ah;
+#define STEP_PAGE(s_) ((s_) < pair_steps ? first + 2 * ((s_) / (2 * nh)) + (s_) % 2 : first + 2 * npair + ((s_) - pair_steps) / nh)
+#define STEP_HEAD(s_) (id.h0 + ((s_) < pair_steps ? ((s_) % (2 * nh)) / 2 : ((s_) - pair_steps) % nh))
+#define STEP_AT(s_, out_) resolve_page(j, id.b, STEP_HEAD(s_), STEP_PAGE(s_), &(out_).kb, &(out_).vb, &(out_).st)
+    step_blocks cur[2], nx, ah;
     for (int32_t s = 1; s < steps && s < ahead; s++) { /* the first steps: no lead to hide them */
         STEP_AT(s, ah);
         prefetch_range(ah.kb, 0, ah.st->kused, 2);
         prefetch_range(ah.vb, 0, ah.st->vused, 2);
     }
-    if (steps > 0) STEP_AT(0, nxt);
-    for (int32_t s = 0; s < steps; s++) {
-        int32_t pg = first + s / nh, h = id.h0 + s % nh;
-        int32_t tok0 = pg * j->P, ntok = kv_len - tok0 < j->P ? kv_len - tok0 : j->P;
-        cur = nxt;
-        kvp__tile *tiles = &ts->tiles[(h - id.h0) * id.tiles_per_head];
-        ptrdiff_t pf_k = 0, pf_v = 0;
-        if (s + ahead < steps) { /* the kernels stream their prefetches along it */
-            STEP_AT(s + ahead, ah);
-            prefetch_range(ah.kb, ah.st->kdata, ah.st->kused, 2);
-            prefetch_range(ah.vb, ah.st->vdata, ah.st->vused, 2);
-            pf_k = ah.kb - cur.kb;
-            pf_v = ah.vb - cur.vb;
+    for (int32_t s = 0; s < steps;) {
+        const int cnt = s < pair_steps ? 2 : 1;
+        ptrdiff_t pf_k[2] = {0, 0}, pf_v[2] = {0, 0};
+        for (int k = 0; k < cnt; k++) {
+            STEP_AT(s + k, cur[k]);
+            if (s + k + ahead < steps) { /* the kernels stream their prefetches along it */
+                STEP_AT(s + k + ahead, ah);
+                prefetch_range(ah.kb, ah.st->kdata, ah.st->kused, 2);
+                prefetch_range(ah.vb, ah.st->vdata, ah.st->vused, 2);
+                pf_k[k] = ah.kb - cur[k].kb;
+                pf_v[k] = ah.vb - cur[k].vb;
+            }
         }
-        /* the next step's scale data into L1 (it is in L2 by now): its
-         * prep reads the key scales first, the values stage starts on the
+        /* the next steps' scale data into L1 (it is in L2 by now): their
+         * preps read the key scales first, the values stage starts on the
          * value scales. The value scales measured 5% of int4 time (2
          * threads, 32k tokens: 2.31 -> 2.19 ms, best of 6 interleaved). */
-        if (s + 1 < steps) {
-            STEP_AT(s + 1, nxt);
-            prefetch_range(nxt.kb, nxt.st->kdata, nxt.st->kused, 3);
-            prefetch_range(nxt.vb, nxt.st->vdata, nxt.st->vused, 3);
+        for (int k = cnt; k < 2 * cnt && s + k < steps; k++) {
+            STEP_AT(s + k, nx);
+            prefetch_range(nx.kb, nx.st->kdata, nx.st->kused, 3);
+            prefetch_range(nx.vb, nx.st->vdata, nx.st->vused, 3);
         }
-        for (int t = 0; t < id.tiles_per_head; t++) {
-            tiles[t].pf_k = pf_k;
-            tiles[t].pf_v = pf_v;
+        int32_t pg = STEP_PAGE(s), h = STEP_HEAD(s), tok0 = pg * j->P;
+        kvp__tile *tiles = &ts->tiles[(h - id.h0) * id.tiles_per_head];
+        if (cnt == 2 && cur[0].st == &j->pool_stages && cur[1].st == &j->pool_stages) {
+            run_pair(j, tiles, id.tiles_per_head, cur, pf_k, pf_v, tok0);
+        } else {
+            for (int k = 0; k < cnt; k++) {
+                int32_t t0k = (pg + k) * j->P, ntok = kv_len - t0k < j->P ? kv_len - t0k : j->P;
+                for (int t = 0; t < id.tiles_per_head; t++) {
+                    tiles[t].pf_k = pf_k[k];
+                    tiles[t].pf_v = pf_v[k];
+                }
+                run_page(j, tiles, id.tiles_per_head, cur[k].kb, cur[k].vb, cur[k].st, t0k, ntok);
+            }
         }
-        run_page(j, tiles, id.tiles_per_head, cur.kb, cur.vb, cur.st, tok0, ntok);
+        s += cnt;
     }
+#undef STEP_PAGE
+#undef STEP_HEAD
 #undef STEP_AT
     finish_item(j, &id, ts->tiles, ntiles, ts->tmp);
 }
@@ -486,6 +534,7 @@ static void pick_stages(attn_job *j, const kvp__blockfmt *kf, const kvp__blockfm
     j->pool_stages.kprep = kvp__pick_kprep(isa, kf->format);
     j->pool_stages.klogits = kvp__pick_klogits(isa, kf->format, kvp__blockfmt_dim_major(kf));
     j->pool_stages.vacc = kvp__pick_vacc(isa, vf->format);
+    j->pool_stages.vacc2 = kvp__pick_vacc2(isa, vf->format);
     set_sizes(&j->pool_stages);
     if (skf != NULL) {
         j->staging_stages.kf = skf;
@@ -493,6 +542,7 @@ static void pick_stages(attn_job *j, const kvp__blockfmt *kf, const kvp__blockfm
         j->staging_stages.kprep = kvp__pick_kprep(isa, skf->format);
         j->staging_stages.klogits = kvp__pick_klogits(isa, skf->format, kvp__blockfmt_dim_major(skf));
         j->staging_stages.vacc = kvp__pick_vacc(isa, svf->format);
+        j->staging_stages.vacc2 = NULL; /* staging pages go one by one */
         set_sizes(&j->staging_stages);
     }
 }

@@ -6,7 +6,10 @@
  * query rows, range of pages). Its rows are processed in tiles of up to 4
  * rows of one kv head (the query heads of a GQA group share every K/V load),
  * page by page in chunks of up to 32 tokens: K stage (logits) -> softmax
- * stage (mask, soft cap, online softmax) -> V stage (o += p.v).
+ * stage (mask, soft cap, online softmax) -> V stage (o += p.v). Where the
+ * ISA has a two-block V stage for the format (vacc2), two full pages of at
+ * most 32 tokens go as one chunk: the per-chunk work (softmax reductions and
+ * bookkeeping, the V stage's bounds and output update) is paid once for both.
  */
 #ifndef KVPAGE_CPU_H
 #define KVPAGE_CPU_H
@@ -37,8 +40,8 @@ typedef struct {
     int8_t qhl[KVP__TILE_ROWS][2 * KVP__ATTN_MAX_D] KVP__ALIGN64; /* AVX-512 int8 keys: both parts,
                                                                     packed (kern_avx512.c) */
     int16_t q16[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* AVX2 int8 keys: 15-bit q */
-    float logits[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;
-    float p[KVP__TILE_ROWS][KVP__CHUNK] KVP__ALIGN64;        /* exp(logit - m) */
+    float logits[KVP__TILE_ROWS][2 * KVP__CHUNK] KVP__ALIGN64; /* 2 *: a pair of pages */
+    float p[KVP__TILE_ROWS][2 * KVP__CHUNK] KVP__ALIGN64;      /* exp(logit - m) */
     float qstep[KVP__TILE_ROWS];  /* integer q's step: q' ~= qstep * x (x = 128*qh + ql, or
                                      the 8-bit qh, or q16) */
     float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
@@ -61,10 +64,16 @@ typedef void (*kvp__kprep_fn)(kvp__tile *t, const uint8_t *kb, const kvp__blockf
 typedef void (*kvp__klogits_fn)(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0,
                                 int n);
 /* Mask (absolute position of token 0 of the chunk: pos0), soft cap, online
- * softmax: rescales o, updates m and l, writes p. */
+ * softmax: rescales o, updates m and l, writes p. n <= 32, or <= 64 in an ISA
+ * that has a vacc2. */
 typedef void (*kvp__softmax_fn)(kvp__tile *t, int n, int32_t pos0);
 typedef void (*kvp__vacc_fn)(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0,
                              int n);
+/* V stage over two full pages of P <= 32 tokens as one chunk: p[r][P*b + i]
+ * is block b's token i; t->pf_v is block 0's prefetch distance, pf1 block
+ * 1's. */
+typedef void (*kvp__vacc2_fn)(kvp__tile *t, const uint8_t *vb0, const uint8_t *vb1, ptrdiff_t pf1,
+                              const kvp__blockfmt *f);
 
 typedef struct {
     const char *name;
@@ -72,6 +81,7 @@ typedef struct {
     kvp__klogits_fn klogits[KVP_FORMAT_COUNT][2]; /* [format][dim-major] */
     kvp__softmax_fn softmax;
     kvp__vacc_fn vacc[KVP_FORMAT_COUNT];
+    kvp__vacc2_fn vacc2[KVP_FORMAT_COUNT]; /* NULL: pages go one by one */
 } kvp__kernels;
 
 /* Each ISA's table; entries it leaves NULL fall back to the portable ones. */
@@ -84,6 +94,9 @@ kvp__kprep_fn kvp__pick_kprep(int32_t isa, int32_t format);
 kvp__klogits_fn kvp__pick_klogits(int32_t isa, int32_t format, int dim_major);
 kvp__softmax_fn kvp__pick_softmax(int32_t isa);
 kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format);
+/* The ISA's own two-block V stage, or NULL (no fallback: the portable and
+ * AVX2 kernels take pages one by one). */
+kvp__vacc2_fn kvp__pick_vacc2(int32_t isa, int32_t format);
 
 /* Shared helpers for the kernels (portable code, used by every ISA). */
 /* int4 keys: the outlier channels' table of a block (docs/formats.md). */

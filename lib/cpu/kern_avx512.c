@@ -456,7 +456,7 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
 TGT_INLINE static void softmax_body(kvp__tile *t, int n, int32_t pos0, const int NH) {
     const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    __m512 x[R][2], cm[R], cm4;
+    __m512 x[R][4], cm[R], cm4;
     float cmax4[16] KVP__ALIGN64, cmax[R], m_new[R], e[16] KVP__ALIGN64;
     UNROLL for (int r = 0; r < R; r++) {
         if (t->soft_cap > 0.0f)
@@ -473,7 +473,8 @@ TGT_INLINE static void softmax_body(kvp__tile *t, int n, int32_t pos0, const int
                 x[r][j] = _mm512_mask_load_ps(ninf, ok, &t->logits[r][16 * j]);
             }
         }
-        cm[r] = NH > 1 ? _mm512_max_ps(x[r][0], x[r][1]) : x[r][0];
+        cm[r] = x[r][0];
+        UNROLL for (int j = 1; j < NH; j++) cm[r] = _mm512_max_ps(cm[r], x[r][j]);
     }
     REDUCE4(_mm512_max_ps, cm[0], cm[1], cm[2], cm[3], cm4);
     _mm512_store_ps(cmax4, cm4);
@@ -502,11 +503,13 @@ TGT_INLINE static void softmax_body(kvp__tile *t, int n, int32_t pos0, const int
             t->l[r] *= alpha;
         }
         __m512 mv = _mm512_set1_ps(m_new[r]);
-        __m512 p0 = exp512(_mm512_sub_ps(x[r][0], mv));
-        __m512 p1 = NH > 1 ? exp512(_mm512_sub_ps(x[r][1], mv)) : _mm512_setzero_ps();
-        _mm512_store_ps(&t->p[r][0], p0);
-        _mm512_store_ps(&t->p[r][16], p1);
-        _mm512_store_ps(t->lvec[r], _mm512_add_ps(lv, _mm512_add_ps(p0, p1)));
+        UNROLL for (int j = 0; j < NH; j++) {
+            __m512 pj = exp512(_mm512_sub_ps(x[r][j], mv));
+            _mm512_store_ps(&t->p[r][16 * j], pj);
+            lv = _mm512_add_ps(lv, pj);
+        }
+        if (NH == 1) _mm512_store_ps(&t->p[r][16], _mm512_setzero_ps());
+        _mm512_store_ps(t->lvec[r], lv);
         t->pmax[r] = e[R + r];
         t->m[r] = m_new[r];
     }
@@ -514,7 +517,8 @@ TGT_INLINE static void softmax_body(kvp__tile *t, int n, int32_t pos0, const int
 
 TGT static void softmax_avx512(kvp__tile *t, int n, int32_t pos0) {
     if (n <= 16) softmax_body(t, n, pos0, 1);
-    else softmax_body(t, n, pos0, 2);
+    else if (n <= 32) softmax_body(t, n, pos0, 2);
+    else softmax_body(t, n, pos0, 4); /* a pair of pages (vacc2) */
 }
 
 /* ---- V: plain formats, token-major --------------------------------------------------------------------- */
@@ -667,17 +671,22 @@ TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
  * the bound pmax_r·smax_g (p / pmax_r and scale·255/smax_g are formed once,
  * so a code costs one multiply), and mterm = Σ p·(min + 8·scale) with the
  * 4 rows' sums reduced together. */
-/* NH: 16-token halves the chunk has (1 at page 16 and below: the second
- * half's vector work is skipped, not done on zeros). */
-TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0,
-                                      int n, const int NH) {
+/* NH: 16-token halves each block's part of the chunk has (1 at page 16 and
+ * below: the second half's vector work is skipped, not done on zeros). NB:
+ * blocks (1, or 2 for a pair of full pages: p[r][P * b + i] is block b's
+ * token i, vb1 its second block, pf1 that block's prefetch distance). The
+ * two blocks share the probabilities' bound, the integer accumulators and
+ * the output update, which are per chunk, not per token. */
+TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const uint8_t *vb1, ptrdiff_t pf1,
+                                      const kvp__blockfmt *f, int t0, int n, const int NH, const int NB) {
     const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4;
-    const uint8_t *sc = vb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
-    const uint8_t *base = vb + (size_t)t0 * (size_t)D / 2;
+    const uint8_t *const blk[2] = {vb, vb1};
+    const ptrdiff_t pfd[2] = {t->pf_v, pf1};
     const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
     const __mmask16 mk[2] = {mask16(n4), mask16(n4 - 16)};
-    /* per group: scales and min + 8·scale as fp32, the largest scale */
-    float sv[KVP__ATTN_MAX_D / 32][KVP__CHUNK] KVP__ALIGN64, wv[KVP__ATTN_MAX_D / 32][KVP__CHUNK] KVP__ALIGN64;
+    /* per group: scales and min + 8·scale as fp32 (block b's half j at
+     * 32b + 16j), the largest scale */
+    float sv[KVP__ATTN_MAX_D / 32][2 * KVP__CHUNK] KVP__ALIGN64, wv[KVP__ATTN_MAX_D / 32][2 * KVP__CHUNK] KVP__ALIGN64;
     /* lane 0 of each: group g's largest scale and 255 / it (0 if 0) */
     float smax[KVP__ATTN_MAX_D / 32 + 3][4] KVP__ALIGN64, sinv[KVP__ATTN_MAX_D / 32 + 3][4] KVP__ALIGN64;
     for (int g0 = 0; g0 < G; g0 += 4) {
@@ -686,16 +695,19 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const kvp
             int g = g0 + k;
             mx[k] = _mm512_setzero_ps();
             if (g >= G) continue;
-            const uint8_t *sg = sc + 2 * ((size_t)g * (size_t)P + (size_t)t0);
-            const uint8_t *mg = mn + 2 * ((size_t)g * (size_t)P + (size_t)t0);
-            UNROLL for (int j = 0; j < NH; j++) {
-                __m512 sj = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk[j], sg + 32 * j));
-                _mm512_store_ps(&sv[g][16 * j], sj);
-                /* v = s*(c-8) + (m + 8s): see the codes below */
-                _mm512_store_ps(&wv[g][16 * j],
-                                _mm512_fmadd_ps(sj, _mm512_set1_ps(8.0f),
-                                                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk[j], mg + 32 * j))));
-                mx[k] = _mm512_max_ps(mx[k], sj); /* scales are >= 0 */
+            UNROLL for (int bb = 0; bb < NB; bb++) {
+                const uint8_t *sc = blk[bb] + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
+                const uint8_t *sg = sc + 2 * ((size_t)g * (size_t)P + (size_t)t0);
+                const uint8_t *mg = mn + 2 * ((size_t)g * (size_t)P + (size_t)t0);
+                UNROLL for (int j = 0; j < NH; j++) {
+                    __m512 sj = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk[j], sg + 32 * j));
+                    _mm512_store_ps(&sv[g][32 * bb + 16 * j], sj);
+                    /* v = s*(c-8) + (m + 8s): see the codes below */
+                    _mm512_store_ps(&wv[g][32 * bb + 16 * j],
+                                    _mm512_fmadd_ps(sj, _mm512_set1_ps(8.0f),
+                                                    _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk[j], mg + 32 * j))));
+                    mx[k] = _mm512_max_ps(mx[k], sj); /* scales are >= 0 */
+                }
             }
         }
         __m512 m4;
@@ -704,31 +716,32 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const kvp
         _mm512_store_ps(&sinv[g0][0], div_or_zero(255.0f, m4));
     }
     /* rows: p / pmax (lane 4r of pmax4 / pinv: row r's) */
-    __m512 pr[R][2];
+    __m512 pr[R][4];
     const __m512 pmax4 = rows_to_lanes(t->pmax);
     float pinv[16] KVP__ALIGN64;
     _mm512_store_ps(pinv, div_or_zero(1.0f, pmax4));
     UNROLL for (int r = 0; r < R; r++) {
         __m512 inv = _mm512_set1_ps(pinv[4 * r]);
-        UNROLL for (int j = 0; j < NH; j++) pr[r][j] = _mm512_mul_ps(_mm512_maskz_load_ps(mk[j], &t->p[r][16 * j]), inv);
+        UNROLL for (int bb = 0; bb < NB; bb++) UNROLL for (int j = 0; j < NH; j++)
+            pr[r][2 * bb + j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[j], &t->p[r][P * bb + 16 * j]), inv);
     }
     for (int g = 0; g < G; g++) {
         int w = D - 32 * g < 32 ? D - 32 * g : 32, half = w / 2;
         __m512 sn = _mm512_set1_ps(sinv[g][0]);
-        __m512 sq[2], wq[2];
-        UNROLL for (int j = 0; j < NH; j++) {
-            sq[j] = _mm512_mul_ps(_mm512_load_ps(&sv[g][16 * j]), sn);
-            wq[j] = _mm512_load_ps(&wv[g][16 * j]);
+        __m512 sq[4], wq[4];
+        UNROLL for (int bb = 0; bb < NB; bb++) UNROLL for (int j = 0; j < NH; j++) {
+            sq[2 * bb + j] = _mm512_mul_ps(_mm512_load_ps(&sv[g][32 * bb + 16 * j]), sn);
+            wq[2 * bb + j] = _mm512_load_ps(&wv[g][32 * bb + 16 * j]);
         }
-        uint32_t pq[R][KVP__CHUNK / 4] KVP__ALIGN64;
+        uint32_t pq[R][2 * KVP__CHUNK / 4] KVP__ALIGN64; /* block b's quad i at 8b + i */
         __m512 mt[R], mt4;
         UNROLL for (int r = 0; r < R; r++) {
-            /* p/pmax * s*255/smax <= 255 (saturating in case exp rounds p above pmax) */
             mt[r] = _mm512_mul_ps(pr[r][0], wq[0]);
-            UNROLL for (int j = 0; j < NH; j++) {
-                __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(pr[r][j], sq[j]));
-                _mm_store_si128((__m128i *)(void *)&pq[r][4 * j], PACK_U8S(c));
-                if (j > 0) mt[r] = _mm512_fmadd_ps(pr[r][j], wq[j], mt[r]);
+            UNROLL for (int bb = 0; bb < NB; bb++) UNROLL for (int j = 0; j < NH; j++) {
+                /* p/pmax * s*255/smax <= 255 (saturating in case exp rounds p above pmax) */
+                __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(pr[r][2 * bb + j], sq[2 * bb + j]));
+                _mm_store_si128((__m128i *)(void *)&pq[r][8 * bb + 4 * j], PACK_U8S(c));
+                if (bb + j > 0) mt[r] = _mm512_fmadd_ps(pr[r][2 * bb + j], wq[2 * bb + j], mt[r]);
             }
         }
         REDUCE4(_mm512_add_ps, mt[0], mt[1], mt[2], mt[3], mt4);
@@ -738,21 +751,26 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const kvp
         const __mmask64 m = half == 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * half)) - 1);
 #define V4_DECL(r) __m512i lo_##r = _mm512_setzero_si512(), hi_##r = lo_##r;
         R4(V4_DECL)
-        for (int tg = 0; tg < n4 / 4; tg++) {
-            PF_AHEAD_BY(base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64, t->pf_v, 1);
-            __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64);
-            /* codes centred on 0 (c - 8): the rounding error of the u8
-             * probabilities then does not add up coherently over tokens, as
-             * it would with codes averaging 7.5 */
-            __m512i vlo = _mm512_sub_epi8(_mm512_and_si512(b, low), eight);
-            __m512i vhi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(b, 4), low), eight);
+        UNROLL for (int bb = 0; bb < NB; bb++) {
+            const uint8_t *base = blk[bb] + (size_t)t0 * (size_t)D / 2;
+            const ptrdiff_t pf = pfd[bb];
+            const uint32_t *pqb = &pq[0][8 * bb];
+            for (int tg = 0; tg < n4 / 4; tg++) {
+                PF_AHEAD_BY(base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64, pf, 1);
+                __m512i b = _mm512_maskz_loadu_epi8(m, base + (size_t)tg * 2 * (size_t)D + (size_t)g * 64);
+                /* codes centred on 0 (c - 8): the rounding error of the u8
+                 * probabilities then does not add up coherently over tokens, as
+                 * it would with codes averaging 7.5 */
+                __m512i vlo = _mm512_sub_epi8(_mm512_and_si512(b, low), eight);
+                __m512i vhi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(b, 4), low), eight);
 #define V4_STEP(r)                                                                                 \
     {                                                                                              \
-        __m512i pb = _mm512_set1_epi32((int)pq[r][tg]);                                            \
+        __m512i pb = _mm512_set1_epi32((int)pqb[(r) * (2 * KVP__CHUNK / 4) + tg]);                 \
         DPBUSD(lo_##r, pb, vlo);                                                                   \
         DPBUSD(hi_##r, pb, vhi);                                                                   \
     }
-            R4(V4_STEP)
+                R4(V4_STEP)
+            }
         }
         const __mmask16 mh = mask16(half);
 #define V4_OUT(r)                                                                                  \
@@ -778,8 +796,15 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const kvp
 }
 
 TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
-    if (n / 4 * 4 <= 16) vacc_int4_body(t, vb, f, t0, n, 1);
-    else vacc_int4_body(t, vb, f, t0, n, 2);
+    if (n / 4 * 4 <= 16) vacc_int4_body(t, vb, NULL, 0, f, t0, n, 1, 1);
+    else vacc_int4_body(t, vb, NULL, 0, f, t0, n, 2, 1);
+}
+
+/* Two full pages (P = 32, or 16: NH halves per block). */
+TGT static void vacc2_int4(kvp__tile *t, const uint8_t *vb0, const uint8_t *vb1, ptrdiff_t pf1,
+                           const kvp__blockfmt *f) {
+    if (f->page_size <= 16) vacc_int4_body(t, vb0, vb1, pf1, f, 0, f->page_size, 1, 2);
+    else vacc_int4_body(t, vb0, vb1, pf1, f, 0, f->page_size, 2, 2);
 }
 
 /* One copy of each plain-format stage per format, so loads are branch-free. */
@@ -812,8 +837,9 @@ const kvp__kernels kvp__kernels_avx512 = {
      {klogits_int4, klogits_int4}},
     softmax_avx512,
     {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},
+    {NULL, NULL, NULL, NULL, NULL, vacc2_int4},
 };
 
 #else
-const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}};
+const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}, {0}};
 #endif

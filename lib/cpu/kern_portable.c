@@ -79,6 +79,7 @@ const kvp__kernels kvp__kernels_portable = {
      {klogits_portable, klogits_portable}},
     softmax_portable,
     {vacc_portable, vacc_portable, vacc_portable, vacc_portable, vacc_portable, vacc_portable},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };
 
 /* ---- helpers shared by the SIMD paths ----------------------------------------------------- */
@@ -185,4 +186,9 @@ kvp__softmax_fn kvp__pick_softmax(int32_t isa) {
 kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format) {
     kvp__vacc_fn f = table_of(isa)->vacc[format];
     return f != NULL ? f : kvp__kernels_portable.vacc[format];
+}
+
+kvp__vacc2_fn kvp__pick_vacc2(int32_t isa, int32_t format) {
+    /* the ISA's own only: its softmax takes the pair's 2 * P tokens */
+    return table_of(isa)->vacc[format] != NULL ? table_of(isa)->vacc2[format] : NULL;
 }
