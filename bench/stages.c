@@ -7,7 +7,9 @@
  *
  * Stages (lib/cpu/cpu.h): prep (the query folded with a page's key scales,
  * integer keys), keys (logits), softmax, values (o += p.v); "all" runs the
- * four in order as attention does. Keys follow the benchmark distribution
+ * four in order as attention does; "pairs" runs them over two full pages as
+ * one chunk, as attention does where the ISA has a two-block values stage
+ * for the format (AVX-512 int4 at page 16 and 32), per page. Keys follow the benchmark distribution
  * (bench/kvdist.h: outlier channels, offsets), values and queries N(0,1).
  */
 #include "bench.h"
@@ -33,14 +35,15 @@ typedef struct {
     float o[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;
 } stage_state;
 
-enum { S_PREP, S_KEYS, S_SOFTMAX, S_VALUES, S_ALL, S_COUNT };
-static const char *const stage_names[S_COUNT] = {"prep", "keys", "softmax", "values", "all"};
+enum { S_PREP, S_KEYS, S_SOFTMAX, S_VALUES, S_ALL, S_PAIRS, S_COUNT };
+static const char *const stage_names[S_COUNT] = {"prep", "keys", "softmax", "values", "all", "pairs"};
 
 typedef struct {
     kvp__kprep_fn prep;
     kvp__klogits_fn keys;
     kvp__softmax_fn softmax;
     kvp__vacc_fn values;
+    kvp__vacc2_fn values2; /* NULL: no pairs */
     kvp__blockfmt kf, vf;
     const uint8_t *k, *v;
     size_t kstride, vstride;
@@ -51,6 +54,22 @@ typedef struct {
 static double run_stage(const stage_set_t *ss, stage_state *st, int s, int iters) {
     kvp__tile *t = &st->tile;
     double t0 = bench_now();
+    if (s == S_PAIRS) { /* as lib/cpu/attn.c run_pair: the second page's keys first */
+        const int P = ss->P;
+        for (int it = 0; it + 1 < iters; it += 2) {
+            int p = it % PAGES;
+            const uint8_t *kb[2] = {ss->k + (size_t)p * ss->kstride, ss->k + (size_t)(p + 1) * ss->kstride};
+            for (int k = 1; k >= 0; k--) {
+                if (ss->prep != NULL) ss->prep(t, kb[k], &ss->kf);
+                ss->keys(t, kb[k], &ss->kf, 0, P);
+                if (k == 1)
+                    for (int r = 0; r < KVP__TILE_ROWS; r++) memcpy(&t->logits[r][P], &t->logits[r][0], (size_t)P * 4);
+            }
+            ss->softmax(t, 2 * P, it * P);
+            ss->values2(t, ss->v + (size_t)p * ss->vstride, ss->v + (size_t)(p + 1) * ss->vstride, 0, &ss->vf);
+        }
+        return bench_now() - t0;
+    }
     for (int it = 0; it < iters; it++) {
         int p = it % PAGES, n = ss->P < KVP__CHUNK ? ss->P : KVP__CHUNK;
         const uint8_t *kb = ss->k + (size_t)p * ss->kstride, *vb = ss->v + (size_t)p * ss->vstride;
@@ -108,6 +127,7 @@ int bench_stages(int argc, char **argv) {
     ss.keys = kvp__pick_klogits(isa, f, kvp__blockfmt_dim_major(&ss.kf));
     ss.softmax = kvp__pick_softmax(isa);
     ss.values = kvp__pick_vacc(isa, f);
+    if (P == 16 || P == 32) ss.values2 = kvp__pick_vacc2(isa, f);
 
     /* sizes rounded to the alignment, as aligned_alloc asks */
     uint8_t *k = aligned_alloc(64, (ss.kstride * PAGES + 63) & ~(size_t)63);
@@ -144,6 +164,7 @@ int bench_stages(int argc, char **argv) {
     for (int s = 0; s < S_COUNT; s++) best[s] = 1e30;
     for (int rep = 0; rep < reps; rep++) /* stages interleaved: the same machine state for each */
         for (int s = 0; s < S_COUNT; s++) {
+            if (s == S_PAIRS && ss.values2 == NULL) continue;
             double dt = run_stage(&ss, st, s, iters);
             if (dt < best[s]) best[s] = dt;
         }
@@ -152,16 +173,19 @@ int bench_stages(int argc, char **argv) {
            "in-cache pages (best of %d passes of %d steps)\n",
            stage_formats[fmt].name, kvp_isa_name(isa), P, D, PAGES, reps, iters);
     printf("%-8s %14s\n", "stage", "ns per step");
-    for (int s = 0; s < S_COUNT; s++) printf("%-8s %14.1f\n", stage_names[s], best[s] / iters * 1e9);
+    for (int s = 0; s < S_COUNT; s++)
+        if (s != S_PAIRS || ss.values2 != NULL) printf("%-8s %14.1f\n", stage_names[s], best[s] / iters * 1e9);
     double ns_all = best[S_ALL] / iters * 1e9;
+    char pairs[32] = "null";
+    if (ss.values2 != NULL) snprintf(pairs, sizeof pairs, "%.1f", best[S_PAIRS] / iters * 1e9);
     printf("one step = one page of one kv head (%.0f bytes of K and V): %.1f GB/s per core in cache\n",
            bytes, bytes / ns_all);
     printf("{\"bench\": \"stages\", \"format\": \"%s\", \"isa\": \"%s\", \"page\": %d, \"head_dim\": %d, "
            "\"prep_ns\": %.1f, \"keys_ns\": %.1f, \"softmax_ns\": %.1f, \"values_ns\": %.1f, "
-           "\"all_ns\": %.1f, \"gbps_per_core\": %.2f}\n",
+           "\"all_ns\": %.1f, \"gbps_per_core\": %.2f, \"pairs_ns\": %s}\n",
            stage_formats[fmt].name, kvp_isa_name(isa), P, D, best[S_PREP] / iters * 1e9,
            best[S_KEYS] / iters * 1e9, best[S_SOFTMAX] / iters * 1e9, best[S_VALUES] / iters * 1e9,
-           ns_all, bytes / ns_all);
+           ns_all, bytes / ns_all, pairs);
     rc = 0;
 out:
     if (rc != 0) fprintf(stderr, "kvpage-bench stages: out of memory\n");

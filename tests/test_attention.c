@@ -508,13 +508,14 @@ static void test_isa_and_thread_agreement(void **state) {
     }
 }
 
-/* int4 values at page 16 and 32: the AVX-512 kernels run two full pages as
- * one chunk (lib/cpu/attn.c run_pair), the other paths page by page. The
+/* int8 and int4 values at page 16 and 32: the AVX-512 kernels run two full
+ * pages as one chunk (lib/cpu/attn.c run_pair), the other paths page by
+ * page. The
  * two must agree under every mask and option: windows whose edge falls
  * inside a pair, causal off, soft cap, several query tokens (tiles per
  * head), an odd count of full pages before a partial one, and split
- * sequences (3 threads); and the pair path must meet the int4 bound. */
-static void test_int4_page_pairs(void **state) {
+ * sequences (3 threads); and the pair path must meet the format's bound. */
+static void test_page_pairs(void **state) {
     (void)state;
     if (!kvp_isa_supported(KVP_ISA_AVX512)) skip();
     int32_t kv_len[] = {300, 1, 96, 1123};
@@ -523,12 +524,15 @@ static void test_int4_page_pairs(void **state) {
         {1, -1, KVP_FORMAT_FP32, 0.0f}, {1, 40, KVP_FORMAT_FP32, 0.0f}, {0, -1, KVP_FORMAT_FP32, 0.0f},
         {1, -1, KVP_FORMAT_FP32, 4.0f}, {0, 70, KVP_FORMAT_FP32, 3.0f},
     };
-    static const int32_t kfmts[] = {KVP_FORMAT_INT4, KVP_FORMAT_FP16};
+    static const int32_t vfmts[] = {KVP_FORMAT_INT4, KVP_FORMAT_INT8};
+    static const double agree[] = {0.03, 3e-3}; /* as test_isa_and_thread_agreement */
     static const int32_t pages[] = {16, 32};
+    for (size_t vf = 0; vf < 2; vf++)
     for (size_t pi = 0; pi < 2; pi++)
         for (size_t kf = 0; kf < 2; kf++) {
-            batch_spec s = {2, 8, 128, pages[pi], kfmts[kf], KVP_FORMAT_INT4, KVP_K_ORDER_DIM_MAJOR, 4,
-                            kv_len, q_len, 500 + 2 * pi + kf};
+            int32_t kfmt = kf == 0 ? vfmts[vf] : KVP_FORMAT_FP16;
+            batch_spec s = {2, 8, 128, pages[pi], kfmt, vfmts[vf], KVP_K_ORDER_DIM_MAJOR, 4,
+                            kv_len, q_len, 500 + 4 * vf + 2 * pi + kf};
             batch bt;
             batch_build(&bt, &s);
             size_t n = (size_t)bt.rows * 8 * 128;
@@ -547,16 +551,17 @@ static void test_int4_page_pairs(void **state) {
                     run_attention(c, &bt, &opts[i], other, NULL);
                     kvp_ctx_destroy(c);
                     double e = kvd_rel_l2(other, as_ref, n);
-                    if (!(e <= 0.03))
-                        print_error("page %d %s keys, option set %zu, threads %d: %g\n", (int)pages[pi],
-                                    kvp_format_name(kfmts[kf]), i, (int)threads, e);
-                    assert_true(e <= 0.03);
+                    if (!(e <= agree[vf]))
+                        print_error("page %d %s keys %s values, option set %zu, threads %d: %g\n",
+                                    (int)pages[pi], kvp_format_name(kfmt), kvp_format_name(vfmts[vf]), i,
+                                    (int)threads, e);
+                    assert_true(e <= agree[vf]);
                 }
             }
             kvp_ctx_t *c = make_ctx(KVP_ISA_AVX512, 2);
             double e = batch_error(&bt, c, &plain_opts);
             kvp_ctx_destroy(c);
-            assert_true(e < bound_of(KVP_FORMAT_INT4));
+            assert_true(e < bound_of(vfmts[vf]));
             free(base);
             free(other);
             free(as_ref);
@@ -779,7 +784,7 @@ int main(void) {
         cmocka_unit_test(test_masks_and_options),
         cmocka_unit_test(test_lse),
         cmocka_unit_test(test_isa_and_thread_agreement),
-        cmocka_unit_test(test_int4_page_pairs),
+        cmocka_unit_test(test_page_pairs),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_unsupported_head_dim),
         cmocka_unit_test(test_ctx_params),

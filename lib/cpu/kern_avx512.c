@@ -577,18 +577,27 @@ TGT_INLINE static __m512 rows_to_lanes(const float *v) {
 }
 
 typedef struct {
-    uint32_t hi[R][KVP__CHUNK / 4 + 4], lo[R][KVP__CHUNK / 4 + 4];
+    uint32_t hi[R][2 * KVP__CHUNK / 4 + 4], lo[R][2 * KVP__CHUNK / 4 + 4];
     float step[R];
 } probs16;
 
+/* The token groups of a chunk: `groups` of base (block 0), then as many of
+ * base1 (block 1 of a pair; NULL if none), with their prefetch distances. */
+typedef struct {
+    const uint8_t *base[2];
+    ptrdiff_t pf[2];
+    int groups;
+} v8_blocks;
+
 /* int8 values: o[:, d0 .. d0+32) (VNNI over token groups, 16-bit p). */
-TGT static void vacc_i8_chunk2(kvp__tile *t, const uint8_t *base, int d0, int groups, const probs16 *pq) {
-    const int D = t->D;
+TGT static void vacc_i8_chunk2(kvp__tile *t, const v8_blocks *vbk, int d0, const probs16 *pq) {
+    const int D = t->D, groups = vbk->groups, nb = vbk->base[1] != NULL ? 2 : 1;
 #define V8_DECL(r) __m512i h0_##r = _mm512_setzero_si512(), h1_##r = h0_##r, l0_##r = h0_##r, l1_##r = h0_##r;
     R4(V8_DECL)
-    for (int g = 0; g < groups; g++) {
-        const uint8_t *p = base + (size_t)g * 4 * (size_t)D + (size_t)d0 * 4;
-        PF_AHEAD_BY(p, t->pf_v, 2);
+    for (int g = 0; g < nb * groups; g++) {
+        const int bk = g >= groups;
+        const uint8_t *p = vbk->base[bk] + (size_t)(g - bk * groups) * 4 * (size_t)D + (size_t)d0 * 4;
+        PF_AHEAD_BY(p, vbk->pf[bk], 2);
         __m512i v0 = _mm512_loadu_si512((const void *)p), v1 = _mm512_loadu_si512((const void *)(p + 64));
 #define V8_STEP(r)                                                                                 \
     {                                                                                              \
@@ -613,12 +622,14 @@ TGT static void vacc_i8_chunk2(kvp__tile *t, const uint8_t *base, int d0, int gr
 }
 
 /* int8 values: o[:, d0 .. d0+16). */
-TGT static void vacc_i8_chunk1(kvp__tile *t, const uint8_t *base, int d0, int groups, const probs16 *pq) {
-    const int D = t->D;
+TGT static void vacc_i8_chunk1(kvp__tile *t, const v8_blocks *vbk, int d0, const probs16 *pq) {
+    const int D = t->D, groups = vbk->groups, nb = vbk->base[1] != NULL ? 2 : 1;
 #define V8S_DECL(r) __m512i h0_##r = _mm512_setzero_si512(), l0_##r = h0_##r;
     R4(V8S_DECL)
-    for (int g = 0; g < groups; g++) {
-        __m512i v0 = _mm512_loadu_si512((const void *)(base + (size_t)g * 4 * (size_t)D + (size_t)d0 * 4));
+    for (int g = 0; g < nb * groups; g++) {
+        const int bk = g >= groups;
+        __m512i v0 = _mm512_loadu_si512(
+            (const void *)(vbk->base[bk] + (size_t)(g - bk * groups) * 4 * (size_t)D + (size_t)d0 * 4));
 #define V8S_STEP(r)                                                                                \
     DPBUSD(h0_##r, _mm512_set1_epi32((int)pq->hi[r][g]), v0);                                      \
     DPBUSD(l0_##r, _mm512_set1_epi32((int)pq->lo[r][g]), v0);
@@ -632,14 +643,23 @@ TGT static void vacc_i8_chunk1(kvp__tile *t, const uint8_t *base, int d0, int gr
     R4(V8S_OUT)
 }
 
-/* int8 values: token groups [D][4] (s8), one fp16 scale per token. */
-TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
-    const int D = t->D, n4 = n / 4 * 4;
-    const __mmask16 mk0 = mask16(n4), mk1 = mask16(n4 - 16);
-    const uint8_t *sc = vb + kvp__block_data_bytes(f) + 2 * (size_t)t0;
-    __m512 s0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk0, sc));
-    __m512 s1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk1, sc + 32));
-    float smax = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)); /* scales are >= 0 */
+/* int8 values: token groups [D][4] (s8), one fp16 scale per token. NB:
+ * blocks (2: a pair of full pages, p[r][P*b + i] block b's token i, as
+ * vacc_int4_body); NH: 16-token halves per block. */
+TGT_INLINE static void vacc_int8_body(kvp__tile *t, const uint8_t *vb, const uint8_t *vb1, ptrdiff_t pf1,
+                                      const kvp__blockfmt *f, int t0, int n, const int NB) {
+    const int D = t->D, P = f->page_size, n4 = n / 4 * 4;
+    const __mmask16 mk[2] = {mask16(n4), mask16(n4 - 16)};
+    const uint8_t *const blk[2] = {vb, vb1};
+    __m512 sc[2][2], mx = _mm512_setzero_ps();
+    UNROLL for (int bb = 0; bb < NB; bb++) {
+        const uint8_t *sp = blk[bb] + kvp__block_data_bytes(f) + 2 * (size_t)t0;
+        UNROLL for (int j = 0; j < 2; j++) {
+            sc[bb][j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk[j], sp + 32 * j));
+            mx = _mm512_max_ps(mx, sc[bb][j]); /* scales are >= 0 */
+        }
+    }
+    float smax = _mm512_reduce_max_ps(mx);
     /* Probabilities get 16 bits, as two u8 halves (p' ~= step * (256*hi +
      * lo)), against the bound top = pmax * smax: 8 bits would add ~0.4% to
      * the output error, as much as the values' own quantization. */
@@ -650,19 +670,31 @@ TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
     probs16 pq KVP__ALIGN64;
     UNROLL for (int r = 0; r < R; r++) {
         __m512 vinv = _mm512_set1_ps(inv[4 * r]);
-        for (int j = 0; j < 2; j++) {
-            __m512 pv = _mm512_mul_ps(_mm512_maskz_load_ps(j ? mk1 : mk0, &t->p[r][16 * j]), j ? s1 : s0);
+        UNROLL for (int bb = 0; bb < NB; bb++) for (int j = 0; j < (n4 > 16 ? 2 : 1); j++) {
+            /* block b's quads at n4/4 * b: the chunk loops' group order */
+            int at = bb * (n4 / 4) + 4 * j;
+            __m512 pv = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk[j], &t->p[r][P * bb + 16 * j]), sc[bb][j]);
             __m512i x = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(pv, vinv)), _mm512_set1_epi32(65535));
-            _mm_storeu_si128((__m128i *)(void *)&pq.hi[r][4 * j], PACK_S8(_mm512_srli_epi32(x, 8)));
-            _mm_storeu_si128((__m128i *)(void *)&pq.lo[r][4 * j], PACK_S8(_mm512_and_si512(x, _mm512_set1_epi32(255))));
+            _mm_storeu_si128((__m128i *)(void *)&pq.hi[r][at], PACK_S8(_mm512_srli_epi32(x, 8)));
+            _mm_storeu_si128((__m128i *)(void *)&pq.lo[r][at], PACK_S8(_mm512_and_si512(x, _mm512_set1_epi32(255))));
         }
         pq.step[r] = step[4 * r];
     }
-    const uint8_t *base = vb + (size_t)t0 * (size_t)D;
+    v8_blocks vbk = {{vb + (size_t)t0 * (size_t)D, NB > 1 ? vb1 : NULL}, {t->pf_v, pf1}, n4 / 4};
     int d0 = 0;
-    for (; d0 + 32 <= D; d0 += 32) vacc_i8_chunk2(t, base, d0, n4 / 4, &pq);
-    for (; d0 < D; d0 += 16) vacc_i8_chunk1(t, base, d0, n4 / 4, &pq);
+    for (; d0 + 32 <= D; d0 += 32) vacc_i8_chunk2(t, &vbk, d0, &pq);
+    for (; d0 < D; d0 += 16) vacc_i8_chunk1(t, &vbk, d0, &pq);
     if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+}
+
+TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+    vacc_int8_body(t, vb, NULL, 0, f, t0, n, 1);
+}
+
+/* Two full pages (P = 16 or 32). */
+TGT static void vacc2_int8(kvp__tile *t, const uint8_t *vb0, const uint8_t *vb1, ptrdiff_t pf1,
+                           const kvp__blockfmt *f) {
+    vacc_int8_body(t, vb0, vb1, pf1, f, 0, f->page_size, 2);
 }
 
 /* int4 values: token groups of [D/2][4] bytes; in each 32-channel scale
@@ -837,7 +869,7 @@ const kvp__kernels kvp__kernels_avx512 = {
      {klogits_int4, klogits_int4}},
     softmax_avx512,
     {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},
-    {NULL, NULL, NULL, NULL, NULL, vacc2_int4},
+    {NULL, NULL, NULL, NULL, vacc2_int8, vacc2_int4},
 };
 
 #else
