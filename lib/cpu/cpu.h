@@ -45,7 +45,14 @@ typedef struct {
     float qstep[KVP__TILE_ROWS];  /* integer q's step: q' ~= qstep * x (x = 128*qh + ql, or
                                      the 8-bit qh, or q16) */
     float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
-    float k4a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32]; /* int4 keys' outliers: q * oscale (SIMD paths) */
+    float k4a[KVP__TILE_ROWS][KVP__ATTN_MAX_D / 32] KVP__ALIGN64; /* int4 keys' outliers: q * oscale
+                                                                     (SIMD paths) */
+    /* AVX-512 int4 prep: the outlier channels' q (k4q[r][j] = q[r][idx_j], 0
+     * past the count) for the channel list k4idx, kept while pages repeat
+     * it (k4valid: 0 after the tile's q is set) */
+    float k4q[KVP__TILE_ROWS][KVP__ATTN_MAX_D / 32] KVP__ALIGN64;
+    uint16_t k4idx[KVP__ATTN_MAX_D / 32];
+    int32_t k4valid;
     float lvec[KVP__TILE_ROWS][16] KVP__ALIGN64; /* SIMD paths: l = l + sum(lvec), reduced at the end */
     float m[KVP__TILE_ROWS], l[KVP__TILE_ROWS];
     float pmax[KVP__TILE_ROWS];   /* largest p of the current chunk (exp(chunk max - m)) */
@@ -116,7 +123,8 @@ static inline kvp__k4_outl kvp__k4_outliers_of(const uint8_t *kb, const kvp__blo
 
 /* Once per page, after the prep set qconst: t->k4a = the fold's a, and its
  * constant added to qconst (for kernels that add only a . code per token).
- * F16C code in kern_avx2.c, called by the AVX2 and AVX-512 preps. */
+ * F16C code in kern_avx2.c, called by the AVX2 prep (AVX-512 has its own,
+ * k4_outlier_fold, which keeps the gathered q while the channels repeat). */
 void kvp__k4_outlier_prep(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f);
 /* Scalar: logits[r][i] += sum_j a[r][j] * code_j(t0+i) + cst[r], i < n. */
 void kvp__k4_outlier_logits(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0,
