@@ -55,7 +55,10 @@ typedef struct {
     int64_t *part_off;   /* [B] float offset of the sequence's partials, or -1 */
     float *partials;
     atomic_int next_item;
-    atomic_int next_merge;
+    /* [items] splits finished, counted at each unit's split-0 item (only
+     * when some sequence is split): the last split to finish merges the
+     * unit, so no second pass over the threads waits for the slowest. */
+    atomic_int *split_done;
 } attn_job;
 
 /* ---- sequence geometry ------------------------------------------------------------ */
@@ -127,7 +130,7 @@ static int plan_schedule(attn_job *j) {
     j->part_off = (int64_t *)(void *)w;
     w += align_up((size_t)B * 8);
     j->partials = (float *)(void *)w;
-    uint64_t free_floats = (c->workspace_bytes - need) / sizeof(float);
+    uint64_t free_bytes = c->workspace_bytes - need;
 
     int64_t base_items = 0;
     for (int32_t b = 0; b < B; b++) base_items += shape_of(j, b).units;
@@ -137,8 +140,10 @@ static int plan_schedule(attn_job *j) {
                          : 1;
     int32_t min_pages = (MIN_SPLIT_TOKENS + j->P - 1) / j->P;
     size_t part_floats = (size_t)KVP__ITEM_ROWS * (size_t)(j->D + 2);
+    uint64_t used = 0; /* partials' floats */
     for (int pass = 0; pass < 2; pass++) {
-        uint64_t used = 0;
+        used = 0;
+        uint64_t items_total = 0;
         for (int32_t b = 0; b < B; b++) {
             int32_t pages = seq_pages(j, b), s = factor;
             int32_t most = (pages + min_pages - 1) / min_pages;
@@ -153,8 +158,11 @@ static int plan_schedule(attn_job *j) {
                 j->part_off[b] = (int64_t)used;
                 used += (uint64_t)shape_of(j, b).units * (uint64_t)s * part_floats;
             }
+            items_total += (uint64_t)shape_of(j, b).units * (uint64_t)s;
         }
-        if (used <= free_floats) break;
+        /* partials, then one split counter per item (split_done) */
+        if (used == 0 || align_up((size_t)(used * sizeof(float))) + items_total * sizeof(atomic_int) <= free_bytes)
+            break;
         factor = 1; /* not enough workspace for partials: no splits */
     }
     int32_t items = 0;
@@ -163,6 +171,9 @@ static int plan_schedule(attn_job *j) {
         items += shape_of(j, b).units * j->splits[b];
     }
     j->item_start[B] = items;
+    j->split_done = (atomic_int *)(void *)(c->workspace + need + align_up((size_t)(used * sizeof(float))));
+    if (used > 0)
+        for (int32_t i = 0; i < items; i++) atomic_init(&j->split_done[i], 0);
     return KVP_OK;
 }
 
@@ -396,6 +407,8 @@ typedef struct {
     float tmp[KVP__ATTN_MAX_D] KVP__ALIGN64;
 } thread_scratch;
 
+static void merge_rows(const attn_job *j, const item_id *id, float *tmp, float *acc);
+
 static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
     item_id id = decode_item(j, item);
     int ntiles = setup_tiles(j, &id, ts->tiles, &ts->o[0][0]);
@@ -473,6 +486,12 @@ static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
 #undef STEP_HEAD
 #undef STEP_AT
     finish_item(j, &id, ts->tiles, ntiles, ts->tmp);
+    /* the unit's last split to finish merges it (acquire: the other
+     * splits' partials, released by their own increments, are visible) */
+    if (j->splits[id.b] > 1 &&
+        atomic_fetch_add_explicit(&j->split_done[item - id.split], 1, memory_order_acq_rel) ==
+            j->splits[id.b] - 1)
+        merge_rows(j, &id, ts->tmp, &ts->o[0][0]);
 }
 
 static void merge_rows(const attn_job *j, const item_id *id, float *tmp, float *acc) {
@@ -509,20 +528,6 @@ static void attn_worker(void *arg, int32_t thread) {
     }
 }
 
-static void merge_worker(void *arg, int32_t thread) {
-    attn_job *j = (attn_job *)arg;
-    thread_scratch *ts =
-        (thread_scratch *)(void *)(j->ctx->scratch + (size_t)thread * j->ctx->scratch_stride);
-    int32_t total = j->item_start[j->batch];
-    for (;;) {
-        int32_t item = atomic_fetch_add_explicit(&j->next_merge, 1, memory_order_relaxed);
-        if (item >= total) break;
-        item_id id = decode_item(j, item);
-        if (id.split != 0 || j->splits[id.b] == 1) continue; /* one merge per unit */
-        merge_rows(j, &id, ts->tmp, &ts->o[0][0]);
-    }
-}
-
 static void set_sizes(stage_set *st) {
     st->kdata = kvp__block_data_bytes(st->kf);
     st->kused = kvp__block_used_bytes(st->kf);
@@ -556,11 +561,7 @@ static int run_job(attn_job *j) {
     int rc = plan_schedule(j);
     if (rc != KVP_OK) return rc;
     atomic_init(&j->next_item, 0);
-    atomic_init(&j->next_merge, 0);
     kvp__pool_run(j->ctx->pool, attn_worker, j);
-    bool any_split = false;
-    for (int32_t b = 0; b < j->batch && !any_split; b++) any_split = j->splits[b] > 1;
-    if (any_split) kvp__pool_run(j->ctx->pool, merge_worker, j);
     return KVP_OK;
 }
 
