@@ -508,16 +508,16 @@ static void test_isa_and_thread_agreement(void **state) {
     }
 }
 
-/* int8 and int4 values at page 16 and 32: the AVX-512 kernels run two full
- * pages as one chunk (lib/cpu/attn.c run_pair), the other paths page by
- * page. The
+/* int8 and int4 values at page 16 and 32: the AVX2 and AVX-512 kernels run
+ * two full pages as one chunk (lib/cpu/attn.c run_pair), the portable path
+ * page by page. The
  * two must agree under every mask and option: windows whose edge falls
  * inside a pair, causal off, soft cap, several query tokens (tiles per
  * head), an odd count of full pages before a partial one, and split
  * sequences (3 threads); and the pair path must meet the format's bound. */
 static void test_page_pairs(void **state) {
     (void)state;
-    if (!kvp_isa_supported(KVP_ISA_AVX512)) skip();
+    if (!kvp_isa_supported(KVP_ISA_AVX2)) skip();
     int32_t kv_len[] = {300, 1, 96, 1123};
     int32_t q_len[] = {3, 1, 2, 1};
     static const attn_opts opts[] = {
@@ -546,22 +546,27 @@ static void test_page_pairs(void **state) {
                 run_attention(c, &bt, &opts[i], base, NULL);
                 kvp_ctx_destroy(c);
                 for (size_t k = 0; k < n; k++) as_ref[k] = base[k];
-                for (int32_t threads = 1; threads <= 3; threads += 2) {
-                    c = make_ctx(KVP_ISA_AVX512, threads);
-                    run_attention(c, &bt, &opts[i], other, NULL);
-                    kvp_ctx_destroy(c);
-                    double e = kvd_rel_l2(other, as_ref, n);
-                    if (!(e <= agree[vf]))
-                        print_error("page %d %s keys %s values, option set %zu, threads %d: %g\n",
-                                    (int)pages[pi], kvp_format_name(kfmt), kvp_format_name(vfmts[vf]), i,
-                                    (int)threads, e);
-                    assert_true(e <= agree[vf]);
-                }
+                for (int32_t isa = KVP_ISA_AVX2; isa <= KVP_ISA_AVX512; isa++)
+                    for (int32_t threads = 1; threads <= 3; threads += 2) {
+                        if (!kvp_isa_supported(isa)) continue;
+                        c = make_ctx(isa, threads);
+                        run_attention(c, &bt, &opts[i], other, NULL);
+                        kvp_ctx_destroy(c);
+                        double e = kvd_rel_l2(other, as_ref, n);
+                        if (!(e <= agree[vf]))
+                            print_error("%s page %d %s keys %s values, option set %zu, threads %d: %g\n",
+                                        kvp_isa_name(isa), (int)pages[pi], kvp_format_name(kfmt),
+                                        kvp_format_name(vfmts[vf]), i, (int)threads, e);
+                        assert_true(e <= agree[vf]);
+                    }
             }
-            kvp_ctx_t *c = make_ctx(KVP_ISA_AVX512, 2);
-            double e = batch_error(&bt, c, &plain_opts);
-            kvp_ctx_destroy(c);
-            assert_true(e < bound_of(vfmts[vf]));
+            for (int32_t isa = KVP_ISA_AVX2; isa <= KVP_ISA_AVX512; isa++) {
+                if (!kvp_isa_supported(isa)) continue;
+                kvp_ctx_t *c = make_ctx(isa, 2);
+                double e = batch_error(&bt, c, &plain_opts);
+                kvp_ctx_destroy(c);
+                assert_true(e < bound_of(vfmts[vf]));
+            }
             free(base);
             free(other);
             free(as_ref);

@@ -148,8 +148,9 @@ TGT static void softmax_avx2(kvp__tile *t, int n, int32_t pos0) {
     for (int r = 0; r < R; r++) {
         if (t->soft_cap > 0.0f)
             for (int i = 0; i < n; i++) t->logits[r][i] = t->soft_cap * tanhf(t->logits[r][i] / t->soft_cap);
-        __m256 x[4], cm = ninf;
-        for (int j = 0; j < 4; j++) {
+        const int nv = n > 32 ? 8 : 4; /* 8-token vectors: 64 tokens for a pair of pages */
+        __m256 x[8], cm = ninf;
+        for (int j = 0; j < nv; j++) {
             __m256i idx = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * j));
             __m256i pos = _mm256_add_epi32(idx, _mm256_set1_epi32(pos0));
             __m256i ok = _mm256_and_si256(
@@ -173,7 +174,7 @@ TGT static void softmax_avx2(kvp__tile *t, int n, int32_t pos0) {
                 _mm256_store_ps(o + d, _mm256_mul_ps(_mm256_load_ps(o + d), _mm256_set1_ps(alpha)));
         }
         __m256 mv = _mm256_set1_ps(m_new), sum = _mm256_setzero_ps();
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < nv; j++) {
             __m256 p = exp256(_mm256_sub_ps(x[j], mv));
             _mm256_store_ps(&t->p[r][8 * j], p);
             sum = _mm256_add_ps(sum, p);
@@ -484,10 +485,7 @@ TGT_INLINE static float load_scales8(const uint8_t *src, int n4, float *dst) {
     return hmax8(mx);
 }
 
-/* 16 bytes of a token group (4 channels x 4 tokens of s8 codes, [d][4])
- * times the row's 15-bit weights of the group's 4 tokens (q: w0 w1 w2 w3
- * in every 64 bits): 8 lanes = (channel, token pair) sums. */
-#define W15_AT(pq, r, g) _mm256_set1_epi64x(load64((pq)[r] + 4 * (g)))
+/* 4 int16 weights (a token group's) as one 64-bit value. */
 static inline int64_t load64(const int16_t *p) {
     int64_t v;
     memcpy(&v, p, 8);
@@ -502,27 +500,37 @@ TGT_INLINE static __m256 pair_sums(__m256i lo, __m256i hi) {
 }
 
 /* int8 values: token groups [D][4] (s8), one fp16 scale per token;
- * vpmaddwd of the codes widened to 16 bits against 15-bit p·scale. */
-TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
-    const int D = t->D, n4 = n / 4 * 4, groups = n4 / 4;
-    float s[KVP__CHUNK] KVP__ALIGN64, step[R];
-    int16_t pq[R][KVP__CHUNK] KVP__ALIGN64;
-    float smax = load_scales8(vb + kvp__block_data_bytes(f) + 2 * (size_t)t0, n4, s);
-    for (int r = 0; r < R; r++) step[r] = quantize_w15(t->p[r], s, n4, t->pmax[r] * smax, pq[r]);
-    const uint8_t *base = vb + (size_t)t0 * (size_t)D;
+ * vpmaddwd of the codes widened to 16 bits against 15-bit p·scale. nb
+ * blocks: 2 for a pair of full pages (block b's token i at p[r][P*b + i],
+ * one bound and one output update for both). */
+TGT_INLINE static void vacc_int8_body(kvp__tile *t, const uint8_t *const *vbs, const ptrdiff_t *pfs, int nb,
+                                      const kvp__blockfmt *f, int t0, int n) {
+    const int D = t->D, P = f->page_size, n4 = n / 4 * 4, groups = n4 / 4;
+    float s[2 * KVP__CHUNK + KVP__CHUNK] KVP__ALIGN64, step[R], smax = 0.0f;
+    int16_t pq[R][2 * KVP__CHUNK + KVP__CHUNK] KVP__ALIGN64;
+    for (int bk = 0; bk < nb; bk++) { /* in order: a block's zeros past n4 are the next one's start */
+        float mx = load_scales8(vbs[bk] + kvp__block_data_bytes(f) + 2 * (size_t)t0, n4, s + P * bk);
+        smax = mx > smax ? mx : smax;
+    }
+    for (int r = 0; r < R; r++)
+        for (int bk = 0; bk < nb; bk++)
+            step[r] = quantize_w15(t->p[r] + P * bk, s + P * bk, n4, t->pmax[r] * smax, pq[r] + P * bk);
     for (int d = 0; d < D; d += 8) {
         __m256i lo[R], hi[R];
         UNROLL for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
-        for (int g = 0; g < groups; g++) {
-            const uint8_t *p = base + (size_t)g * 4 * (size_t)D + (size_t)d * 4;
-            _mm_prefetch((const char *)p + t->pf_v, _MM_HINT_T2);
-            __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)p);
-            __m256i c0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b));
-            __m256i c1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b, 1));
-            UNROLL for (int r = 0; r < R; r++) {
-                __m256i w = W15_AT(pq, r, g);
-                lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(c0, w));
-                hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(c1, w));
+        for (int bk = 0; bk < nb; bk++) {
+            const uint8_t *base = vbs[bk] + (size_t)t0 * (size_t)D;
+            for (int g = 0; g < groups; g++) {
+                const uint8_t *p = base + (size_t)g * 4 * (size_t)D + (size_t)d * 4;
+                _mm_prefetch((const char *)p + pfs[bk], _MM_HINT_T2);
+                __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)p);
+                __m256i c0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b));
+                __m256i c1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b, 1));
+                UNROLL for (int r = 0; r < R; r++) {
+                    __m256i w = _mm256_set1_epi64x(load64(pq[r] + P * bk + 4 * g));
+                    lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(c0, w));
+                    hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(c1, w));
+                }
             }
         }
         UNROLL for (int r = 0; r < R; r++) {
@@ -530,7 +538,20 @@ TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
             _mm256_store_ps(o, _mm256_fmadd_ps(pair_sums(lo[r], hi[r]), _mm256_set1_ps(step[r]), _mm256_load_ps(o)));
         }
     }
-    if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+    if (n4 < n) vacc_tail(t, vbs[0], f, t0, n4, n);
+}
+
+TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+    const uint8_t *vbs[1] = {vb};
+    const ptrdiff_t pfs[1] = {t->pf_v};
+    vacc_int8_body(t, vbs, pfs, 1, f, t0, n);
+}
+
+TGT static void vacc2_int8(kvp__tile *t, const uint8_t *vb0, const uint8_t *vb1, ptrdiff_t pf1,
+                           const kvp__blockfmt *f) {
+    const uint8_t *vbs[2] = {vb0, vb1};
+    const ptrdiff_t pfs[2] = {t->pf_v, pf1};
+    vacc_int8_body(t, vbs, pfs, 2, f, 0, f->page_size);
 }
 
 /* w = p·s (n4 tokens of one row, <= bound top) quantized to u8 codes in
@@ -545,57 +566,68 @@ TGT_INLINE static float quantize_w8(const float *p, const float *s, int n4, floa
     __m256i w01 = _mm256_packs_epi32(x[0], x[1]), w23 = _mm256_packs_epi32(x[2], x[3]);
     __m256i b = _mm256_packus_epi16(w01, w23); /* saturating: exp may round p above pmax */
     /* dword order now 0 2 4 6 1 3 5 7 (4 tokens each): restore 0..7 */
-    _mm256_store_si256((__m256i *)(void *)out,
-                       _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    _mm256_storeu_si256((__m256i *)(void *)out, /* at a pair's second page of 16: 16-byte aligned */
+                        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     return top / 255.0f;
 }
 
 /* int4 values: per 32-channel group, channel i low nibble, i + W/2 high;
  * p·scale to u8 and the codes centred (c - 8) as s8, as the AVX-512
  * kernel: vpmaddubsw pair sums (|.| <= 4080) add up in 16 bits over a
- * chunk's 8 token groups, then vpmaddwd widens them, one int32 per
- * channel; Σ p·(min + 8·scale) is added per group. */
-TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+ * block's <= 8 token groups, then vpmaddwd widens them, one int32 per
+ * channel; Σ p·(min + 8·scale) is added per group. nb blocks as
+ * vacc_int8_body. */
+TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *const *vbs, const ptrdiff_t *pfs, int nb,
+                                      const kvp__blockfmt *f, int t0, int n) {
     const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4, groups = n4 / 4;
-    const uint8_t *sc = vb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
-    const uint8_t *base = vb + (size_t)t0 * (size_t)D / 2;
     const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int g = 0; g < G; g++) {
         int width = D - 32 * g < 32 ? D - 32 * g : 32, half = width / 2;
-        float s[KVP__CHUNK] KVP__ALIGN64, m[KVP__CHUNK] KVP__ALIGN64, step[R], mterm[R];
-        uint8_t pq[R][KVP__CHUNK] KVP__ALIGN64;
-        float smax = load_scales8(sc + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, s);
-        load_scales8(mn + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, m);
+        float s[2 * KVP__CHUNK + KVP__CHUNK] KVP__ALIGN64, m[2 * KVP__CHUNK + KVP__CHUNK] KVP__ALIGN64;
+        float step[R], mterm[R], smax = 0.0f;
+        uint8_t pq[R][2 * KVP__CHUNK + KVP__CHUNK] KVP__ALIGN64;
+        for (int bk = 0; bk < nb; bk++) { /* in order: a block's zeros past n4 are the next one's start */
+            const uint8_t *sc = vbs[bk] + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)G * (size_t)P;
+            float mx = load_scales8(sc + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, s + P * bk);
+            smax = mx > smax ? mx : smax;
+            load_scales8(mn + 2 * ((size_t)g * (size_t)P + (size_t)t0), n4, m + P * bk);
+        }
         UNROLL for (int r = 0; r < R; r++) {
-            step[r] = quantize_w8(t->p[r], s, n4, t->pmax[r] * smax, pq[r]);
+            for (int bk = 0; bk < nb; bk++)
+                step[r] = quantize_w8(t->p[r] + P * bk, s + P * bk, n4, t->pmax[r] * smax, pq[r] + P * bk);
             __m256 acc = _mm256_setzero_ps();
-            for (int i = 0; i < n4; i += 8) { /* past n4 the scales are 0 */
+            for (int i = 0; i < P * (nb - 1) + n4; i += 8) { /* past the tokens the scales are 0 */
                 __m256 wv = _mm256_fmadd_ps(_mm256_load_ps(s + i), _mm256_set1_ps(8.0f), _mm256_load_ps(m + i));
-                acc = _mm256_fmadd_ps(_mm256_load_ps(&t->p[r][i]), wv, acc);
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(&t->p[r][i]), wv, acc);
             }
             mterm[r] = hsum8(acc);
         }
-        const uint8_t *gb = base + (size_t)g * 64;
         for (int c = 0; c < half; c += 4) { /* byte channels c..c+3: channels c.., half+c.. */
-            __m256i a16[R];
-            UNROLL for (int r = 0; r < R; r++) a16[r] = _mm256_setzero_si256();
-            for (int tg = 0; tg < groups; tg++) { /* <= 8 groups: 16-bit sums do not overflow */
-                const uint8_t *p = gb + (size_t)tg * 2 * (size_t)D + (size_t)c * 4;
-                _mm_prefetch((const char *)p + t->pf_v, _MM_HINT_T2);
-                __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
-                __m256i cv = _mm256_set_m128i(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), low), eight),
-                                              _mm_sub_epi8(_mm_and_si128(b, low), eight));
-                UNROLL for (int r = 0; r < R; r++) {
-                    int32_t pp;
-                    memcpy(&pp, &pq[r][4 * tg], 4);
-                    a16[r] = _mm256_add_epi16(a16[r], _mm256_maddubs_epi16(_mm256_set1_epi32(pp), cv));
+            __m256i a32[R];
+            UNROLL for (int r = 0; r < R; r++) a32[r] = _mm256_setzero_si256();
+            for (int bk = 0; bk < nb; bk++) {
+                const uint8_t *gb = vbs[bk] + (size_t)t0 * (size_t)D / 2 + (size_t)g * 64;
+                __m256i a16[R];
+                UNROLL for (int r = 0; r < R; r++) a16[r] = _mm256_setzero_si256();
+                for (int tg = 0; tg < groups; tg++) { /* <= 8 groups: 16-bit sums do not overflow */
+                    const uint8_t *p = gb + (size_t)tg * 2 * (size_t)D + (size_t)c * 4;
+                    _mm_prefetch((const char *)p + pfs[bk], _MM_HINT_T2);
+                    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
+                    __m256i cv = _mm256_set_m128i(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), low), eight),
+                                                  _mm_sub_epi8(_mm_and_si128(b, low), eight));
+                    UNROLL for (int r = 0; r < R; r++) {
+                        int32_t pp;
+                        memcpy(&pp, &pq[r][P * bk + 4 * tg], 4);
+                        a16[r] = _mm256_add_epi16(a16[r], _mm256_maddubs_epi16(_mm256_set1_epi32(pp), cv));
+                    }
                 }
+                UNROLL for (int r = 0; r < R; r++) a32[r] = _mm256_add_epi32(a32[r], _mm256_madd_epi16(a16[r], ones));
             }
             UNROLL for (int r = 0; r < R; r++) {
                 /* lanes 0-3: channels c..c+3; 4-7: half+c.. */
                 float *o = t->o + (size_t)r * (size_t)D + (size_t)(32 * g);
-                __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(a16[r], ones));
+                __m256 sum = _mm256_cvtepi32_ps(a32[r]);
                 __m256 prev = _mm256_set_m128(_mm_loadu_ps(o + half + c), _mm_loadu_ps(o + c));
                 __m256 v = _mm256_add_ps(_mm256_fmadd_ps(sum, _mm256_set1_ps(step[r]), prev), _mm256_set1_ps(mterm[r]));
                 _mm_storeu_ps(o + c, _mm256_castps256_ps128(v));
@@ -603,7 +635,20 @@ TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
             }
         }
     }
-    if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+    if (n4 < n) vacc_tail(t, vbs[0], f, t0, n4, n);
+}
+
+TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
+    const uint8_t *vbs[1] = {vb};
+    const ptrdiff_t pfs[1] = {t->pf_v};
+    vacc_int4_body(t, vbs, pfs, 1, f, t0, n);
+}
+
+TGT static void vacc2_int4(kvp__tile *t, const uint8_t *vb0, const uint8_t *vb1, ptrdiff_t pf1,
+                           const kvp__blockfmt *f) {
+    const uint8_t *vbs[2] = {vb0, vb1};
+    const ptrdiff_t pfs[2] = {t->pf_v, pf1};
+    vacc_int4_body(t, vbs, pfs, 2, f, 0, f->page_size);
 }
 
 const kvp__kernels kvp__kernels_avx2 = {
@@ -617,7 +662,7 @@ const kvp__kernels kvp__kernels_avx2 = {
      {klogits_int4, klogits_int4}},
     softmax_avx2,
     {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},
-    {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, vacc2_int8, vacc2_int4},
 };
 
 #else
