@@ -9,7 +9,7 @@
  * integer keys), keys (logits), softmax, values (o += p.v); "all" runs the
  * four in order as attention does; "pairs" runs them over two full pages as
  * one chunk, as attention does where the ISA has a two-block values stage
- * for the format (AVX-512 int4 at page 16 and 32), per page. Keys follow the benchmark distribution
+ * for the format (AVX2 and AVX-512 int8 and int4 at page 16 and 32), per page. Keys follow the benchmark distribution
  * (bench/kvdist.h: outlier channels, offsets), values and queries N(0,1).
  */
 #include "bench.h"

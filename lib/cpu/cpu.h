@@ -101,8 +101,8 @@ kvp__kprep_fn kvp__pick_kprep(int32_t isa, int32_t format);
 kvp__klogits_fn kvp__pick_klogits(int32_t isa, int32_t format, int dim_major);
 kvp__softmax_fn kvp__pick_softmax(int32_t isa);
 kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format);
-/* The ISA's own two-block V stage, or NULL (no fallback: the portable and
- * AVX2 kernels take pages one by one). */
+/* The ISA's own two-block V stage, or NULL (no fallback: the portable
+ * kernels take pages one by one). */
 kvp__vacc2_fn kvp__pick_vacc2(int32_t isa, int32_t format);
 
 /* Shared helpers for the kernels (portable code, used by every ISA). */
