@@ -541,18 +541,21 @@ TGT_INLINE static void vacc_int8_body(kvp__tile *t, const uint8_t *const *vbs, c
     if (n4 < n) vacc_tail(t, vbs[0], f, t0, n4, n);
 }
 
-TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
-    const uint8_t *vbs[1] = {vb};
-    const ptrdiff_t pfs[1] = {t->pf_v};
-    vacc_int8_body(t, vbs, pfs, 1, f, t0, n);
-}
-
-TGT static void vacc2_int8(kvp__tile *t, const uint8_t *vb0, const uint8_t *vb1, ptrdiff_t pf1,
-                           const kvp__blockfmt *f) {
-    const uint8_t *vbs[2] = {vb0, vb1};
-    const ptrdiff_t pfs[2] = {t->pf_v, pf1};
-    vacc_int8_body(t, vbs, pfs, 2, f, 0, f->page_size);
-}
+/* The one-block and two-block (pair) entry points of an integer V stage. */
+#define INT_V_STAGES(fmt)                                                                          \
+    TGT static void vacc_##fmt(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0,   \
+                               int n) {                                                            \
+        const uint8_t *vbs[1] = {vb};                                                              \
+        const ptrdiff_t pfs[1] = {t->pf_v};                                                        \
+        vacc_##fmt##_body(t, vbs, pfs, 1, f, t0, n);                                               \
+    }                                                                                              \
+    TGT static void vacc2_##fmt(kvp__tile *t, const uint8_t *vb0, const uint8_t *vb1,             \
+                                ptrdiff_t pf1, const kvp__blockfmt *f) {                           \
+        const uint8_t *vbs[2] = {vb0, vb1};                                                        \
+        const ptrdiff_t pfs[2] = {t->pf_v, pf1};                                                   \
+        vacc_##fmt##_body(t, vbs, pfs, 2, f, 0, f->page_size);                                     \
+    }
+INT_V_STAGES(int8)
 
 /* w = p·s (n4 tokens of one row, <= bound top) quantized to u8 codes in
  * token order (zero past n4); returns the step. */
@@ -638,18 +641,7 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *const *vbs, c
     if (n4 < n) vacc_tail(t, vbs[0], f, t0, n4, n);
 }
 
-TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
-    const uint8_t *vbs[1] = {vb};
-    const ptrdiff_t pfs[1] = {t->pf_v};
-    vacc_int4_body(t, vbs, pfs, 1, f, t0, n);
-}
-
-TGT static void vacc2_int4(kvp__tile *t, const uint8_t *vb0, const uint8_t *vb1, ptrdiff_t pf1,
-                           const kvp__blockfmt *f) {
-    const uint8_t *vbs[2] = {vb0, vb1};
-    const ptrdiff_t pfs[2] = {t->pf_v, pf1};
-    vacc_int4_body(t, vbs, pfs, 2, f, 0, f->page_size);
-}
+INT_V_STAGES(int4)
 
 const kvp__kernels kvp__kernels_avx2 = {
     "avx2",
