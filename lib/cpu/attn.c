@@ -308,6 +308,13 @@ typedef struct {
     const stage_set *st;
 } step_blocks;
 
+/* Whether any row of the tile may attend a position in [first, last]. */
+static bool tile_sees(const kvp__tile *tl, int32_t first, int32_t last) {
+    bool any = false;
+    for (int r = 0; r < tl->rows; r++) any |= tl->lo[r] <= last && tl->hi[r] >= first;
+    return any;
+}
+
 /* One head's tiles over one page. */
 static void run_page(const attn_job *j, kvp__tile *tiles, int ntiles, const uint8_t *kb,
                      const uint8_t *vb, const stage_set *st, int32_t tok0, int32_t ntok) {
@@ -318,9 +325,7 @@ static void run_page(const attn_job *j, kvp__tile *tiles, int ntiles, const uint
         int32_t first = tok0 + c0, last = first + n - 1;
         for (int t = 0; t < ntiles; t++) {
             kvp__tile *tl = &tiles[t];
-            bool any = false;
-            for (int r = 0; r < tl->rows; r++) any |= tl->lo[r] <= last && tl->hi[r] >= first;
-            if (!any) continue;
+            if (!tile_sees(tl, first, last)) continue;
             st->klogits(tl, kb, st->kf, c0, n);
             j->softmax(tl, n, first);
             st->vacc(tl, vb, st->vf, c0, n);
@@ -338,9 +343,7 @@ static void run_pair(const attn_job *j, kvp__tile *tiles, int ntiles, const step
     int32_t last = tok0 + 2 * P - 1;
     for (int t = 0; t < ntiles; t++) {
         kvp__tile *tl = &tiles[t];
-        bool any = false;
-        for (int r = 0; r < tl->rows; r++) any |= tl->lo[r] <= last && tl->hi[r] >= tok0;
-        if (!any) continue;
+        if (!tile_sees(tl, tok0, last)) continue;
         for (int k = 1; k >= 0; k--) {
             tl->pf_k = pf_k[k];
             if (st->kprep != NULL) st->kprep(tl, cb[k].kb, st->kf);

@@ -190,5 +190,5 @@ kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format) {
 
 kvp__vacc2_fn kvp__pick_vacc2(int32_t isa, int32_t format) {
     /* the ISA's own only: its softmax takes the pair's 2 * P tokens */
-    return table_of(isa)->vacc[format] != NULL ? table_of(isa)->vacc2[format] : NULL;
+    return table_of(isa)->vacc2[format];
 }
