@@ -3,10 +3,13 @@
  * against the machine's streaming-read bandwidth and fp32 FMA rate measured
  * in the same run, and against the same kernels over a contiguous cache.
  *
- * Cases: q_len 1, llama-3.1-8b shapes (32 q heads, 8 kv heads, head_dim 128,
- * one layer), batch 1 and 16, context 1k/8k/32k, page 16 and 32, K/V fp16,
- * int8, int4. Pages are handed to sequences in a shuffled order, as a page
- * pool that has been running for a while would. The last line is JSON.
+ * Cases: q_len 1, llama-3.1-8b shapes (32 q heads, 8 kv heads, head_dim 128),
+ * batch 1 and 16, context 1k/8k/32k, page 16 and 32, K/V fp16, int8, int4.
+ * Pages are handed to sequences in a shuffled order, as a page pool that has
+ * been running for a while would. Each timed call reads the next of several
+ * layers (cycle_layers), as a decode step does: a layer's KV is not read
+ * again until every other layer's has gone through the caches. The last
+ * line is JSON.
  */
 #define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
 #define _POSIX_C_SOURCE 200809L
@@ -39,16 +42,33 @@ typedef kvb_result result;
 
 typedef struct {
     int threads, quick, isa, acc_seqs, accuracy_only, no_accuracy;
+    int layers; /* --layers: 0 = cycle_layers() */
     double min_seconds;
     kvb_only only; /* -1: all */
 } options;
 
 /* ---- building a store -------------------------------------------------------------- */
 
-static kvp_store_t *make_store(const bench_format *f, int32_t P, int64_t pages, int32_t staging) {
+/* The timed calls cycle over enough layers (up to the model's 32) that one
+ * cycle reads at least CYCLE_BYTES, 8 times the dev machine's 32 MiB L3:
+ * each call then reads its KV from DRAM, as in a decode step, where a
+ * layer's KV comes round again only after all the others'. Looping over one
+ * layer instead lets a case that nearly fits in L3 (batch 1, 8k tokens: 32
+ * MiB of fp16, 10 MiB of int4) read partly from cache (fp16 measured at
+ * 1.2 - 1.5 of the streaming-read roof there). --layers 1 gives that loop. */
+#define CYCLE_BYTES ((uint64_t)256 << 20)
+#define MODEL_LAYERS 32
+
+static int32_t cycle_layers(uint64_t layer_bytes) {
+    uint64_t n = layer_bytes > 0 ? (CYCLE_BYTES + layer_bytes - 1) / layer_bytes : 1;
+    return n > MODEL_LAYERS ? MODEL_LAYERS : (int32_t)n;
+}
+
+static kvp_store_t *make_store(const bench_format *f, int32_t P, int64_t pages, int32_t staging,
+                               int32_t layers) {
     kvp_store_params_t sp;
     kvp_store_params_init(&sp);
-    sp.layers = 1;
+    sp.layers = layers;
     sp.kv_heads = KV_HEADS;
     sp.head_dim = HEAD_DIM;
     sp.page_size = P;
@@ -124,6 +144,17 @@ static int fill_pages(kvp_store_t *s, int32_t P, int64_t pages, kvd_rng *rng) {
         memcpy((uint8_t *)rv.base + (size_t)p * rv.page_stride,
                (uint8_t *)rv.base + (size_t)(p % tpages) * rv.page_stride, (size_t)rv.page_stride);
     }
+    /* the other layers: copies of layer 0 (their page blocks, then staging) */
+    for (int32_t l = 1; l < lay.layers; l++)
+        for (int32_t kind = KVP_REGION_K; kind <= KVP_REGION_STAGING_V; kind++) {
+            kvp_region_t from = {.struct_size = sizeof from}, to = {.struct_size = sizeof to};
+            kvp_store_region(s, 0, kind, &from);
+            kvp_store_region(s, l, kind, &to);
+            if (from.base == NULL) continue;
+            for (uint64_t p = 0; p < from.pages; p++)
+                memcpy((uint8_t *)to.base + p * to.page_stride, (uint8_t *)from.base + p * from.page_stride,
+                       (size_t)(KV_HEADS * from.head_stride));
+        }
 out:
     free(k);
     free(v);
@@ -164,6 +195,9 @@ typedef struct {
     kvp_kv_view_t view;
     kvp_attention_params_t ap;
     kvp__contig contig;
+    int32_t layers, next_layer, next_copy; /* the layer (copy of the contiguous cache) read next */
+    const uint8_t *ck, *cv;                /* the contiguous copies, `layers` of them end to end */
+    size_t ck_bytes, cv_bytes;             /* one copy */
     const float *q;
     float *out;
     float sm_scale;
@@ -171,6 +205,8 @@ typedef struct {
 
 static int run_paged(void *arg) {
     attn_call *c = arg;
+    c->ap.layer = c->next_layer;
+    c->next_layer = (c->next_layer + 1) % c->layers;
     int rc = kvp_attention(c->ctx, c->store, &c->view, &c->ap);
     if (rc != KVP_OK) fprintf(stderr, "kvpage-bench attention: %s\n", kvp_ctx_last_error(c->ctx));
     return rc;
@@ -178,6 +214,9 @@ static int run_paged(void *arg) {
 
 static int run_contig(void *arg) {
     attn_call *c = arg;
+    c->contig.k = c->ck + (size_t)c->next_copy * c->ck_bytes;
+    c->contig.v = c->cv + (size_t)c->next_copy * c->cv_bytes;
+    c->next_copy = (c->next_copy + 1) % c->layers;
     return kvp__cpu_attention_contig(c->ctx, &c->contig, Q_HEADS, c->q, c->out, c->sm_scale);
 }
 
@@ -206,7 +245,13 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
     const bench_format *f = &formats[r->fmt];
     int32_t P = r->page, B = r->batch, per = (r->context + P - 1) / P;
     int64_t pages = (int64_t)B * per;
-    kvp_store_t *s = make_store(f, P, pages, B);
+    int32_t layers = o->layers;
+    if (layers == 0) { /* from one layer's bytes */
+        kvp_layout_t l1 = {.struct_size = sizeof l1};
+        if (kvp_layout_compute(1, KV_HEADS, HEAD_DIM, P, f->format, f->format, &l1, NULL, 0) != KVP_OK) return -1;
+        layers = cycle_layers((uint64_t)pages * KV_HEADS * (l1.k_block_bytes + l1.v_block_bytes));
+    }
+    kvp_store_t *s = make_store(f, P, pages, B, layers);
     if (s == NULL || fill_pages(s, P, pages, rng) != 0) {
         kvp_store_destroy(s);
         return -1;
@@ -218,7 +263,8 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
     kvp_layout_t lay = {.struct_size = sizeof lay};
     kvp_store_layout(s, &lay);
     uint64_t kb = lay.k_block_bytes, vb = lay.v_block_bytes;
-    uint8_t *ck = huge_alloc((size_t)pages * KV_HEADS * kb), *cv = huge_alloc((size_t)pages * KV_HEADS * vb);
+    size_t ck_bytes = (size_t)pages * KV_HEADS * kb, cv_bytes = (size_t)pages * KV_HEADS * vb;
+    uint8_t *ck = huge_alloc(ck_bytes * (size_t)layers), *cv = huge_alloc(cv_bytes * (size_t)layers);
     int rc = -1;
     if (!ids || !indptr || !last || !qo || !q || !out || !ck || !cv) goto out;
     for (int64_t i = 0; i < pages; i++) ids[i] = (int32_t)i;
@@ -248,6 +294,16 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
                 memcpy(ck + at * kb, kvp__block_k(s, 0, id, h), (size_t)kb);
                 memcpy(cv + at * vb, kvp__block_v(s, 0, id, h), (size_t)vb);
             }
+    for (int32_t l = 1; l < layers; l++) { /* the other layers' copies */
+        memcpy(ck + (size_t)l * ck_bytes, ck, ck_bytes);
+        memcpy(cv + (size_t)l * cv_bytes, cv, cv_bytes);
+    }
+    c.layers = layers;
+    r->layers = layers;
+    c.ck = ck;
+    c.cv = cv;
+    c.ck_bytes = ck_bytes;
+    c.cv_bytes = cv_bytes;
     c.contig.k = ck;
     c.contig.v = cv;
     c.contig.k_block = kb;
@@ -284,7 +340,7 @@ out:
 static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng *rng,
                        int seqs) {
     const int32_t T = ACC_TOKENS, per = T / P + 1;
-    kvp_store_t *s = make_store(f, P, (int64_t)per * seqs, seqs);
+    kvp_store_t *s = make_store(f, P, (int64_t)per * seqs, seqs, 1);
     size_t n = (size_t)T * KV_HEADS * HEAD_DIM, qn = (size_t)Q_HEADS * HEAD_DIM;
     float *k = malloc(n * 4), *v = malloc(n * 4), *q = malloc(qn * 4), *out = malloc(qn * 4);
     double *ref = malloc(qn * 8), num = 0.0, den = 0.0;
@@ -357,6 +413,7 @@ static int parse_options(int argc, char **argv, options *o) {
     o->acc_seqs = 8;
     o->accuracy_only = 0;
     o->no_accuracy = 0;
+    o->layers = 0;
     double seconds = 0.0;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) o->quick = 1;
@@ -364,6 +421,7 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(argv[i], "--no-accuracy")) o->no_accuracy = 1;
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--acc-seqs") && i + 1 < argc) o->acc_seqs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) o->layers = atoi(argv[++i]);
         else if ((taken = kvb_parse_only(argc, argv, &i, format_index, &o->only)) != 0) {
             if (taken < 0) return -1;
         }
@@ -380,7 +438,7 @@ static int parse_options(int argc, char **argv, options *o) {
     if (o->quick) o->min_seconds = 0.12;
     if (seconds > 0.0) o->min_seconds = seconds;
     return !(o->accuracy_only && o->no_accuracy) && seconds >= 0.0 && seconds <= 600.0 &&
-           o->threads >= 1 && o->threads <= 64 && o->acc_seqs >= 1 && o->acc_seqs <= 256 ? 0 : -1;
+           o->threads >= 1 && o->threads <= 64 && o->layers >= 0 && o->layers <= 64 && o->acc_seqs >= 1 && o->acc_seqs <= 256 ? 0 : -1;
 }
 
 int bench_attention(int argc, char **argv) {
@@ -394,7 +452,9 @@ int bench_attention(int argc, char **argv) {
                         "       [--acc-seqs N (8)] [--accuracy-only | --no-accuracy] "
                         "[--seconds S (per case; 0.25, --quick 0.12)]\n"
                         "       [--format fp16|int8|int4|fp16-hnd] [--page N] [--batch N] "
-                        "[--context N]   (run only matching cases)\n");
+                        "[--context N]   (run only matching cases)\n"
+                        "       [--layers N (0: as many as make 256 MiB, at most 32; 1: one layer, "
+                        "partly from cache)]\n");
         return 2;
     }
     bench_roofs roofs;
@@ -453,8 +513,8 @@ int bench_attention(int argc, char **argv) {
     int nfmt = o.quick && o.only.fmt != 3 ? 3 : 4, max_ctx = cx[ncx - 1];
     result rs[64];
     int n = 0;
-    printf("%-9s %4s %5s %7s %10s %9s %7s %8s %10s\n", "format", "page", "batch", "context",
-           "time ms", "KV GB/s", "of read", "vs fp16", "paged/contig");
+    printf("%-9s %4s %5s %7s %10s %9s %7s %8s %10s %6s\n", "format", "page", "batch", "context",
+           "time ms", "KV GB/s", "of read", "vs fp16", "paged/contig", "layers");
     for (int ip = 0; ip < npg; ip++)
         for (int ib = 0; ib < 2; ib++)
             for (int ic = 0; ic < ncx; ic++)
@@ -478,10 +538,10 @@ int bench_attention(int argc, char **argv) {
                     }
                     const result *base = kvb_find(rs, n + 1, 0, r->page, r->batch, r->context);
                     double gbps = r->bytes / r->t_paged / 1e9;
-                    printf("%-9s %4d %5d %7d %10.3f %9.1f %7.2f %8.2f %10.2f\n", formats[f].name,
+                    printf("%-9s %4d %5d %7d %10.3f %9.1f %7.2f %8.2f %10.2f %6d\n", formats[f].name,
                            r->page, r->batch, r->context, r->t_paged * 1e3, gbps,
                            gbps / roofs.read_gbps, base->t_paged / r->t_paged,
-                           r->t_contig / r->t_paged);
+                           r->t_contig / r->t_paged, r->layers);
                     fflush(stdout);
                     n++;
                 }
@@ -501,9 +561,10 @@ int bench_attention(int argc, char **argv) {
            "\"read_gbps\": %.3f, \"fma_per_s\": %.6g, \"int8_macs_per_s\": %.6g, \"fp16_bw_fraction\": %.4f, "
            "\"int8_speedup\": %.4f, \"int4_speedup\": %.4f, \"paged_vs_contiguous\": %.4f, "
            "\"fp16_rel_err\": %s, \"int8_rel_err\": %s, \"int4_rel_err\": %s, "
-           "\"int8_rel_err_page16\": %s, \"int4_rel_err_page16\": %s}\n",
+           "\"int8_rel_err_page16\": %s, \"int4_rel_err_page16\": %s, \"layers\": %d}\n",
            o.threads, kvp_isa_name(kvp_ctx_isa(ctx)), o.quick ? "true" : "false", roofs.read_gbps,
-           roofs.fma_per_s, roofs.int8_macs_per_s, bw, s8, s4, pc, errs[0], errs[1], errs[2], errs[3], errs[4]);
+           roofs.fma_per_s, roofs.int8_macs_per_s, bw, s8, s4, pc, errs[0], errs[1], errs[2], errs[3], errs[4],
+           o.layers);
     kvp_ctx_destroy(ctx);
     return 0;
 }

@@ -24,6 +24,7 @@
  * batch, context; seconds per call paged and contiguous; KV bytes read. */
 typedef struct {
     int fmt, page, batch, context;
+    int layers; /* layers the timed calls cycle over (0: not recorded) */
     double t_paged, t_contig, bytes;
 } kvb_result;
 
