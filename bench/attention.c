@@ -164,31 +164,6 @@ out:
 
 /* ---- timing ----------------------------------------------------------------------------- */
 
-typedef int (*run_fn)(void *arg);
-
-/* Median of 5..64 samples covering about min_seconds; a sample times
- * enough back-to-back calls to last min_seconds/64 when one call is short. */
-static double time_median(run_fn fn, void *arg, double min_seconds) {
-    double t[64];
-    if (fn(arg) != 0) return -1.0; /* warm-up */
-    double t0 = bench_now();
-    if (fn(arg) != 0) return -1.0;
-    double one = bench_now() - t0;
-    int reps = one > 0 ? (int)(min_seconds / one) : 64, inner = 1;
-    if (reps < 5) reps = 5;
-    if (reps > 64) {
-        inner = (reps + 63) / 64;
-        reps = 64;
-    }
-    for (int i = 0; i < reps; i++) {
-        t0 = bench_now();
-        for (int k = 0; k < inner; k++)
-            if (fn(arg) != 0) return -1.0;
-        t[i] = (bench_now() - t0) / inner;
-    }
-    return bench_median(t, reps);
-}
-
 typedef struct {
     kvp_ctx_t *ctx;
     kvp_store_t *store;
@@ -241,7 +216,31 @@ static void shuffle(int32_t *a, int64_t n, kvd_rng *rng) {
     }
 }
 
-static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
+/* One case set up to be timed: its store, view, query and contiguous copies. */
+typedef struct {
+    attn_call c;
+    kvp_store_t *s;
+    int32_t *ids, *indptr, *last, *qo;
+    float *q, *out;
+    uint8_t *ck, *cv;
+    uint64_t bytes; /* what it holds: store arena and contiguous copies */
+} case_state;
+
+static void case_free(case_state *cs) {
+    free(cs->ids);
+    free(cs->indptr);
+    free(cs->last);
+    free(cs->qo);
+    free(cs->q);
+    free(cs->out);
+    free(cs->ck);
+    free(cs->cv);
+    kvp_store_destroy(cs->s);
+    memset(cs, 0, sizeof *cs);
+}
+
+static int case_setup(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng, case_state *cs) {
+    memset(cs, 0, sizeof *cs);
     const bench_format *f = &formats[r->fmt];
     int32_t P = r->page, B = r->batch, per = (r->context + P - 1) / P;
     int64_t pages = (int64_t)B * per;
@@ -251,22 +250,33 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
         if (kvp_layout_compute(1, KV_HEADS, HEAD_DIM, P, f->format, f->format, &l1, NULL, 0) != KVP_OK) return -1;
         layers = cycle_layers((uint64_t)pages * KV_HEADS * (l1.k_block_bytes + l1.v_block_bytes));
     }
-    kvp_store_t *s = make_store(f, P, pages, B, layers);
+    kvp_store_t *s = cs->s = make_store(f, P, pages, B, layers);
     if (s == NULL || fill_pages(s, P, pages, rng) != 0) {
-        kvp_store_destroy(s);
+        case_free(cs);
         return -1;
     }
-    int32_t *ids = malloc((size_t)pages * sizeof *ids), *indptr = malloc((size_t)(B + 1) * 4);
-    int32_t *last = malloc((size_t)B * 4), *qo = malloc((size_t)(B + 1) * 4);
+    cs->ids = malloc((size_t)pages * sizeof *cs->ids);
+    cs->indptr = malloc((size_t)(B + 1) * 4);
+    cs->last = malloc((size_t)B * 4);
+    cs->qo = malloc((size_t)(B + 1) * 4);
     size_t qn = (size_t)B * Q_HEADS * HEAD_DIM;
-    float *q = malloc(qn * sizeof *q), *out = malloc(qn * sizeof *out);
+    cs->q = malloc(qn * sizeof *cs->q);
+    cs->out = malloc(qn * sizeof *cs->out);
     kvp_layout_t lay = {.struct_size = sizeof lay};
     kvp_store_layout(s, &lay);
     uint64_t kb = lay.k_block_bytes, vb = lay.v_block_bytes;
     size_t ck_bytes = (size_t)pages * KV_HEADS * kb, cv_bytes = (size_t)pages * KV_HEADS * vb;
-    uint8_t *ck = huge_alloc(ck_bytes * (size_t)layers), *cv = huge_alloc(cv_bytes * (size_t)layers);
-    int rc = -1;
-    if (!ids || !indptr || !last || !qo || !q || !out || !ck || !cv) goto out;
+    cs->ck = huge_alloc(ck_bytes * (size_t)layers);
+    cs->cv = huge_alloc(cv_bytes * (size_t)layers);
+    int32_t *ids = cs->ids, *indptr = cs->indptr, *last = cs->last, *qo = cs->qo;
+    uint8_t *ck = cs->ck, *cv = cs->cv;
+    if (!ids || !indptr || !last || !qo || !cs->q || !cs->out || !ck || !cv) {
+        case_free(cs);
+        return -1;
+    }
+    uint64_t arena = 0;
+    (void)kvp_arena_bytes(&lay, (uint64_t)pages, lay.needs_staging ? (uint64_t)B : 0, &arena, NULL, 0);
+    cs->bytes = arena + (uint64_t)(ck_bytes + cv_bytes) * (uint64_t)layers;
     for (int64_t i = 0; i < pages; i++) ids[i] = (int32_t)i;
     shuffle(ids, pages, rng);
     for (int32_t b = 0; b <= B; b++) {
@@ -274,17 +284,16 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
         qo[b] = b;
     }
     for (int32_t b = 0; b < B; b++) last[b] = r->context - (per - 1) * P;
-    kvd_fill_normal(rng, qn, q);
+    kvd_fill_normal(rng, qn, cs->q);
 
-    attn_call c;
-    memset(&c, 0, sizeof c);
-    c.ctx = ctx;
-    c.store = s;
-    kvb_decode_call(&c.view, &c.ap, B, P, pages, lay.needs_staging ? B : 0, indptr, ids, last, qo,
-                    Q_HEADS, HEAD_DIM, q, out);
-    c.q = q;
-    c.out = out;
-    c.sm_scale = c.ap.sm_scale;
+    attn_call *c = &cs->c;
+    c->ctx = ctx;
+    c->store = s;
+    kvb_decode_call(&c->view, &c->ap, B, P, pages, lay.needs_staging ? B : 0, indptr, ids, last, qo,
+                    Q_HEADS, HEAD_DIM, cs->q, cs->out);
+    c->q = cs->q;
+    c->out = cs->out;
+    c->sm_scale = c->ap.sm_scale;
     /* the contiguous cache: the same blocks, [batch][kv_head][page] end to end */
     for (int32_t b = 0; b < B; b++)
         for (int32_t h = 0; h < KV_HEADS; h++)
@@ -298,37 +307,136 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
         memcpy(ck + (size_t)l * ck_bytes, ck, ck_bytes);
         memcpy(cv + (size_t)l * cv_bytes, cv, cv_bytes);
     }
-    c.layers = layers;
+    c->layers = layers;
     r->layers = layers;
-    c.ck = ck;
-    c.cv = cv;
-    c.ck_bytes = ck_bytes;
-    c.cv_bytes = cv_bytes;
-    c.contig.k = ck;
-    c.contig.v = cv;
-    c.contig.k_block = kb;
-    c.contig.v_block = vb;
-    c.contig.kf = s->kfmt;
-    c.contig.vf = s->vfmt;
-    c.contig.batch = B;
-    c.contig.kv_heads = KV_HEADS;
-    c.contig.pages = per;
-    c.contig.kv_len = r->context;
+    c->ck = ck;
+    c->cv = cv;
+    c->ck_bytes = ck_bytes;
+    c->cv_bytes = cv_bytes;
+    c->contig.k = ck;
+    c->contig.v = cv;
+    c->contig.k_block = kb;
+    c->contig.v_block = vb;
+    c->contig.kf = s->kfmt;
+    c->contig.vf = s->vfmt;
+    c->contig.batch = B;
+    c->contig.kv_heads = KV_HEADS;
+    c->contig.pages = per;
+    c->contig.kv_len = r->context;
     r->bytes = (double)pages * (double)KV_HEADS * (double)(kb + vb);
-    r->t_paged = time_median(run_paged, &c, o->min_seconds);
-    r->t_contig = time_median(run_contig, &c, o->min_seconds);
-    rc = r->t_paged > 0 && r->t_contig > 0 ? 0 : -1;
+    return 0;
+}
+
+/* Time the cases of one (page, batch, context) together: rounds in which
+ * each case takes one paged and one contiguous sample, in alternating
+ * order, so that every ratio (int4 / fp16, paged / contiguous) compares
+ * samples taken within one round, a few ms apart, rather than cases
+ * measured seconds apart while the host's other tenants move the memory
+ * bandwidth. Times: medians of the samples; ratios: medians of the
+ * rounds' ratios. A sample is enough back-to-back calls to last
+ * min_seconds/64; 5 to 64 rounds cover about min_seconds per case. base:
+ * the fp16 case's index, or -1. */
+#define MAX_ROUNDS 64
+/* The streaming read each round also takes (rd: NULL for none): the "of
+ * read" fractions are medians of the rounds' fractions, so a host whose
+ * memory bandwidth moves by 30% from second to second moves both sides. */
+typedef struct {
+    const float *buf;
+    size_t n;
+    int threads;
+} read_probe;
+
+static int time_group(result *rs, case_state *cs, int n, int base, double min_seconds,
+                      const read_probe *rd) {
+    int inner[8];
+    double one_round = 0.0, rg[MAX_ROUNDS];
+    if (rd != NULL) {
+        double t0 = bench_now();
+        if (bench_read_once(rd->threads, rd->buf, rd->n) <= 0.0) return -1;
+        one_round += bench_now() - t0;
+    }
+    for (int i = 0; i < n; i++) {
+        if (run_paged(&cs[i].c) != 0 || run_contig(&cs[i].c) != 0) return -1; /* warm-up */
+        double t0 = bench_now();
+        if (run_paged(&cs[i].c) != 0) return -1;
+        double one = bench_now() - t0;
+        double want = min_seconds / MAX_ROUNDS;
+        inner[i] = one > 0.0 && one < want ? (int)(want / one) + 1 : 1;
+        one_round += 2.0 * one * inner[i];
+    }
+    int rounds = one_round > 0.0 ? (int)(min_seconds * n / one_round) : MAX_ROUNDS;
+    if (rounds < 5) rounds = 5;
+    if (rounds > MAX_ROUNDS) rounds = MAX_ROUNDS;
+    static double tp[8][MAX_ROUNDS], tc[8][MAX_ROUNDS];
+    for (int k = 0; k < rounds; k++) {
+        rg[k] = rd != NULL ? bench_read_once(rd->threads, rd->buf, rd->n) : 0.0;
+        for (int m = 0; m < n; m++) {
+            int i = k % 2 == 0 ? m : n - 1 - m;
+            double t0 = bench_now();
+            for (int j = 0; j < inner[i]; j++)
+                if (run_paged(&cs[i].c) != 0) return -1;
+            double t1 = bench_now();
+            for (int j = 0; j < inner[i]; j++)
+                if (run_contig(&cs[i].c) != 0) return -1;
+            tp[i][k] = (t1 - t0) / inner[i];
+            tc[i][k] = (bench_now() - t1) / inner[i];
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        double sp[MAX_ROUNDS], pc[MAX_ROUNDS], fr[MAX_ROUNDS];
+        for (int k = 0; k < rounds; k++) {
+            sp[k] = base >= 0 ? tp[base][k] / tp[i][k] : 0.0;
+            pc[k] = tc[i][k] / tp[i][k];
+            fr[k] = rg[k] > 0.0 ? rs[i].bytes / tp[i][k] / 1e9 / rg[k] : 0.0;
+        }
+        rs[i].speedup = base >= 0 ? bench_median(sp, rounds) : 0.0;
+        rs[i].vs_contig = bench_median(pc, rounds);
+        rs[i].bw_fraction = rd != NULL ? bench_median(fr, rounds) : 0.0;
+    }
+    for (int i = 0; i < n; i++) {
+        rs[i].t_paged = bench_median(tp[i], rounds);
+        rs[i].t_contig = bench_median(tc[i], rounds);
+    }
+    return 0;
+}
+
+/* A group whose stores and contiguous copies together exceed this is timed
+ * one case after another (its ratios then compare medians taken apart). */
+#define GROUP_BYTES_MAX ((uint64_t)6 << 30)
+
+/* Set up and time rs[0..n) (one page, batch and context; rs[0] fp16). */
+static int time_cases(const options *o, kvp_ctx_t *ctx, result *rs, int n, kvd_rng *rng,
+                      const read_probe *rd) {
+    case_state cs[8];
+    uint64_t held = 0;
+    int ok = 0, together = 1;
+    for (int i = 0; i < n; i++) {
+        if (case_setup(o, ctx, &rs[i], rng, &cs[i]) != 0) goto out;
+        ok = i + 1;
+        held += cs[i].bytes;
+        if (held > GROUP_BYTES_MAX && i + 1 < n) { /* too big: one at a time */
+            together = 0;
+            break;
+        }
+    }
+    if (together) {
+        int rc = time_group(rs, cs, n, rs[0].fmt == 0 ? 0 : -1, o->min_seconds, rd);
+        for (int i = 0; i < n; i++) case_free(&cs[i]);
+        return rc;
+    }
+    for (int i = 0; i < ok; i++) case_free(&cs[i]);
+    ok = 0;
+    for (int i = 0; i < n; i++) {
+        if (case_setup(o, ctx, &rs[i], rng, &cs[0]) != 0) return -1;
+        int rc = time_group(&rs[i], &cs[0], 1, -1, o->min_seconds, rd);
+        case_free(&cs[0]);
+        if (rc != 0) return -1;
+        if (rs[0].fmt == 0) rs[i].speedup = rs[0].t_paged / rs[i].t_paged;
+    }
+    return 0;
 out:
-    free(ids);
-    free(indptr);
-    free(last);
-    free(qo);
-    free(q);
-    free(out);
-    free(ck);
-    free(cv);
-    kvp_store_destroy(s);
-    return rc;
+    for (int i = 0; i < ok; i++) case_free(&cs[i]);
+    return -1;
 }
 
 /* ---- accuracy against the float64 reference (4096 tokens, fresh inputs) -------------------- */
@@ -513,38 +621,54 @@ int bench_attention(int argc, char **argv) {
     int nfmt = o.quick && o.only.fmt != 3 ? 3 : 4, max_ctx = cx[ncx - 1];
     result rs[64];
     int n = 0;
+    /* the streaming read that every timing round repeats (time_group):
+     * 256 MiB, 8x this machine's L3, on huge pages like the arena */
+    read_probe rd = {NULL, ((size_t)256 << 20) / sizeof(float), o.threads};
+    float *rbuf = (float *)(void *)huge_alloc(rd.n * sizeof(float));
+    if (rbuf == NULL) {
+        fprintf(stderr, "kvpage-bench attention: out of memory\n");
+        kvp_ctx_destroy(ctx);
+        return 1;
+    }
+    for (size_t i = 0; i < rd.n; i++) rbuf[i] = (float)(i & 1023) * 1e-3f;
+    rd.buf = rbuf;
+    printf("timing: the formats of a (page, batch, context) alternate in rounds, each with a 256 MiB "
+           "streaming read;\n  'of read', 'vs fp16' and 'paged/contig' are medians of the rounds' "
+           "ratios; the timed calls cycle over 'layers' layers\n\n");
     printf("%-9s %4s %5s %7s %10s %9s %7s %8s %10s %6s\n", "format", "page", "batch", "context",
            "time ms", "KV GB/s", "of read", "vs fp16", "paged/contig", "layers");
     for (int ip = 0; ip < npg; ip++)
         for (int ib = 0; ib < 2; ib++)
-            for (int ic = 0; ic < ncx; ic++)
+            for (int ic = 0; ic < ncx; ic++) {
+                /* --quick: batch 16 only at 8k (a 32k batch of 16 is 2 GiB of fp16) */
+                if (o.quick && o.only.batch < 0 && batches[ib] == 16 && cx[ic] > 8192) continue;
+                if (o.only.batch >= 0 && batches[ib] != o.only.batch) continue;
+                /* the group: this (page, batch, context)'s formats, fp16 first */
+                int g0 = n, g = 0;
                 for (int f = 0; f < nfmt; f++) {
-                    /* --quick: batch 16 only at 8k (a 32k batch of 16 is 2 GiB of fp16) */
-                    if (o.quick && o.only.batch < 0 && batches[ib] == 16 && cx[ic] > 8192) continue;
-                    if ((o.only.fmt >= 0 && f != o.only.fmt && f != 0) ||
-                        (o.only.batch >= 0 && batches[ib] != o.only.batch) ||
-                        0)
-                        continue;
-                    result *r = &rs[n];
+                    if (o.only.fmt >= 0 && f != o.only.fmt && f != 0) continue;
+                    result *r = &rs[n + g++];
                     memset(r, 0, sizeof *r);
                     r->fmt = f;
                     r->page = pg[ip];
                     r->batch = batches[ib];
                     r->context = cx[ic];
-                    if (run_case(&o, ctx, r, &rng) != 0) {
-                        fprintf(stderr, "kvpage-bench attention: case failed\n");
-                        kvp_ctx_destroy(ctx);
-                        return 1;
-                    }
-                    const result *base = kvb_find(rs, n + 1, 0, r->page, r->batch, r->context);
-                    double gbps = r->bytes / r->t_paged / 1e9;
-                    printf("%-9s %4d %5d %7d %10.3f %9.1f %7.2f %8.2f %10.2f %6d\n", formats[f].name,
-                           r->page, r->batch, r->context, r->t_paged * 1e3, gbps,
-                           gbps / roofs.read_gbps, base->t_paged / r->t_paged,
-                           r->t_contig / r->t_paged, r->layers);
-                    fflush(stdout);
-                    n++;
                 }
+                if (time_cases(&o, ctx, &rs[g0], g, &rng, &rd) != 0) {
+                    fprintf(stderr, "kvpage-bench attention: case failed\n");
+                    free(rbuf);
+                    kvp_ctx_destroy(ctx);
+                    return 1;
+                }
+                for (; n < g0 + g; n++) {
+                    const result *r = &rs[n];
+                    double gbps = r->bytes / r->t_paged / 1e9;
+                    printf("%-9s %4d %5d %7d %10.3f %9.1f %7.2f %8.2f %10.2f %6d\n", formats[r->fmt].name,
+                           r->page, r->batch, r->context, r->t_paged * 1e3, gbps,
+                           r->bw_fraction, r->speedup, r->vs_contig, r->layers);
+                }
+                fflush(stdout);
+            }
     double bw = kvb_headline(rs, n, 0, KVB_BW_FRACTION, roofs.read_gbps, max_ctx);
     double s8 = kvb_headline(rs, n, 1, KVB_SPEEDUP, roofs.read_gbps, max_ctx);
     double s4 = kvb_headline(rs, n, 2, KVB_SPEEDUP, roofs.read_gbps, max_ctx);
@@ -565,6 +689,7 @@ int bench_attention(int argc, char **argv) {
            o.threads, kvp_isa_name(kvp_ctx_isa(ctx)), o.quick ? "true" : "false", roofs.read_gbps,
            roofs.fma_per_s, roofs.int8_macs_per_s, bw, s8, s4, pc, errs[0], errs[1], errs[2], errs[3], errs[4],
            o.layers);
+    free(rbuf);
     kvp_ctx_destroy(ctx);
     return 0;
 }

@@ -26,6 +26,9 @@ typedef struct {
     int fmt, page, batch, context;
     int layers; /* layers the timed calls cycle over (0: not recorded) */
     double t_paged, t_contig, bytes;
+    /* medians of per-round ratios where the cases were timed in rounds
+     * together (0: not measured; the ratio of the medians is used) */
+    double speedup, vs_contig, bw_fraction;
 } kvb_result;
 
 static inline const kvb_result *kvb_find(const kvb_result *rs, int n, int fmt, int page, int batch,
@@ -50,9 +53,11 @@ static inline double kvb_headline(const kvb_result *rs, int n, int fmt, int what
         if (r->fmt != fmt || r->page != 32 || r->context < 8192) continue;
         if (what == KVB_PAGED_VS_CONTIG && r->context != max_ctx) continue;
         const kvb_result *base = kvb_find(rs, n, 0, r->page, r->batch, r->context);
-        if (what == KVB_BW_FRACTION) v[k++] = r->bytes / r->t_paged / 1e9 / roof_gbps;
+        if (what == KVB_BW_FRACTION)
+            v[k++] = r->bw_fraction > 0.0 ? r->bw_fraction : r->bytes / r->t_paged / 1e9 / roof_gbps;
+        else if (what == KVB_SPEEDUP && r->speedup > 0.0) v[k++] = r->speedup;
         else if (what == KVB_SPEEDUP && base != NULL) v[k++] = base->t_paged / r->t_paged;
-        else if (what == KVB_PAGED_VS_CONTIG) v[k++] = r->t_contig / r->t_paged;
+        else if (what == KVB_PAGED_VS_CONTIG) v[k++] = r->vs_contig > 0.0 ? r->vs_contig : r->t_contig / r->t_paged;
     }
     return k > 0 ? bench_median(v, k) : 0.0;
 }

@@ -28,6 +28,9 @@ typedef struct {
 /* Measure both roofs with `threads` threads over a `bytes` buffer
  * (0 = 512 MiB). `reps` repetitions, median reported. Returns 0 or -1. */
 int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out);
+/* One streaming read of buf[0 .. n) floats (64-byte aligned, n far larger
+ * than the caches), split over `threads` threads: GB/s, or -1. */
+double bench_read_once(int threads, const float *buf, size_t n);
 
 int bench_roofline(int argc, char **argv);
 int bench_sched(int argc, char **argv);
