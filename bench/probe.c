@@ -143,7 +143,12 @@ __attribute__((target("avx512f,avx512vnni"))) static int dpbusd_avx512(long iter
     __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
                                  _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
     s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
-    return _mm512_reduce_add_epi32(s);
+    /* summed as unsigned: the lanes wrap, and _mm512_reduce_add_epi32's
+     * signed adds are undefined behaviour on overflow (UBSan flags them) */
+    uint32_t lanes[16], sum = 0;
+    _mm512_storeu_si512((void *)lanes, s);
+    for (int i = 0; i < 16; i++) sum += lanes[i];
+    return (int)(sum & 0x7fffffff);
 }
 #undef DPB
 #endif
