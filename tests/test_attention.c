@@ -509,12 +509,13 @@ static void test_isa_and_thread_agreement(void **state) {
 }
 
 /* int8 and int4 values at page 16 and 32: the AVX2 and AVX-512 kernels run
- * two full pages as one chunk (lib/cpu/attn.c run_pair), the portable path
- * page by page. The
- * two must agree under every mask and option: windows whose edge falls
- * inside a pair, causal off, soft cap, several query tokens (tiles per
- * head), an odd count of full pages before a partial one, and split
- * sequences (3 threads); and the pair path must meet the format's bound. */
+ * two full pages as one chunk (AVX-512 int4 values: four; lib/cpu/attn.c
+ * run_group), the portable path page by page. The two must agree under
+ * every mask and option: windows whose edge falls inside a group, causal
+ * off, soft cap, several query tokens (tiles per head), full pages left over
+ * after the groups before a partial one (35 at page 32: 8 groups of four
+ * and 3; 9 at page 32: 2 and 1), and split sequences (3 threads); and the
+ * group path must meet the format's bound. */
 static void test_page_pairs(void **state) {
     (void)state;
     if (!kvp_isa_supported(KVP_ISA_AVX2)) skip();

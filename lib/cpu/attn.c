@@ -31,6 +31,7 @@ typedef struct {
     kvp__klogits_fn klogits;
     kvp__vacc_fn vacc;
     kvp__vacc2_fn vacc2; /* two full pages as one chunk, or NULL */
+    kvp__vacc4_fn vacc4; /* four full pages as one chunk, or NULL */
     const kvp__blockfmt *kf, *vf;
     uint64_t kdata, kused, vdata, vused; /* element bytes and used bytes of a K / V block */
 } stage_set;
@@ -333,28 +334,34 @@ static void run_page(const attn_job *j, kvp__tile *tiles, int ntiles, const uint
     }
 }
 
-/* Two full pages (pg, pg + 1; P = 16 or 32) of one head's tiles as one
- * chunk of 2P tokens: the second page's keys first, their logits moved up
- * to [P, 2P), then the first page's, one softmax, one two-block V stage. */
-static void run_pair(const attn_job *j, kvp__tile *tiles, int ntiles, const step_blocks cb[2],
-                     const ptrdiff_t pf_k[2], const ptrdiff_t pf_v[2], int32_t tok0) {
+/* nb = 2 or 4 full pages (pg .. pg + nb - 1; P = 16 or 32) of one head's
+ * tiles as one chunk of nb*P tokens: the pages' keys last page first, each
+ * page's logits moved up to [k*P, (k+1)*P), one softmax, one V stage over
+ * the nb blocks (vacc2 or vacc4). */
+static void run_group(const attn_job *j, kvp__tile *tiles, int ntiles, const step_blocks cb[4],
+                      const ptrdiff_t pf_k[4], const ptrdiff_t pf_v[4], int32_t tok0, int nb) {
     const stage_set *st = cb[0].st;
     const int P = j->P;
-    int32_t last = tok0 + 2 * P - 1;
+    int32_t last = tok0 + nb * P - 1;
     for (int t = 0; t < ntiles; t++) {
         kvp__tile *tl = &tiles[t];
         if (!tile_sees(tl, tok0, last)) continue;
-        for (int k = 1; k >= 0; k--) {
+        for (int k = nb - 1; k >= 0; k--) {
             tl->pf_k = pf_k[k];
             if (st->kprep != NULL) st->kprep(tl, cb[k].kb, st->kf);
             st->klogits(tl, cb[k].kb, st->kf, 0, P);
-            if (k == 1)
+            if (k > 0)
                 for (int r = 0; r < KVP__TILE_ROWS; r++)
-                    memcpy(&tl->logits[r][P], &tl->logits[r][0], (size_t)P * sizeof(float));
+                    memcpy(&tl->logits[r][k * P], &tl->logits[r][0], (size_t)P * sizeof(float));
         }
-        j->softmax(tl, 2 * P, tok0);
-        tl->pf_v = pf_v[0];
-        st->vacc2(tl, cb[0].vb, cb[1].vb, pf_v[1], st->vf);
+        j->softmax(tl, nb * P, tok0);
+        if (nb == 4) {
+            const uint8_t *const vb[4] = {cb[0].vb, cb[1].vb, cb[2].vb, cb[3].vb};
+            st->vacc4(tl, vb, pf_v, st->vf);
+        } else {
+            tl->pf_v = pf_v[0];
+            st->vacc2(tl, cb[0].vb, cb[1].vb, pf_v[1], st->vf);
+        }
     }
 }
 
@@ -428,28 +435,30 @@ static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
     while (end > first && (end - 1) * j->P > hi) end--;         /* after the last row */
     /* the item's (page, head) steps, heads inner: a page's blocks of
      * consecutive heads are adjacent, so each page is two sequential runs.
-     * With a two-block V stage, the full pages come first in pairs (page
-     * pair, head, page): each pair of one head is one chunk (run_pair). */
-    int32_t nh = id.h1 - id.h0, steps = (end - first) * nh, npair = 0;
-    if (j->pool_stages.vacc2 != NULL && (j->P == 16 || j->P == 32)) {
+     * With a four- (or two-) block V stage, the full pages come first in
+     * groups of GP = 4 (or 2), (page group, head, page): each group of one
+     * head is one chunk (run_group); the rest go page by page. */
+    int32_t nh = id.h1 - id.h0, steps = (end - first) * nh, ngrp = 0, GP = 1;
+    if (j->P == 16 || j->P == 32) GP = j->pool_stages.vacc4 != NULL ? 4 : j->pool_stages.vacc2 != NULL ? 2 : 1;
+    if (GP > 1) {
         int32_t full_end = kv_len / j->P < end ? kv_len / j->P : end;
-        npair = full_end > first ? (full_end - first) / 2 : 0;
+        ngrp = full_end > first ? (full_end - first) / GP : 0;
     }
-    const int32_t pair_steps = 2 * npair * nh;
+    const int32_t grp_steps = GP * ngrp * nh;
     uint64_t step_bytes = j->pool_stages.kused + j->pool_stages.vused;
     int32_t ahead = (int32_t)((PREFETCH_LEAD_BYTES + step_bytes - 1) / step_bytes);
-#define STEP_PAGE(s_) ((s_) < pair_steps ? first + 2 * ((s_) / (2 * nh)) + (s_) % 2 : first + 2 * npair + ((s_) - pair_steps) / nh)
-#define STEP_HEAD(s_) (id.h0 + ((s_) < pair_steps ? ((s_) % (2 * nh)) / 2 : ((s_) - pair_steps) % nh))
+#define STEP_PAGE(s_) ((s_) < grp_steps ? first + GP * ((s_) / (GP * nh)) + (s_) % GP : first + GP * ngrp + ((s_) - grp_steps) / nh)
+#define STEP_HEAD(s_) (id.h0 + ((s_) < grp_steps ? ((s_) % (GP * nh)) / GP : ((s_) - grp_steps) % nh))
 #define STEP_AT(s_, out_) resolve_page(j, id.b, STEP_HEAD(s_), STEP_PAGE(s_), &(out_).kb, &(out_).vb, &(out_).st)
-    step_blocks cur[2], nx, ah;
+    step_blocks cur[4], nx, ah;
     for (int32_t s = 1; s < steps && s < ahead; s++) { /* the first steps: no lead to hide them */
         STEP_AT(s, ah);
         prefetch_range(ah.kb, 0, ah.st->kused, 2);
         prefetch_range(ah.vb, 0, ah.st->vused, 2);
     }
     for (int32_t s = 0; s < steps;) {
-        const int cnt = s < pair_steps ? 2 : 1;
-        ptrdiff_t pf_k[2] = {0, 0}, pf_v[2] = {0, 0};
+        const int cnt = s < grp_steps ? GP : 1;
+        ptrdiff_t pf_k[4] = {0, 0, 0, 0}, pf_v[4] = {0, 0, 0, 0};
         for (int k = 0; k < cnt; k++) {
             STEP_AT(s + k, cur[k]);
             if (s + k + ahead < steps) { /* the kernels stream their prefetches along it */
@@ -471,8 +480,10 @@ static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
         }
         int32_t pg = STEP_PAGE(s), h = STEP_HEAD(s), tok0 = pg * j->P;
         kvp__tile *tiles = &ts->tiles[(h - id.h0) * id.tiles_per_head];
-        if (cnt == 2 && cur[0].st == &j->pool_stages && cur[1].st == &j->pool_stages) {
-            run_pair(j, tiles, id.tiles_per_head, cur, pf_k, pf_v, tok0);
+        bool pool = true; /* a group's pages are full, but may be staging pages */
+        for (int k = 0; k < cnt; k++) pool &= cur[k].st == &j->pool_stages;
+        if (cnt > 1 && pool) {
+            run_group(j, tiles, id.tiles_per_head, cur, pf_k, pf_v, tok0, cnt);
         } else {
             for (int k = 0; k < cnt; k++) {
                 int32_t t0k = (pg + k) * j->P, ntok = kv_len - t0k < j->P ? kv_len - t0k : j->P;
@@ -548,6 +559,7 @@ static void pick_stages(attn_job *j, const kvp__blockfmt *kf, const kvp__blockfm
     j->pool_stages.klogits = kvp__pick_klogits(isa, kf->format, kvp__blockfmt_dim_major(kf));
     j->pool_stages.vacc = kvp__pick_vacc(isa, vf->format);
     j->pool_stages.vacc2 = kvp__pick_vacc2(isa, vf->format);
+    j->pool_stages.vacc4 = kvp__pick_vacc4(isa, vf->format);
     set_sizes(&j->pool_stages);
     if (skf != NULL) {
         j->staging_stages.kf = skf;
@@ -556,6 +568,7 @@ static void pick_stages(attn_job *j, const kvp__blockfmt *kf, const kvp__blockfm
         j->staging_stages.klogits = kvp__pick_klogits(isa, skf->format, kvp__blockfmt_dim_major(skf));
         j->staging_stages.vacc = kvp__pick_vacc(isa, svf->format);
         j->staging_stages.vacc2 = NULL; /* staging pages go one by one */
+        j->staging_stages.vacc4 = NULL;
         set_sizes(&j->staging_stages);
     }
 }

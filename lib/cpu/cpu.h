@@ -10,6 +10,7 @@
  * ISA has a two-block V stage for the format (vacc2), two full pages of at
  * most 32 tokens go as one chunk: the per-chunk work (softmax reductions and
  * bookkeeping, the V stage's bounds and output update) is paid once for both.
+ * With a four-block V stage (vacc4), four full pages go as one chunk.
  */
 #ifndef KVPAGE_CPU_H
 #define KVPAGE_CPU_H
@@ -41,8 +42,8 @@ typedef struct {
     int8_t qhl[KVP__TILE_ROWS][2 * KVP__ATTN_MAX_D] KVP__ALIGN64; /* AVX-512 int8 keys: both parts,
                                                                     packed (kern_avx512.c) */
     int16_t q16[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* AVX2 int8 keys: 15-bit q */
-    float logits[KVP__TILE_ROWS][2 * KVP__CHUNK] KVP__ALIGN64; /* 2 *: a pair of pages */
-    float p[KVP__TILE_ROWS][2 * KVP__CHUNK] KVP__ALIGN64;      /* exp(logit - m) */
+    float logits[KVP__TILE_ROWS][4 * KVP__CHUNK] KVP__ALIGN64; /* 4 *: four pages (vacc4) */
+    float p[KVP__TILE_ROWS][4 * KVP__CHUNK] KVP__ALIGN64;      /* exp(logit - m) */
     float qstep[KVP__TILE_ROWS];  /* integer q's step: q' ~= qstep * x (x = 128*qh + ql, or
                                      the 8-bit qh, or q16) */
     float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
@@ -73,7 +74,7 @@ typedef void (*kvp__klogits_fn)(kvp__tile *t, const uint8_t *kb, const kvp__bloc
                                 int n);
 /* Mask (absolute position of token 0 of the chunk: pos0), soft cap, online
  * softmax: rescales o, updates m and l, writes p. n <= 32, or <= 64 in an ISA
- * that has a vacc2. */
+ * that has a vacc2, <= 128 in one that has a vacc4. */
 typedef void (*kvp__softmax_fn)(kvp__tile *t, int n, int32_t pos0);
 typedef void (*kvp__vacc_fn)(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0,
                              int n);
@@ -81,6 +82,11 @@ typedef void (*kvp__vacc_fn)(kvp__tile *t, const uint8_t *vb, const kvp__blockfm
  * is block b's token i; t->pf_v is block 0's prefetch distance, pf1 block
  * 1's. */
 typedef void (*kvp__vacc2_fn)(kvp__tile *t, const uint8_t *vb0, const uint8_t *vb1, ptrdiff_t pf1,
+                              const kvp__blockfmt *f);
+/* V stage over four full pages of P <= 32 tokens as one chunk: p[r][P*b + i]
+ * is block b's token i, vb[b] its block and pf[b] its prefetch distance
+ * (t->pf_v is not read). The ISA's softmax takes 4 * P tokens. */
+typedef void (*kvp__vacc4_fn)(kvp__tile *t, const uint8_t *const vb[4], const ptrdiff_t pf[4],
                               const kvp__blockfmt *f);
 
 typedef struct {
@@ -90,6 +96,7 @@ typedef struct {
     kvp__softmax_fn softmax;
     kvp__vacc_fn vacc[KVP_FORMAT_COUNT];
     kvp__vacc2_fn vacc2[KVP_FORMAT_COUNT]; /* NULL: pages go one by one */
+    kvp__vacc4_fn vacc4[KVP_FORMAT_COUNT]; /* NULL: no four-page chunks (pairs if vacc2) */
 } kvp__kernels;
 
 /* Each ISA's table; entries it leaves NULL fall back to the portable ones. */
@@ -105,6 +112,8 @@ kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format);
 /* The ISA's own two-block V stage, or NULL (no fallback: the portable
  * kernels take pages one by one). */
 kvp__vacc2_fn kvp__pick_vacc2(int32_t isa, int32_t format);
+/* The ISA's own four-block V stage, or NULL. */
+kvp__vacc4_fn kvp__pick_vacc4(int32_t isa, int32_t format);
 
 /* Shared helpers for the kernels (portable code, used by every ISA). */
 /* int4 keys: the outlier channels' table of a block (docs/formats.md). */

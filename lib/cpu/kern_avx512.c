@@ -511,7 +511,7 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
 TGT_INLINE static void softmax_body(kvp__tile *t, int n, int32_t pos0, const int NH) {
     const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    __m512 x[R][4], cm[R], cm4;
+    __m512 x[R][8], cm[R], cm4;
     float cmax4[16] KVP__ALIGN64, cmax[R], m_new[R], e[16] KVP__ALIGN64;
     UNROLL for (int r = 0; r < R; r++) {
         if (t->soft_cap > 0.0f)
@@ -573,7 +573,8 @@ TGT_INLINE static void softmax_body(kvp__tile *t, int n, int32_t pos0, const int
 TGT static void softmax_avx512(kvp__tile *t, int n, int32_t pos0) {
     if (n <= 16) softmax_body(t, n, pos0, 1);
     else if (n <= 32) softmax_body(t, n, pos0, 2);
-    else softmax_body(t, n, pos0, 4); /* a pair of pages (vacc2) */
+    else if (n <= 64) softmax_body(t, n, pos0, 4); /* a pair of pages (vacc2) */
+    else softmax_body(t, n, pos0, 8);              /* four pages of 32 (vacc4) */
 }
 
 /* ---- V: plain formats, token-major --------------------------------------------------------------------- */
@@ -760,20 +761,18 @@ TGT static void vacc2_int8(kvp__tile *t, const uint8_t *vb0, const uint8_t *vb1,
  * 4 rows' sums reduced together. */
 /* NH: 16-token halves each block's part of the chunk has (1 at page 16 and
  * below: the second half's vector work is skipped, not done on zeros). NB:
- * blocks (1, or 2 for a pair of full pages: p[r][P * b + i] is block b's
- * token i, vb1 its second block, pf1 that block's prefetch distance). The
- * two blocks share the probabilities' bound, the integer accumulators and
- * the output update, which are per chunk, not per token. */
-TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const uint8_t *vb1, ptrdiff_t pf1,
+ * blocks (1, or 2 or 4 full pages: p[r][P * b + i] is block b's token i,
+ * blk[b] its block, pfd[b] that block's prefetch distance). The blocks
+ * share the probabilities' bound, the integer accumulators and the output
+ * update, which are per chunk, not per token. */
+TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *const *blk, const ptrdiff_t *pfd,
                                       const kvp__blockfmt *f, int t0, int n, const int NH, const int NB) {
     const int D = t->D, P = f->page_size, G = kvp__v4_groups(D), n4 = n / 4 * 4;
-    const uint8_t *const blk[2] = {vb, vb1};
-    const ptrdiff_t pfd[2] = {t->pf_v, pf1};
     const __m512i top = _mm512_set1_epi8((char)0xF0), flip = _mm512_set1_epi8((char)0x80);
     const __mmask16 mk[2] = {mask16(n4), mask16(n4 - 16)};
     /* per group: scales and min + 8·scale as fp32 (block b's half j at
      * 32b + 16j), the largest scale */
-    float sv[KVP__ATTN_MAX_D / 32][2 * KVP__CHUNK] KVP__ALIGN64, wv[KVP__ATTN_MAX_D / 32][2 * KVP__CHUNK] KVP__ALIGN64;
+    float sv[KVP__ATTN_MAX_D / 32][4 * KVP__CHUNK] KVP__ALIGN64, wv[KVP__ATTN_MAX_D / 32][4 * KVP__CHUNK] KVP__ALIGN64;
     /* lane 0 of each: group g's largest scale and 255 / it (0 if 0) */
     float smax[KVP__ATTN_MAX_D / 32 + 3][4] KVP__ALIGN64, sinv[KVP__ATTN_MAX_D / 32 + 3][4] KVP__ALIGN64;
     for (int g0 = 0; g0 < G; g0 += 4) {
@@ -803,7 +802,7 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const uin
         _mm512_store_ps(&sinv[g0][0], div_or_zero(255.0f, m4));
     }
     /* rows: p / pmax (lane 4r of pmax4 / pinv: row r's) */
-    __m512 pr[R][4];
+    __m512 pr[R][8];
     const __m512 pmax4 = rows_to_lanes(t->pmax);
     float pinv[16] KVP__ALIGN64;
     _mm512_store_ps(pinv, div_or_zero(1.0f, pmax4));
@@ -815,12 +814,12 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const uin
     for (int g = 0; g < G; g++) {
         int w = D - 32 * g < 32 ? D - 32 * g : 32, half = w / 2;
         __m512 sn = _mm512_set1_ps(sinv[g][0]);
-        __m512 sq[4], wq[4];
+        __m512 sq[8], wq[8];
         UNROLL for (int bb = 0; bb < NB; bb++) UNROLL for (int j = 0; j < NH; j++) {
             sq[2 * bb + j] = _mm512_mul_ps(_mm512_load_ps(&sv[g][32 * bb + 16 * j]), sn);
             wq[2 * bb + j] = _mm512_load_ps(&wv[g][32 * bb + 16 * j]);
         }
-        uint32_t pq[R][2 * KVP__CHUNK / 4] KVP__ALIGN64; /* block b's quad i at 8b + i */
+        uint32_t pq[R][4 * KVP__CHUNK / 4] KVP__ALIGN64; /* block b's quad i at 8b + i */
         __m512 mt[R], mt4;
         UNROLL for (int r = 0; r < R; r++) {
             mt[r] = _mm512_mul_ps(pr[r][0], wq[0]);
@@ -860,7 +859,7 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const uin
                 __m512i vhi = _mm512_ternarylogic_epi32(b, top, flip, 0x6A);
 #define V4_STEP(r)                                                                                 \
     {                                                                                              \
-        __m512i pb = _mm512_set1_epi32((int)pqb[(r) * (2 * KVP__CHUNK / 4) + tg]);                 \
+        __m512i pb = _mm512_set1_epi32((int)pqb[(r) * (4 * KVP__CHUNK / 4) + tg]);                 \
         DPBUSD(lo_##r, pb, vlo);                                                                   \
         DPBUSD(hi_##r, pb, vhi);                                                                   \
     }
@@ -887,19 +886,30 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *vb, const uin
     }
         R4(V4_OUT)
     }
-    if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+    if (n4 < n) vacc_tail(t, blk[0], f, t0, n4, n);
 }
 
 TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
-    if (n / 4 * 4 <= 16) vacc_int4_body(t, vb, NULL, 0, f, t0, n, 1, 1);
-    else vacc_int4_body(t, vb, NULL, 0, f, t0, n, 2, 1);
+    const uint8_t *const blk[1] = {vb};
+    const ptrdiff_t pfd[1] = {t->pf_v};
+    if (n / 4 * 4 <= 16) vacc_int4_body(t, blk, pfd, f, t0, n, 1, 1);
+    else vacc_int4_body(t, blk, pfd, f, t0, n, 2, 1);
 }
 
 /* Two full pages (P = 32, or 16: NH halves per block). */
 TGT static void vacc2_int4(kvp__tile *t, const uint8_t *vb0, const uint8_t *vb1, ptrdiff_t pf1,
                            const kvp__blockfmt *f) {
-    if (f->page_size <= 16) vacc_int4_body(t, vb0, vb1, pf1, f, 0, f->page_size, 1, 2);
-    else vacc_int4_body(t, vb0, vb1, pf1, f, 0, f->page_size, 2, 2);
+    const uint8_t *const blk[2] = {vb0, vb1};
+    const ptrdiff_t pfd[2] = {t->pf_v, pf1};
+    if (f->page_size <= 16) vacc_int4_body(t, blk, pfd, f, 0, f->page_size, 1, 2);
+    else vacc_int4_body(t, blk, pfd, f, 0, f->page_size, 2, 2);
+}
+
+/* Four full pages (P = 32, or 16). */
+TGT static void vacc4_int4(kvp__tile *t, const uint8_t *const vb[4], const ptrdiff_t pf[4],
+                           const kvp__blockfmt *f) {
+    if (f->page_size <= 16) vacc_int4_body(t, vb, pf, f, 0, f->page_size, 1, 4);
+    else vacc_int4_body(t, vb, pf, f, 0, f->page_size, 2, 4);
 }
 
 /* One copy of each plain-format stage per format, so loads are branch-free. */
@@ -933,8 +943,9 @@ const kvp__kernels kvp__kernels_avx512 = {
     softmax_avx512,
     {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},
     {NULL, NULL, NULL, NULL, vacc2_int8, vacc2_int4},
+    {NULL, NULL, NULL, NULL, NULL, vacc4_int4},
 };
 
 #else
-const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}, {0}};
+const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}, {0}, {0}};
 #endif

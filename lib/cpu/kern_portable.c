@@ -80,6 +80,7 @@ const kvp__kernels kvp__kernels_portable = {
     softmax_portable,
     {vacc_portable, vacc_portable, vacc_portable, vacc_portable, vacc_portable, vacc_portable},
     {NULL, NULL, NULL, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL},
 };
 
 /* ---- helpers shared by the SIMD paths ----------------------------------------------------- */
@@ -191,4 +192,8 @@ kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format) {
 kvp__vacc2_fn kvp__pick_vacc2(int32_t isa, int32_t format) {
     /* the ISA's own only: its softmax takes the pair's 2 * P tokens */
     return table_of(isa)->vacc2[format];
+}
+
+kvp__vacc4_fn kvp__pick_vacc4(int32_t isa, int32_t format) {
+    return table_of(isa)->vacc4[format]; /* as vacc2: 4 * P tokens */
 }
