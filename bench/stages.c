@@ -9,8 +9,10 @@
  * integer keys), keys (logits), softmax, values (o += p.v); "all" runs the
  * four in order as attention does; "pairs" runs them over two full pages as
  * one chunk, as attention does where the ISA has a two-block values stage
- * for the format (AVX2 and AVX-512 int8 and int4 at page 16 and 32), per page. Keys follow the benchmark distribution
- * (bench/kvdist.h: outlier channels, offsets), values and queries N(0,1).
+ * for the format (AVX2 and AVX-512 int8 and int4 at page 16 and 32), and
+ * "quads" over four, where it has a four-block one (AVX-512 int4), per page.
+ * Keys follow the benchmark distribution (bench/kvdist.h: outlier channels,
+ * offsets), values and queries N(0,1).
  */
 #include "bench.h"
 #include "kvdist.h"
@@ -35,8 +37,8 @@ typedef struct {
     float o[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;
 } stage_state;
 
-enum { S_PREP, S_KEYS, S_SOFTMAX, S_VALUES, S_ALL, S_PAIRS, S_COUNT };
-static const char *const stage_names[S_COUNT] = {"prep", "keys", "softmax", "values", "all", "pairs"};
+enum { S_PREP, S_KEYS, S_SOFTMAX, S_VALUES, S_ALL, S_PAIRS, S_QUADS, S_COUNT };
+static const char *const stage_names[S_COUNT] = {"prep", "keys", "softmax", "values", "all", "pairs", "quads"};
 
 typedef struct {
     kvp__kprep_fn prep;
@@ -44,6 +46,7 @@ typedef struct {
     kvp__softmax_fn softmax;
     kvp__vacc_fn values;
     kvp__vacc2_fn values2; /* NULL: no pairs */
+    kvp__vacc4_fn values4; /* NULL: no quads */
     kvp__blockfmt kf, vf;
     const uint8_t *k, *v;
     size_t kstride, vstride;
@@ -54,7 +57,26 @@ typedef struct {
 static double run_stage(const stage_set_t *ss, stage_state *st, int s, int iters) {
     kvp__tile *t = &st->tile;
     double t0 = bench_now();
-    if (s == S_PAIRS) { /* as lib/cpu/attn.c run_pair: the second page's keys first */
+    if (s == S_QUADS) { /* as lib/cpu/attn.c run_group: the last page's keys first */
+        const int P = ss->P;
+        for (int it = 0; it + 3 < iters; it += 4) {
+            int p = it % PAGES;
+            const uint8_t *vb[4];
+            const ptrdiff_t pf[4] = {0, 0, 0, 0};
+            for (int k = 3; k >= 0; k--) {
+                const uint8_t *kb = ss->k + (size_t)(p + k) * ss->kstride;
+                vb[k] = ss->v + (size_t)(p + k) * ss->vstride;
+                if (ss->prep != NULL) ss->prep(t, kb, &ss->kf);
+                ss->keys(t, kb, &ss->kf, 0, P);
+                if (k > 0)
+                    for (int r = 0; r < KVP__TILE_ROWS; r++) memcpy(&t->logits[r][k * P], &t->logits[r][0], (size_t)P * 4);
+            }
+            ss->softmax(t, 4 * P, it * P);
+            ss->values4(t, vb, pf, &ss->vf);
+        }
+        return bench_now() - t0;
+    }
+    if (s == S_PAIRS) { /* as lib/cpu/attn.c run_group: the second page's keys first */
         const int P = ss->P;
         for (int it = 0; it + 1 < iters; it += 2) {
             int p = it % PAGES;
@@ -128,6 +150,7 @@ int bench_stages(int argc, char **argv) {
     ss.softmax = kvp__pick_softmax(isa);
     ss.values = kvp__pick_vacc(isa, f);
     if (P == 16 || P == 32) ss.values2 = kvp__pick_vacc2(isa, f);
+    if (P == 16 || P == 32) ss.values4 = kvp__pick_vacc4(isa, f);
 
     /* sizes rounded to the alignment, as aligned_alloc asks */
     uint8_t *k = aligned_alloc(64, (ss.kstride * PAGES + 63) & ~(size_t)63);
@@ -164,7 +187,7 @@ int bench_stages(int argc, char **argv) {
     for (int s = 0; s < S_COUNT; s++) best[s] = 1e30;
     for (int rep = 0; rep < reps; rep++) /* stages interleaved: the same machine state for each */
         for (int s = 0; s < S_COUNT; s++) {
-            if (s == S_PAIRS && ss.values2 == NULL) continue;
+            if ((s == S_PAIRS && ss.values2 == NULL) || (s == S_QUADS && ss.values4 == NULL)) continue;
             double dt = run_stage(&ss, st, s, iters);
             if (dt < best[s]) best[s] = dt;
         }
@@ -174,18 +197,20 @@ int bench_stages(int argc, char **argv) {
            stage_formats[fmt].name, kvp_isa_name(isa), P, D, PAGES, reps, iters);
     printf("%-8s %14s\n", "stage", "ns per step");
     for (int s = 0; s < S_COUNT; s++)
-        if (s != S_PAIRS || ss.values2 != NULL) printf("%-8s %14.1f\n", stage_names[s], best[s] / iters * 1e9);
+        if ((s != S_PAIRS || ss.values2 != NULL) && (s != S_QUADS || ss.values4 != NULL))
+            printf("%-8s %14.1f\n", stage_names[s], best[s] / iters * 1e9);
     double ns_all = best[S_ALL] / iters * 1e9;
-    char pairs[32] = "null";
+    char pairs[32] = "null", quads[32] = "null";
     if (ss.values2 != NULL) snprintf(pairs, sizeof pairs, "%.1f", best[S_PAIRS] / iters * 1e9);
+    if (ss.values4 != NULL) snprintf(quads, sizeof quads, "%.1f", best[S_QUADS] / iters * 1e9);
     printf("one step = one page of one kv head (%.0f bytes of K and V): %.1f GB/s per core in cache\n",
            bytes, bytes / ns_all);
     printf("{\"bench\": \"stages\", \"format\": \"%s\", \"isa\": \"%s\", \"page\": %d, \"head_dim\": %d, "
            "\"prep_ns\": %.1f, \"keys_ns\": %.1f, \"softmax_ns\": %.1f, \"values_ns\": %.1f, "
-           "\"all_ns\": %.1f, \"gbps_per_core\": %.2f, \"pairs_ns\": %s}\n",
+           "\"all_ns\": %.1f, \"gbps_per_core\": %.2f, \"pairs_ns\": %s, \"quads_ns\": %s}\n",
            stage_formats[fmt].name, kvp_isa_name(isa), P, D, best[S_PREP] / iters * 1e9,
            best[S_KEYS] / iters * 1e9, best[S_SOFTMAX] / iters * 1e9, best[S_VALUES] / iters * 1e9,
-           ns_all, bytes / ns_all, pairs);
+           ns_all, bytes / ns_all, pairs, quads);
     rc = 0;
 out:
     if (rc != 0) fprintf(stderr, "kvpage-bench stages: out of memory\n");
