@@ -34,8 +34,7 @@
  * sequence's pages. Lives in a thread's scratch. */
 typedef struct {
     float q[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;  /* q * sm_scale */
-    float qf[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* q folded with this page's key scales (not
-                                                               written by the AVX-512 int4 prep) */
+    float qf[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* q folded with this page's key scales */
     int8_t qh[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* integer q, high part (int4 keys,
                                                                SIMD: the whole 8-bit q) */
     int8_t ql[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* integer q, low part */

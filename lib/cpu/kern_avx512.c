@@ -317,40 +317,20 @@ TGT_INLINE static __m512 k4_outlier_fold(kvp__tile *t, const uint8_t *kb, const 
  * 0, so q' is 0 there). The rounding error times the middle code (7.5) goes
  * to the constant: 7.5·Σ (q' - step*x), with Σ q'·7.5 inside the min
  * term's dot product (q·(min + 7.5·scale)) and Σ x summed as x is formed. */
-/* Unlike kprep_fold, q' is formed twice rather than stored and loaded
- * (t->qf is not written): the int4 prep's 4 x D/16 vector stores cost more
- * than a second multiply (int4 0.4 - 1.3% faster, in-process A/B, 2 threads
- * batch 1 8k / 32k and 1 thread 32k). The values are the same to the bit. */
 TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     const int D = t->D;
-    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    __m512 amax[R], cst[R], amax4, cst4;
-    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = _mm512_setzero_ps();
-    for (int d = 0; d < D; d += 16) {
-        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
-        __m512 m = _mm512_fmadd_ps(s, _mm512_set1_ps(7.5f),
-                                   _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d))));
-        UNROLL for (int r = 0; r < R; r++) {
-            __m512 q = _mm512_load_ps(&t->q[r][d]);
-            cst[r] = _mm512_fmadd_ps(q, m, cst[r]);
-            amax[r] = _mm512_range_ps(amax[r], _mm512_mul_ps(q, s), 0x0B); /* max(|a|, |b|) */
-        }
-    }
-    REDUCE4(_mm512_max_ps, amax[0], amax[1], amax[2], amax[3], amax4);
-    REDUCE4(_mm512_add_ps, cst[0], cst[1], cst[2], cst[3], cst4);
+    __m512 amax4, cst4;
+    kprep_fold(t, kb, f, 7.5f, &amax4, &cst4);
     float inv[16] KVP__ALIGN64;
     _mm512_store_ps(inv, div_or_zero(127.0f, amax4));
     __m512i xs[R];
     UNROLL for (int r = 0; r < R; r++) xs[r] = _mm512_setzero_si512();
-    for (int d = 0; d < D; d += 16) {
-        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
+    for (int d = 0; d < D; d += 16)
         UNROLL for (int r = 0; r < R; r++) {
-            __m512 qf = _mm512_mul_ps(_mm512_load_ps(&t->q[r][d]), s);
-            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(qf, _mm512_set1_ps(inv[4 * r])));
+            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qf[r][d]), _mm512_set1_ps(inv[4 * r])));
             _mm_store_si128((__m128i *)(void *)&t->qh[r][d], PACK_S8(x));
             xs[r] = _mm512_add_epi32(xs[r], x);
         }
-    }
     __m512 x4, step4 = _mm512_mul_ps(amax4, _mm512_set1_ps(1.0f / 127.0f));
     REDUCE4(_mm512_add_ps, _mm512_cvtepi32_ps(xs[0]), _mm512_cvtepi32_ps(xs[1]),
             _mm512_cvtepi32_ps(xs[2]), _mm512_cvtepi32_ps(xs[3]), x4);
