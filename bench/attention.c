@@ -171,7 +171,7 @@ typedef struct {
     kvp_attention_params_t ap;
     kvp__contig contig;
     int32_t layers, next_layer, next_copy; /* the layer (copy of the contiguous cache) read next */
-    const uint8_t *ck, *cv;                /* the contiguous copies, `layers` of them end to end */
+    uint8_t *ck, *cv;                      /* the contiguous copies, `layers` of them end to end */
     size_t ck_bytes, cv_bytes;             /* one copy */
     const float *q;
     float *out;
@@ -222,7 +222,6 @@ typedef struct {
     kvp_store_t *s;
     int32_t *ids, *indptr, *last, *qo;
     float *q, *out;
-    uint8_t *ck, *cv;
     uint64_t bytes; /* what it holds: store arena and contiguous copies */
 } case_state;
 
@@ -233,8 +232,8 @@ static void case_free(case_state *cs) {
     free(cs->qo);
     free(cs->q);
     free(cs->out);
-    free(cs->ck);
-    free(cs->cv);
+    free(cs->c.ck);
+    free(cs->c.cv);
     kvp_store_destroy(cs->s);
     memset(cs, 0, sizeof *cs);
 }
@@ -266,10 +265,9 @@ static int case_setup(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng,
     kvp_store_layout(s, &lay);
     uint64_t kb = lay.k_block_bytes, vb = lay.v_block_bytes;
     size_t ck_bytes = (size_t)pages * KV_HEADS * kb, cv_bytes = (size_t)pages * KV_HEADS * vb;
-    cs->ck = huge_alloc(ck_bytes * (size_t)layers);
-    cs->cv = huge_alloc(cv_bytes * (size_t)layers);
+    uint8_t *ck = cs->c.ck = huge_alloc(ck_bytes * (size_t)layers);
+    uint8_t *cv = cs->c.cv = huge_alloc(cv_bytes * (size_t)layers);
     int32_t *ids = cs->ids, *indptr = cs->indptr, *last = cs->last, *qo = cs->qo;
-    uint8_t *ck = cs->ck, *cv = cs->cv;
     if (!ids || !indptr || !last || !qo || !cs->q || !cs->out || !ck || !cv) {
         case_free(cs);
         return -1;
@@ -309,8 +307,6 @@ static int case_setup(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng,
     }
     c->layers = layers;
     r->layers = layers;
-    c->ck = ck;
-    c->cv = cv;
     c->ck_bytes = ck_bytes;
     c->cv_bytes = cv_bytes;
     c->contig.k = ck;

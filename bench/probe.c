@@ -281,17 +281,8 @@ int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out) {
 
     worker ws[64];
     double times[64];
-    size_t per = n / (size_t)threads;
-    for (int r = 0; r < reps; r++) {
-        memset(ws, 0, sizeof ws);
-        for (int t = 0; t < threads; t++) {
-            ws[t].read = rf;
-            ws[t].p = buf + (size_t)t * per;
-            ws[t].n = per;
-        }
-        times[r] = run_workers(threads, ws, read_worker);
-    }
-    out->read_gbps = (double)(per * (size_t)threads * sizeof(float)) / bench_median(times, reps) / 1e9;
+    for (int r = 0; r < reps; r++) times[r] = bench_read_once(threads, buf, n);
+    out->read_gbps = bench_median(times, reps);
     free(buf);
 
     /* FMA: size the loop to ~0.2 s at 4 G vector FMA/s per thread. */

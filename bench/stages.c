@@ -57,13 +57,13 @@ typedef struct {
 static double run_stage(const stage_set_t *ss, stage_state *st, int s, int iters) {
     kvp__tile *t = &st->tile;
     double t0 = bench_now();
-    if (s == S_QUADS) { /* as lib/cpu/attn.c run_group: the last page's keys first */
-        const int P = ss->P;
-        for (int it = 0; it + 3 < iters; it += 4) {
+    if (s == S_PAIRS || s == S_QUADS) { /* as lib/cpu/attn.c run_group: the last page's keys first */
+        const int P = ss->P, nb = s == S_QUADS ? 4 : 2;
+        for (int it = 0; it + nb - 1 < iters; it += nb) {
             int p = it % PAGES;
             const uint8_t *vb[4];
             const ptrdiff_t pf[4] = {0, 0, 0, 0};
-            for (int k = 3; k >= 0; k--) {
+            for (int k = nb - 1; k >= 0; k--) {
                 const uint8_t *kb = ss->k + (size_t)(p + k) * ss->kstride;
                 vb[k] = ss->v + (size_t)(p + k) * ss->vstride;
                 if (ss->prep != NULL) ss->prep(t, kb, &ss->kf);
@@ -71,24 +71,9 @@ static double run_stage(const stage_set_t *ss, stage_state *st, int s, int iters
                 if (k > 0)
                     for (int r = 0; r < KVP__TILE_ROWS; r++) memcpy(&t->logits[r][k * P], &t->logits[r][0], (size_t)P * 4);
             }
-            ss->softmax(t, 4 * P, it * P);
-            ss->values4(t, vb, pf, &ss->vf);
-        }
-        return bench_now() - t0;
-    }
-    if (s == S_PAIRS) { /* as lib/cpu/attn.c run_group: the second page's keys first */
-        const int P = ss->P;
-        for (int it = 0; it + 1 < iters; it += 2) {
-            int p = it % PAGES;
-            const uint8_t *kb[2] = {ss->k + (size_t)p * ss->kstride, ss->k + (size_t)(p + 1) * ss->kstride};
-            for (int k = 1; k >= 0; k--) {
-                if (ss->prep != NULL) ss->prep(t, kb[k], &ss->kf);
-                ss->keys(t, kb[k], &ss->kf, 0, P);
-                if (k == 1)
-                    for (int r = 0; r < KVP__TILE_ROWS; r++) memcpy(&t->logits[r][P], &t->logits[r][0], (size_t)P * 4);
-            }
-            ss->softmax(t, 2 * P, it * P);
-            ss->values2(t, ss->v + (size_t)p * ss->vstride, ss->v + (size_t)(p + 1) * ss->vstride, 0, &ss->vf);
+            ss->softmax(t, nb * P, it * P);
+            if (nb == 4) ss->values4(t, vb, pf, &ss->vf);
+            else ss->values2(t, vb[0], vb[1], 0, &ss->vf);
         }
         return bench_now() - t0;
     }
