@@ -251,6 +251,7 @@ static int setup_tiles(const attn_job *j, const item_id *id, kvp__tile *tiles, f
         tl->fp8_k = fp8_scale_of(j, 0, h);
         tl->fp8_v = fp8_scale_of(j, 1, h);
         tl->k4valid = 0; /* new q */
+        tl->qnvalid = 0;
         for (int r = 0; r < KVP__TILE_ROWS; r++) {
             int32_t row = first + (r < tl->rows ? r : tl->rows - 1);
             int32_t i = row / j->group, g = row % j->group;

@@ -54,6 +54,11 @@ typedef struct {
     float k4q[KVP__TILE_ROWS][KVP__ATTN_MAX_D / 32] KVP__ALIGN64;
     uint16_t k4idx[KVP__ATTN_MAX_D / 32];
     int32_t k4valid;
+    /* AVX-512 int4 prep: q * 127 / max|q| per row and max|q| (qamax), formed
+     * once per tile (qnvalid: 0 after the tile's q is set) */
+    float qn[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;
+    float qamax[KVP__TILE_ROWS];
+    int32_t qnvalid;
     float lvec[KVP__TILE_ROWS][16] KVP__ALIGN64; /* SIMD paths: l = l + sum(lvec), reduced at the end */
     float m[KVP__TILE_ROWS], l[KVP__TILE_ROWS];
     float pmax[KVP__TILE_ROWS];   /* largest p of the current chunk (exp(chunk max - m)) */

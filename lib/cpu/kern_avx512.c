@@ -310,30 +310,95 @@ TGT_INLINE static __m512 k4_outlier_fold(kvp__tile *t, const uint8_t *kb, const 
     return out;
 }
 
-/* int4 keys: q' = q * scale quantized to 8 bits per row (step = max|q'| /
- * 127): one vpdpbusd per quad and row, half the two-part 15-bit form. 8 bits
- * suffice against 4-bit codes once the outlier channels do not set the step,
- * and they do not: those are the int8 outlier table's (their int4 scales are
- * 0, so q' is 0 there). The rounding error times the middle code (7.5) goes
- * to the constant: 7.5·Σ (q' - step*x), with Σ q'·7.5 inside the min
- * term's dot product (q·(min + 7.5·scale)) and Σ x summed as x is formed. */
+/* Where vpackssdw + vpacksswb (or their unsigned forms) leave 4 vectors'
+ * dwords (128-bit lane k of the result holds lane k of vector 0, 1, 2, 3):
+ * this permutation puts vector 0's 16 bytes first, then vector 1's, ... */
+#define PACK4_ORDER _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0)
+
+/* int4 keys: q' = q * scale quantized to 8 bits per row: one vpdpbusd per
+ * quad and row, half the two-part 15-bit form. 8 bits suffice against 4-bit
+ * codes once the outlier channels do not set the step, and they do not:
+ * those are the int8 outlier table's (their int4 scales are 0, so q' is 0
+ * there).
+ *
+ * The step is the bound max|q|·max(scale) / 127 rather than max|q'| / 127:
+ * then x = rne(qn · scale/max(scale)) with qn = q·127/max|q| formed once per
+ * tile, and the page's work is one pass over the scales (their maximum and
+ * the min term) and one multiply per element, with no q' to store, reload
+ * and reduce. Measured: int4 error 9.77e-2 -> 9.78e-2 (page 16 9.21e-2 ->
+ * 9.16e-2), in place 1 - 2.4% faster (2 threads, batch 1 at 8k and 32k,
+ * batch 16 at 8k; in-process A/B). 64 channels at a time are packed with
+ * vpackssdw/vpacksswb and one permute (PACK4_ORDER) instead of four
+ * truncating packs, and Σx is one vpdpbusd against ones per 64: another
+ * 0.9 - 1.9%.
+ *
+ * The rounding error times the middle code (7.5) goes to the constant:
+ * 7.5·Σ (q' - step*x), with Σ q'·7.5 inside the min term's dot product
+ * (q·(min + 7.5·scale)) and Σ x summed as x is formed. */
 TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     const int D = t->D;
-    __m512 amax4, cst4;
-    kprep_fold(t, kb, f, 7.5f, &amax4, &cst4);
-    float inv[16] KVP__ALIGN64;
-    _mm512_store_ps(inv, div_or_zero(127.0f, amax4));
+    if (!t->qnvalid) {
+        __m512 am[R], a4;
+        UNROLL for (int r = 0; r < R; r++) am[r] = _mm512_setzero_ps();
+        for (int d = 0; d < D; d += 16)
+            UNROLL for (int r = 0; r < R; r++) am[r] = _mm512_range_ps(am[r], _mm512_load_ps(&t->q[r][d]), 0x0B);
+        REDUCE4(_mm512_max_ps, am[0], am[1], am[2], am[3], a4);
+        float inv[16] KVP__ALIGN64;
+        _mm512_store_ps(inv, div_or_zero(127.0f, a4));
+        _mm_storeu_ps(t->qamax, lanes_to_rows(a4));
+        for (int r = 0; r < R; r++) {
+            __m512 vi = _mm512_set1_ps(inv[4 * r]);
+            for (int d = 0; d < D; d += 16) _mm512_store_ps(&t->qn[r][d], _mm512_mul_ps(_mm512_load_ps(&t->q[r][d]), vi));
+        }
+        t->qnvalid = 1;
+    }
+    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
+    /* pass 1: max(scale), and Σ q·(min + 7.5·scale) per row */
+    __m512 mx = _mm512_setzero_ps(), cst[R];
+    UNROLL for (int r = 0; r < R; r++) cst[r] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 16) {
+        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
+        __m512 m = _mm512_fmadd_ps(s, _mm512_set1_ps(7.5f),
+                                   _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d))));
+        mx = _mm512_max_ps(mx, s); /* scales are >= 0 */
+        UNROLL for (int r = 0; r < R; r++) cst[r] = _mm512_fmadd_ps(_mm512_load_ps(&t->q[r][d]), m, cst[r]);
+    }
+    const float smax = _mm512_reduce_max_ps(mx);
+    const __m512 sinv = _mm512_set1_ps(smax > 0.0f ? 1.0f / smax : 0.0f);
+    /* pass 2: x = rne(qn · scale/smax) in -127..127 (MXCSR: nearest-even) */
     __m512i xs[R];
     UNROLL for (int r = 0; r < R; r++) xs[r] = _mm512_setzero_si512();
-    for (int d = 0; d < D; d += 16)
+    int d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) {
+        __m512 sn[4];
+        UNROLL for (int k = 0; k < 4; k++)
+            sn[k] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * (d0 + 16 * k)))), sinv);
         UNROLL for (int r = 0; r < R; r++) {
-            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qf[r][d]), _mm512_set1_ps(inv[4 * r])));
+            __m512i x[4];
+            UNROLL for (int k = 0; k < 4; k++)
+                x[k] = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qn[r][d0 + 16 * k]), sn[k]));
+            __m512i b = _mm512_permutexvar_epi32(PACK4_ORDER, _mm512_packs_epi16(_mm512_packs_epi32(x[0], x[1]),
+                                                                                 _mm512_packs_epi32(x[2], x[3])));
+            _mm512_store_si512((void *)&t->qh[r][d0], b);
+            DPBUSD(xs[r], _mm512_set1_epi8(1), b);
+        }
+    }
+    for (int d = d0; d < D; d += 16) { /* head_dim 80, 96: the last 16 or 32 channels */
+        __m512 sn = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d))), sinv);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qn[r][d]), sn));
             _mm_store_si128((__m128i *)(void *)&t->qh[r][d], PACK_S8(x));
             xs[r] = _mm512_add_epi32(xs[r], x);
         }
-    __m512 x4, step4 = _mm512_mul_ps(amax4, _mm512_set1_ps(1.0f / 127.0f));
+    }
+    __m512 cst4, x4;
+    REDUCE4(_mm512_add_ps, cst[0], cst[1], cst[2], cst[3], cst4);
     REDUCE4(_mm512_add_ps, _mm512_cvtepi32_ps(xs[0]), _mm512_cvtepi32_ps(xs[1]),
             _mm512_cvtepi32_ps(xs[2]), _mm512_cvtepi32_ps(xs[3]), x4);
+    /* step per row in lanes 0, 4, 8, 12 (REDUCE4's) */
+    const __m512 step4 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0),
+                                                             _mm512_castps128_ps512(_mm_loadu_ps(t->qamax))),
+                                       _mm512_set1_ps(smax * (1.0f / 127.0f)));
     __m512 c4 = _mm512_fnmadd_ps(_mm512_mul_ps(step4, _mm512_set1_ps(7.5f)), x4, cst4);
     c4 = _mm512_add_ps(c4, k4_outlier_fold(t, kb, f));
     _mm_storeu_ps(t->qstep, lanes_to_rows(step4));
@@ -801,13 +866,31 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *const *blk, c
         }
         uint32_t pq[R][4 * KVP__CHUNK / 4] KVP__ALIGN64; /* block b's quad i at 8b + i */
         __m512 mt[R], mt4;
-        UNROLL for (int r = 0; r < R; r++) {
-            mt[r] = _mm512_mul_ps(pr[r][0], wq[0]);
-            UNROLL for (int bb = 0; bb < NB; bb++) UNROLL for (int j = 0; j < NH; j++) {
-                /* p/pmax * s*255/smax <= 255 (saturating in case exp rounds p above pmax) */
-                __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(pr[r][2 * bb + j], sq[2 * bb + j]));
-                _mm_store_si128((__m128i *)(void *)&pq[r][8 * bb + 4 * j], PACK_U8S(c));
-                if (bb + j > 0) mt[r] = _mm512_fmadd_ps(pr[r][2 * bb + j], wq[2 * bb + j], mt[r]);
+        /* p/pmax * s*255/smax <= 255 (saturating in case exp rounds p above
+         * pmax; the product is >= 0) */
+        if (NH == 2 && NB >= 2) {
+            /* blocks of 32 tokens back to back in pq: 64 tokens at a time
+             * packed with vpackusdw/vpackuswb and one permute rather than
+             * four saturating vpmovusdb (0.2 - 1.6% faster in place) */
+            UNROLL for (int r = 0; r < R; r++) {
+                mt[r] = _mm512_mul_ps(pr[r][0], wq[0]);
+                UNROLL for (int v = 1; v < 2 * NB; v++) mt[r] = _mm512_fmadd_ps(pr[r][v], wq[v], mt[r]);
+                UNROLL for (int h = 0; h < NB / 2; h++) {
+                    __m512i c[4];
+                    UNROLL for (int k = 0; k < 4; k++) c[k] = _mm512_cvtps_epi32(_mm512_mul_ps(pr[r][4 * h + k], sq[4 * h + k]));
+                    __m512i b = _mm512_permutexvar_epi32(PACK4_ORDER, _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]),
+                                                                                         _mm512_packus_epi32(c[2], c[3])));
+                    _mm512_store_si512((void *)&pq[r][16 * h], b);
+                }
+            }
+        } else {
+            UNROLL for (int r = 0; r < R; r++) {
+                mt[r] = _mm512_mul_ps(pr[r][0], wq[0]);
+                UNROLL for (int bb = 0; bb < NB; bb++) UNROLL for (int j = 0; j < NH; j++) {
+                    __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(pr[r][2 * bb + j], sq[2 * bb + j]));
+                    _mm_store_si128((__m128i *)(void *)&pq[r][8 * bb + 4 * j], PACK_U8S(c));
+                    if (bb + j > 0) mt[r] = _mm512_fmadd_ps(pr[r][2 * bb + j], wq[2 * bb + j], mt[r]);
+                }
             }
         }
         REDUCE4(_mm512_add_ps, mt[0], mt[1], mt[2], mt[3], mt4);
