@@ -231,10 +231,17 @@ static float fp8_scale_of(const attn_job *j, int side, int32_t h) {
 /* Set up the item's tiles: heads h0..h1-1 in order, each head's rows
  * [r0, r1) in tiles of 4 (the last one padded with copies of its last row,
  * which the kernels compute and nobody reads). Returns the tile count. */
-static int setup_tiles(const attn_job *j, const item_id *id, kvp__tile *tiles, float *o) {
-    int32_t q_len = seq_q_len(j, id->b), kv_len = seq_kv_len(j, id->b);
+/* The positions [lo, hi] that query i of sequence b may attend. */
+static void row_bounds(const attn_job *j, int32_t b, int32_t i, int32_t *lo, int32_t *hi) {
+    int32_t q_len = seq_q_len(j, b), kv_len = seq_kv_len(j, b);
     int32_t causal = j->contig != NULL ? 1 : j->params->causal;
     int32_t window = j->contig != NULL ? -1 : j->params->window_left;
+    int32_t pos = kv_len - q_len + i;
+    *hi = causal ? pos : kv_len - 1;
+    *lo = window >= 0 && pos - window > 0 ? pos - window : 0;
+}
+
+static int setup_tiles(const attn_job *j, const item_id *id, kvp__tile *tiles, float *o) {
     int ntiles = (id->h1 - id->h0) * id->tiles_per_head;
     memset(o, 0, (size_t)ntiles * KVP__TILE_ROWS * (size_t)j->D * sizeof(float));
     for (int t = 0; t < ntiles; t++) {
@@ -256,9 +263,7 @@ static int setup_tiles(const attn_job *j, const item_id *id, kvp__tile *tiles, f
             int32_t row = first + (r < tl->rows ? r : tl->rows - 1);
             int32_t i = row / j->group, g = row % j->group;
             load_q_row(j, id->b, i, h * j->group + g, tl->q[r]);
-            int32_t pos = kv_len - q_len + i;
-            tl->hi[r] = causal ? pos : kv_len - 1;
-            tl->lo[r] = window >= 0 && pos - window > 0 ? pos - window : 0;
+            row_bounds(j, id->b, i, &tl->lo[r], &tl->hi[r]);
             tl->m[r] = -INFINITY;
             tl->l[r] = 0.0f;
             memset(tl->lvec[r], 0, sizeof tl->lvec[r]);
@@ -436,40 +441,81 @@ typedef struct {
 
 static void merge_rows(const attn_job *j, const item_id *id, float *tmp, float *acc);
 
-static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
-    item_id id = decode_item(j, item);
-    int ntiles = setup_tiles(j, &id, ts->tiles, &ts->o[0][0]);
-    int32_t lo = INT32_MAX, hi = -1;
-    for (int t = 0; t < ntiles; t++)
-        for (int r = 0; r < ts->tiles[t].rows; r++) {
-            if (ts->tiles[t].lo[r] < lo) lo = ts->tiles[t].lo[r];
-            if (ts->tiles[t].hi[r] > hi) hi = ts->tiles[t].hi[r];
-        }
-    int32_t pages = seq_pages(j, id.b), kv_len = seq_kv_len(j, id.b);
-    int32_t first = id.split * j->split_pages[id.b];
-    int32_t end = first + j->split_pages[id.b] < pages ? first + j->split_pages[id.b] : pages;
+/* An item's pages and the order of its (page, head) steps. Heads go
+ * inner: a page's blocks of consecutive heads are adjacent, so each page
+ * is two sequential runs. With a four- (or two-) block V stage, the full
+ * pages come first in groups of GP = 4 (or 2), (page group, head, page):
+ * each group of one head is one chunk (run_group); the rest go page by
+ * page. */
+typedef struct {
+    int32_t item;
+    item_id id;
+    int32_t first, end, kv_len; /* pages [first, end) */
+    int32_t nh, steps, GP, ngrp, grp_steps;
+} item_plan;
+
+static void plan_item(const attn_job *j, int32_t item, item_plan *pl) {
+    pl->item = item;
+    pl->id = decode_item(j, item);
+    const item_id *id = &pl->id;
+    int32_t lo, hi, unused;
+    row_bounds(j, id->b, id->r0 / j->group, &lo, &unused);       /* bounds grow with the row */
+    row_bounds(j, id->b, (id->r1 - 1) / j->group, &unused, &hi);
+    int32_t pages = seq_pages(j, id->b);
+    pl->kv_len = seq_kv_len(j, id->b);
+    int32_t first = id->split * j->split_pages[id->b];
+    int32_t end = first + j->split_pages[id->b] < pages ? first + j->split_pages[id->b] : pages;
     while (first < end && (first + 1) * j->P - 1 < lo) first++; /* before every window */
     while (end > first && (end - 1) * j->P > hi) end--;         /* after the last row */
-    /* the item's (page, head) steps, heads inner: a page's blocks of
-     * consecutive heads are adjacent, so each page is two sequential runs.
-     * With a four- (or two-) block V stage, the full pages come first in
-     * groups of GP = 4 (or 2), (page group, head, page): each group of one
-     * head is one chunk (run_group); the rest go page by page. */
-    int32_t nh = id.h1 - id.h0, steps = (end - first) * nh, ngrp = 0, GP = 1;
-    if (j->P == 16 || j->P == 32) GP = j->pool_stages.vacc4 != NULL ? 4 : j->pool_stages.vacc2 != NULL ? 2 : 1;
-    if (GP > 1) {
-        int32_t full_end = kv_len / j->P < end ? kv_len / j->P : end;
-        ngrp = full_end > first ? (full_end - first) / GP : 0;
+    pl->first = first;
+    pl->end = end;
+    pl->nh = id->h1 - id->h0;
+    pl->steps = (end - first) * pl->nh;
+    pl->GP = 1;
+    pl->ngrp = 0;
+    if (j->P == 16 || j->P == 32)
+        pl->GP = j->pool_stages.vacc4 != NULL ? 4 : j->pool_stages.vacc2 != NULL ? 2 : 1;
+    if (pl->GP > 1) {
+        int32_t full_end = pl->kv_len / j->P < end ? pl->kv_len / j->P : end;
+        pl->ngrp = full_end > first ? (full_end - first) / pl->GP : 0;
     }
-    const int32_t grp_steps = GP * ngrp * nh;
+    pl->grp_steps = pl->GP * pl->ngrp * pl->nh;
+}
+
+static int32_t step_page(const item_plan *pl, int32_t s) {
+    if (s < pl->grp_steps) return pl->first + pl->GP * (s / (pl->GP * pl->nh)) + s % pl->GP;
+    return pl->first + pl->GP * pl->ngrp + (s - pl->grp_steps) / pl->nh;
+}
+static int32_t step_head(const item_plan *pl, int32_t s) {
+    if (s < pl->grp_steps) return pl->id.h0 + (s % (pl->GP * pl->nh)) / pl->GP;
+    return pl->id.h0 + (s - pl->grp_steps) % pl->nh;
+}
+static void step_at(const attn_job *j, const item_plan *pl, int32_t s, step_blocks *out) {
+    resolve_page(j, pl->id.b, step_head(pl, s), step_page(pl, s), &out->kb, &out->vb, &out->st);
+}
+
+static int32_t claim_item(attn_job *j) {
+    return atomic_fetch_add_explicit(&j->next_item, 1, memory_order_relaxed);
+}
+
+/* Runs the planned item. pre: how many of its first steps the previous
+ * item already prefetched. The lead (PREFETCH_LEAD_BYTES) runs on past the
+ * item's end into the thread's next item, which it then claims and plans
+ * (*next, *npl; *next < 0: not claimed yet): without that, every item
+ * began with a burst of its first steps and waited on it, 2 - 3% of an
+ * int4 call at batch 1, 8k tokens (4 items per thread). Returns how many
+ * of the next item's first steps it prefetched. */
+static int32_t process_item(attn_job *j, const item_plan *pl, int32_t pre, thread_scratch *ts,
+                            int32_t *next, item_plan *npl) {
+    const item_id id = pl->id;
+    const int32_t steps = pl->steps, grp_steps = pl->grp_steps, GP = pl->GP, kv_len = pl->kv_len;
+    const int32_t total = j->item_start[j->batch];
+    int ntiles = setup_tiles(j, &id, ts->tiles, &ts->o[0][0]);
     uint64_t step_bytes = j->pool_stages.kused + j->pool_stages.vused;
-    int32_t ahead = (int32_t)((PREFETCH_LEAD_BYTES + step_bytes - 1) / step_bytes);
-#define STEP_PAGE(s_) ((s_) < grp_steps ? first + GP * ((s_) / (GP * nh)) + (s_) % GP : first + GP * ngrp + ((s_) - grp_steps) / nh)
-#define STEP_HEAD(s_) (id.h0 + ((s_) < grp_steps ? ((s_) % (GP * nh)) / GP : ((s_) - grp_steps) % nh))
-#define STEP_AT(s_, out_) resolve_page(j, id.b, STEP_HEAD(s_), STEP_PAGE(s_), &(out_).kb, &(out_).vb, &(out_).st)
+    int32_t ahead = (int32_t)((PREFETCH_LEAD_BYTES + step_bytes - 1) / step_bytes), npre = 0;
     step_blocks cur[4], ah;
-    for (int32_t s = 1; s < steps && s < ahead; s++) { /* the first steps: no lead to hide them */
-        STEP_AT(s, ah);
+    for (int32_t s = pre > 1 ? pre : 1; s < steps && s < ahead; s++) { /* no lead hid them */
+        step_at(j, pl, s, &ah);
         prefetch_range(ah.kb, 0, ah.st->kused);
         prefetch_range(ah.vb, 0, ah.st->vused);
     }
@@ -477,16 +523,27 @@ static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
         const int cnt = s < grp_steps ? GP : 1;
         ptrdiff_t pf_k[4] = {0, 0, 0, 0}, pf_v[4] = {0, 0, 0, 0};
         for (int k = 0; k < cnt; k++) {
-            STEP_AT(s + k, cur[k]);
-            if (s + k + ahead < steps) { /* the kernels stream their prefetches along it */
-                STEP_AT(s + k + ahead, ah);
+            step_at(j, pl, s + k, &cur[k]);
+            const item_plan *lp = pl; /* the kernels stream their prefetches along the lead */
+            int32_t la = s + k + ahead;
+            if (la >= steps) { /* past the end: the next item's first steps */
+                if (*next < 0) {
+                    *next = claim_item(j);
+                    if (*next < total) plan_item(j, *next, npl);
+                }
+                lp = *next < total ? npl : NULL;
+                la -= steps;
+                if (lp != NULL && la < lp->steps) npre = la + 1;
+            }
+            if (lp != NULL && la < lp->steps) {
+                step_at(j, lp, la, &ah);
                 prefetch_range(ah.kb, ah.st->kdata, ah.st->kused);
                 prefetch_range(ah.vb, ah.st->vdata, ah.st->vused);
                 pf_k[k] = ah.kb - cur[k].kb;
                 pf_v[k] = ah.vb - cur[k].vb;
             }
         }
-        int32_t pg = STEP_PAGE(s), h = STEP_HEAD(s), tok0 = pg * j->P;
+        int32_t pg = step_page(pl, s), h = step_head(pl, s), tok0 = pg * j->P;
         kvp__tile *tiles = &ts->tiles[(h - id.h0) * id.tiles_per_head];
         bool pool = true; /* a group's pages are full, but may be staging pages */
         for (int k = 0; k < cnt; k++) pool &= cur[k].st == &j->pool_stages;
@@ -504,16 +561,14 @@ static void process_item(const attn_job *j, int32_t item, thread_scratch *ts) {
         }
         s += cnt;
     }
-#undef STEP_PAGE
-#undef STEP_HEAD
-#undef STEP_AT
     finish_item(j, &id, ts->tiles, ntiles, ts->tmp);
     /* the unit's last split to finish merges it (acquire: the other
      * splits' partials, released by their own increments, are visible) */
     if (j->splits[id.b] > 1 &&
-        atomic_fetch_add_explicit(&j->split_done[item - id.split], 1, memory_order_acq_rel) ==
+        atomic_fetch_add_explicit(&j->split_done[pl->item - id.split], 1, memory_order_acq_rel) ==
             j->splits[id.b] - 1)
         merge_rows(j, &id, ts->tmp, &ts->o[0][0]);
+    return npre;
 }
 
 static void merge_rows(const attn_job *j, const item_id *id, float *tmp, float *acc) {
@@ -543,10 +598,19 @@ static void attn_worker(void *arg, int32_t thread) {
     thread_scratch *ts =
         (thread_scratch *)(void *)(j->ctx->scratch + (size_t)thread * j->ctx->scratch_stride);
     int32_t total = j->item_start[j->batch];
-    for (;;) {
-        int32_t item = atomic_fetch_add_explicit(&j->next_item, 1, memory_order_relaxed);
-        if (item >= total) break;
-        process_item(j, item, ts);
+    item_plan plans[2];
+    int32_t item = claim_item(j), pre = 0, at = 0;
+    if (item < total) plan_item(j, item, &plans[0]);
+    while (item < total) {
+        int32_t next = -1;
+        pre = process_item(j, &plans[at], pre, ts, &next, &plans[at ^ 1]);
+        if (next < 0) {
+            next = claim_item(j);
+            pre = 0;
+            if (next < total) plan_item(j, next, &plans[at ^ 1]);
+        }
+        item = next;
+        at ^= 1;
     }
 }
 
