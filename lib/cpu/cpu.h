@@ -54,8 +54,9 @@ typedef struct {
     float k4q[KVP__TILE_ROWS][KVP__ATTN_MAX_D / 32] KVP__ALIGN64;
     uint16_t k4idx[KVP__ATTN_MAX_D / 32];
     int32_t k4valid;
-    /* AVX-512 int4 prep: q * 127 / max|q| per row and max|q| (qamax), formed
-     * once per tile (qnvalid: 0 after the tile's q is set) */
+    /* AVX-512 integer-key preps: q * target / max|q| per row and max|q|
+     * (qamax), formed once per tile for the target qnvalid holds (127 for
+     * int4 keys, 16256 for int8; 0 after the tile's q is set) */
     float qn[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;
     float qamax[KVP__TILE_ROWS];
     int32_t qnvalid;

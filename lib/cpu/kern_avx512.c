@@ -202,30 +202,6 @@ TGT_INLINE static void klogits_tm(int fmt, kvp__tile *t, const uint8_t *kb,
 
 /* ---- K: int8 / int4, integer dot products ----------------------------------------------------------- */
 
-/* Pass 1 of the integer-key preps: q' = q * scale (to t->qf), and for the
- * 4 rows together max|q'| and Σ q·(min + mid·scale) (lane 4r of amax4 /
- * cst4; mid: the code the query's rounding error is charged at). */
-TGT_INLINE static void kprep_fold(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, float mid,
-                                  __m512 *amax4, __m512 *cst4) {
-    const int D = t->D;
-    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    __m512 amax[R], cst[R];
-    UNROLL for (int r = 0; r < R; r++) amax[r] = cst[r] = _mm512_setzero_ps();
-    for (int d = 0; d < D; d += 16) {
-        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
-        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d)));
-        if (mid != 0.0f) m = _mm512_fmadd_ps(s, _mm512_set1_ps(mid), m);
-        UNROLL for (int r = 0; r < R; r++) {
-            __m512 q = _mm512_load_ps(&t->q[r][d]), qf = _mm512_mul_ps(q, s);
-            _mm512_store_ps(&t->qf[r][d], qf);
-            cst[r] = _mm512_fmadd_ps(q, m, cst[r]);
-            amax[r] = _mm512_range_ps(amax[r], qf, 0x0B); /* max(|a|, |b|) */
-        }
-    }
-    REDUCE4(_mm512_max_ps, amax[0], amax[1], amax[2], amax[3], *amax4);
-    REDUCE4(_mm512_add_ps, cst[0], cst[1], cst[2], cst[3], *cst4);
-}
-
 /* Lanes 0, 4, 8, 12 (REDUCE4's results) as 4 floats: one permute, where
  * storing the vector and reading scalars back stalls store forwarding. */
 TGT_INLINE static __m128 lanes_to_rows(__m512 v) {
@@ -236,6 +212,65 @@ TGT_INLINE static __m128 lanes_to_rows(__m512 v) {
 TGT_INLINE static __m512 div_or_zero(float num, __m512 x) {
     __mmask16 nz = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
     return _mm512_maskz_div_ps(nz, _mm512_set1_ps(num), x);
+}
+
+/* The integer-key preps quantize q' = q * scale per page and row against
+ * the bound max|q| * max(scale) rather than max|q'|: x = rne(qn * scale /
+ * max(scale)) with qn = q * target / max|q| formed once per tile (t->qn,
+ * t->qamax; t->qnvalid holds the target it was formed for), so a page
+ * costs one pass over its scales and one multiply per element, with no q'
+ * to store, reload and reduce. Measured (int4): error 9.77e-2 -> 9.78e-2,
+ * in place 1 - 2.4% faster (2 threads, batch 1 at 8k and 32k, batch 16 at
+ * 8k; in-process A/B). */
+TGT_INLINE static void qn_prepare(kvp__tile *t, int32_t target) {
+    if (t->qnvalid == target) return;
+    const int D = t->D;
+    __m512 am[R], a4;
+    UNROLL for (int r = 0; r < R; r++) am[r] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 16)
+        UNROLL for (int r = 0; r < R; r++) am[r] = _mm512_range_ps(am[r], _mm512_load_ps(&t->q[r][d]), 0x0B);
+    REDUCE4(_mm512_max_ps, am[0], am[1], am[2], am[3], a4);
+    float inv[16] KVP__ALIGN64;
+    _mm512_store_ps(inv, div_or_zero((float)target, a4));
+    _mm_storeu_ps(t->qamax, lanes_to_rows(a4));
+    for (int r = 0; r < R; r++) {
+        __m512 vi = _mm512_set1_ps(inv[4 * r]);
+        for (int d = 0; d < D; d += 16) _mm512_store_ps(&t->qn[r][d], _mm512_mul_ps(_mm512_load_ps(&t->q[r][d]), vi));
+    }
+    t->qnvalid = target;
+}
+
+/* Pass 1 of a page: returns max(scale) and, in lane 4r of *cst4, row r's
+ * Σ q·(min + mid·scale) (mid: the code the query's rounding error is
+ * charged at). */
+TGT_INLINE static float scale_pass(const kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, float mid,
+                                   __m512 *cst4) {
+    const int D = t->D;
+    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
+    __m512 mx = _mm512_setzero_ps(), cst[R];
+    UNROLL for (int r = 0; r < R; r++) cst[r] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 16) {
+        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d)));
+        if (mid != 0.0f) m = _mm512_fmadd_ps(s, _mm512_set1_ps(mid), m);
+        mx = _mm512_max_ps(mx, s); /* scales are >= 0 */
+        UNROLL for (int r = 0; r < R; r++) cst[r] = _mm512_fmadd_ps(_mm512_load_ps(&t->q[r][d]), m, cst[r]);
+    }
+    REDUCE4(_mm512_add_ps, cst[0], cst[1], cst[2], cst[3], *cst4);
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* scale / max(scale) for channels d .. d+15 of the page's scales. */
+TGT_INLINE static __m512 scale_norm(const uint8_t *kb, const kvp__blockfmt *f, int d, __m512 sinv) {
+    const uint8_t *sc = kb + kvp__block_data_bytes(f);
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d))), sinv);
+}
+
+/* The rows' steps qamax * unit in lanes 0, 4, 8, 12 (REDUCE4's layout). */
+TGT_INLINE static __m512 rows_step4(const kvp__tile *t, float unit) {
+    return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0),
+                                               _mm512_castps128_ps512(_mm_loadu_ps(t->qamax))),
+                         _mm512_set1_ps(unit));
 }
 
 /* Where the two parts of channels d..d+3 (d % 4 == 0) sit in t->qhl[r]:
@@ -249,31 +284,30 @@ static inline int qhl_at(int d) {
 
 /* Vector version of kvp__qprep_int (int8 keys): fold the page's channel
  * scales into q and quantize it to 15 bits as two s8 parts, x = 128*qh +
- * ql with qh = x >> 7 in -127..127 and ql = x & 127. 32 channels at a time
- * are packed to words and then bytes in-lane (qhl_at: where they land). */
+ * ql with qh = x >> 7 in -127..127 and ql = x & 127, against the bound
+ * max|q|·max(scale) (qn_prepare). 32 channels at a time are packed to
+ * words and then bytes in-lane (qhl_at: where they land). */
 TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     const int D = t->D;
-    __m512 amax4, cst4;
-    kprep_fold(t, kb, f, 0.0f, &amax4, &cst4);
-    float inv[16] KVP__ALIGN64, step[16] KVP__ALIGN64, cst[16] KVP__ALIGN64;
-    _mm512_store_ps(inv, div_or_zero(16256.0f, amax4));
-    _mm512_store_ps(step, _mm512_mul_ps(amax4, _mm512_set1_ps(1.0f / 16256.0f)));
-    _mm512_store_ps(cst, cst4);
+    qn_prepare(t, 16256);
+    __m512 cst4;
+    const float smax = scale_pass(t, kb, f, 0.0f, &cst4);
+    const __m512 sinv = _mm512_set1_ps(smax > 0.0f ? 1.0f / smax : 0.0f);
     const __m512i m127 = _mm512_set1_epi16(127);
-    UNROLL for (int r = 0; r < R; r++) {
-        __m512 vinv = _mm512_set1_ps(inv[4 * r]);
-        for (int d = 0; d < D; d += 32) {
-            /* x = rne(q' / step) in -16256..16256 (MXCSR: nearest-even) */
-            __m512i x0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qf[r][d]), vinv));
-            __m512i x1 = d + 16 < D ? _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qf[r][d + 16]), vinv))
+    for (int d = 0; d < D; d += 32) {
+        const __m512 sn0 = scale_norm(kb, f, d, sinv), sn1 = d + 16 < D ? scale_norm(kb, f, d + 16, sinv) : sn0;
+        UNROLL for (int r = 0; r < R; r++) {
+            /* x = rne(qn·scale/smax) in -16256..16256 (MXCSR: nearest-even) */
+            __m512i x0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qn[r][d]), sn0));
+            __m512i x1 = d + 16 < D ? _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qn[r][d + 16]), sn1))
                                     : x0;
             __m512i w = _mm512_packs_epi32(x0, x1);
             __m512i b = _mm512_packs_epi16(_mm512_srai_epi16(w, 7), _mm512_and_si512(w, m127));
             _mm512_store_si512((void *)&t->qhl[r][2 * d], b);
         }
-        t->qstep[r] = step[4 * r];
-        t->qconst[r] = cst[4 * r]; /* 15 bits: the residual is fp32 noise */
     }
+    _mm_storeu_ps(t->qstep, lanes_to_rows(rows_step4(t, smax * (1.0f / 16256.0f))));
+    _mm_storeu_ps(t->qconst, lanes_to_rows(cst4)); /* 15 bits: the residual is fp32 noise */
 }
 
 
@@ -315,64 +349,31 @@ TGT_INLINE static __m512 k4_outlier_fold(kvp__tile *t, const uint8_t *kb, const 
  * this permutation puts vector 0's 16 bytes first, then vector 1's, ... */
 #define PACK4_ORDER _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0)
 
-/* int4 keys: q' = q * scale quantized to 8 bits per row: one vpdpbusd per
- * quad and row, half the two-part 15-bit form. 8 bits suffice against 4-bit
- * codes once the outlier channels do not set the step, and they do not:
- * those are the int8 outlier table's (their int4 scales are 0, so q' is 0
- * there).
- *
- * The step is the bound max|q|·max(scale) / 127 rather than max|q'| / 127:
- * then x = rne(qn · scale/max(scale)) with qn = q·127/max|q| formed once per
- * tile, and the page's work is one pass over the scales (their maximum and
- * the min term) and one multiply per element, with no q' to store, reload
- * and reduce. Measured: int4 error 9.77e-2 -> 9.78e-2 (page 16 9.21e-2 ->
- * 9.16e-2), in place 1 - 2.4% faster (2 threads, batch 1 at 8k and 32k,
- * batch 16 at 8k; in-process A/B). 64 channels at a time are packed with
- * vpackssdw/vpacksswb and one permute (PACK4_ORDER) instead of four
- * truncating packs, and Σx is one vpdpbusd against ones per 64: another
- * 0.9 - 1.9%.
+/* int4 keys: q' = q * scale quantized to 8 bits per row against the bound
+ * max|q|·max(scale) (qn_prepare): one vpdpbusd per quad and row, half the
+ * two-part 15-bit form. 8 bits suffice against 4-bit codes once the
+ * outlier channels do not set the step, and they do not: those are the int8
+ * outlier table's (their int4 scales are 0, so q' is 0 there). 64 channels
+ * at a time are packed with vpackssdw/vpacksswb and one permute
+ * (PACK4_ORDER) instead of four truncating packs, and Σx is one vpdpbusd
+ * against ones per 64: 0.9 - 1.9% faster in place.
  *
  * The rounding error times the middle code (7.5) goes to the constant:
  * 7.5·Σ (q' - step*x), with Σ q'·7.5 inside the min term's dot product
  * (q·(min + 7.5·scale)) and Σ x summed as x is formed. */
 TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     const int D = t->D;
-    if (!t->qnvalid) {
-        __m512 am[R], a4;
-        UNROLL for (int r = 0; r < R; r++) am[r] = _mm512_setzero_ps();
-        for (int d = 0; d < D; d += 16)
-            UNROLL for (int r = 0; r < R; r++) am[r] = _mm512_range_ps(am[r], _mm512_load_ps(&t->q[r][d]), 0x0B);
-        REDUCE4(_mm512_max_ps, am[0], am[1], am[2], am[3], a4);
-        float inv[16] KVP__ALIGN64;
-        _mm512_store_ps(inv, div_or_zero(127.0f, a4));
-        _mm_storeu_ps(t->qamax, lanes_to_rows(a4));
-        for (int r = 0; r < R; r++) {
-            __m512 vi = _mm512_set1_ps(inv[4 * r]);
-            for (int d = 0; d < D; d += 16) _mm512_store_ps(&t->qn[r][d], _mm512_mul_ps(_mm512_load_ps(&t->q[r][d]), vi));
-        }
-        t->qnvalid = 1;
-    }
-    const uint8_t *sc = kb + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    /* pass 1: max(scale), and Σ q·(min + 7.5·scale) per row */
-    __m512 mx = _mm512_setzero_ps(), cst[R];
-    UNROLL for (int r = 0; r < R; r++) cst[r] = _mm512_setzero_ps();
-    for (int d = 0; d < D; d += 16) {
-        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
-        __m512 m = _mm512_fmadd_ps(s, _mm512_set1_ps(7.5f),
-                                   _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d))));
-        mx = _mm512_max_ps(mx, s); /* scales are >= 0 */
-        UNROLL for (int r = 0; r < R; r++) cst[r] = _mm512_fmadd_ps(_mm512_load_ps(&t->q[r][d]), m, cst[r]);
-    }
-    const float smax = _mm512_reduce_max_ps(mx);
+    qn_prepare(t, 127);
+    __m512 cst4;
+    const float smax = scale_pass(t, kb, f, 7.5f, &cst4);
     const __m512 sinv = _mm512_set1_ps(smax > 0.0f ? 1.0f / smax : 0.0f);
-    /* pass 2: x = rne(qn · scale/smax) in -127..127 (MXCSR: nearest-even) */
+    /* x = rne(qn · scale/smax) in -127..127 (MXCSR: nearest-even) */
     __m512i xs[R];
     UNROLL for (int r = 0; r < R; r++) xs[r] = _mm512_setzero_si512();
     int d0 = 0;
     for (; d0 + 64 <= D; d0 += 64) {
         __m512 sn[4];
-        UNROLL for (int k = 0; k < 4; k++)
-            sn[k] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * (d0 + 16 * k)))), sinv);
+        UNROLL for (int k = 0; k < 4; k++) sn[k] = scale_norm(kb, f, d0 + 16 * k, sinv);
         UNROLL for (int r = 0; r < R; r++) {
             __m512i x[4];
             UNROLL for (int k = 0; k < 4; k++)
@@ -384,21 +385,17 @@ TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
         }
     }
     for (int d = d0; d < D; d += 16) { /* head_dim 80, 96: the last 16 or 32 channels */
-        __m512 sn = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d))), sinv);
+        __m512 sn = scale_norm(kb, f, d, sinv);
         UNROLL for (int r = 0; r < R; r++) {
             __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&t->qn[r][d]), sn));
             _mm_store_si128((__m128i *)(void *)&t->qh[r][d], PACK_S8(x));
             xs[r] = _mm512_add_epi32(xs[r], x);
         }
     }
-    __m512 cst4, x4;
-    REDUCE4(_mm512_add_ps, cst[0], cst[1], cst[2], cst[3], cst4);
+    __m512 x4;
     REDUCE4(_mm512_add_ps, _mm512_cvtepi32_ps(xs[0]), _mm512_cvtepi32_ps(xs[1]),
             _mm512_cvtepi32_ps(xs[2]), _mm512_cvtepi32_ps(xs[3]), x4);
-    /* step per row in lanes 0, 4, 8, 12 (REDUCE4's) */
-    const __m512 step4 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0),
-                                                             _mm512_castps128_ps512(_mm_loadu_ps(t->qamax))),
-                                       _mm512_set1_ps(smax * (1.0f / 127.0f)));
+    const __m512 step4 = rows_step4(t, smax * (1.0f / 127.0f));
     __m512 c4 = _mm512_fnmadd_ps(_mm512_mul_ps(step4, _mm512_set1_ps(7.5f)), x4, cst4);
     c4 = _mm512_add_ps(c4, k4_outlier_fold(t, kb, f));
     _mm_storeu_ps(t->qstep, lanes_to_rows(step4));
