@@ -548,30 +548,31 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
 
 /* ---- softmax ---------------------------------------------------------------------------------------- */
 
-/* NH: the chunk's 16-token halves (1: the second is neither loaded nor
- * exponentiated; its p are stored as 0). */
-TGT_INLINE static void softmax_body(kvp__tile *t, int n, int32_t pos0, const int NH) {
+/* Row r's logits j*16 .. j*16+15 of the chunk, -inf where not visible
+ * (vis: the whole chunk is). */
+TGT_INLINE static __m512 masked_logits(const kvp__tile *t, int r, int j, int n, int32_t pos0, bool vis) {
+    if (vis) return _mm512_mask_load_ps(_mm512_set1_ps(-INFINITY), mask16(n - 16 * j), &t->logits[r][16 * j]);
     const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    __m512 x[R][8], cm[R], cm4;
+    __m512i pos = _mm512_add_epi32(iota, _mm512_set1_epi32(pos0 + 16 * j));
+    __mmask16 ok = mask16(n - 16 * j) & _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(t->lo[r])) &
+                   _mm512_cmple_epi32_mask(pos, _mm512_set1_epi32(t->hi[r]));
+    return _mm512_mask_load_ps(_mm512_set1_ps(-INFINITY), ok, &t->logits[r][16 * j]);
+}
+
+/* NH: the chunk's 16-token halves (1: the second is neither loaded nor
+ * exponentiated; its p are stored as 0). The logits are read twice, for
+ * the maximum and for the exponentials, rather than held: 4 rows of up to
+ * 8 vectors would take every register and spill. */
+TGT_INLINE static void softmax_body(kvp__tile *t, int n, int32_t pos0, const int NH) {
+    __m512 cm[R], cm4;
+    bool vis[R];
     float cmax4[16] KVP__ALIGN64, cmax[R], m_new[R], e[16] KVP__ALIGN64;
     UNROLL for (int r = 0; r < R; r++) {
         if (t->soft_cap > 0.0f)
             for (int i = 0; i < n; i++) t->logits[r][i] = t->soft_cap * tanhf(t->logits[r][i] / t->soft_cap);
-        if (t->lo[r] <= pos0 && t->hi[r] >= pos0 + n - 1) { /* the whole chunk is visible */
-            UNROLL for (int j = 0; j < NH; j++)
-                x[r][j] = _mm512_mask_load_ps(ninf, mask16(n - 16 * j), &t->logits[r][16 * j]);
-        } else {
-            UNROLL for (int j = 0; j < NH; j++) {
-                __m512i pos = _mm512_add_epi32(iota, _mm512_set1_epi32(pos0 + 16 * j));
-                __mmask16 ok = mask16(n - 16 * j) &
-                               _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(t->lo[r])) &
-                               _mm512_cmple_epi32_mask(pos, _mm512_set1_epi32(t->hi[r]));
-                x[r][j] = _mm512_mask_load_ps(ninf, ok, &t->logits[r][16 * j]);
-            }
-        }
-        cm[r] = x[r][0];
-        UNROLL for (int j = 1; j < NH; j++) cm[r] = _mm512_max_ps(cm[r], x[r][j]);
+        vis[r] = t->lo[r] <= pos0 && t->hi[r] >= pos0 + n - 1;
+        cm[r] = masked_logits(t, r, 0, n, pos0, vis[r]);
+        UNROLL for (int j = 1; j < NH; j++) cm[r] = _mm512_max_ps(cm[r], masked_logits(t, r, j, n, pos0, vis[r]));
     }
     REDUCE4(_mm512_max_ps, cm[0], cm[1], cm[2], cm[3], cm4);
     _mm512_store_ps(cmax4, cm4);
@@ -601,7 +602,7 @@ TGT_INLINE static void softmax_body(kvp__tile *t, int n, int32_t pos0, const int
         }
         __m512 mv = _mm512_set1_ps(m_new[r]);
         UNROLL for (int j = 0; j < NH; j++) {
-            __m512 pj = exp512(_mm512_sub_ps(x[r][j], mv));
+            __m512 pj = exp512(_mm512_sub_ps(masked_logits(t, r, j, n, pos0, vis[r]), mv));
             _mm512_store_ps(&t->p[r][16 * j], pj);
             lv = _mm512_add_ps(lv, pj);
         }
