@@ -155,6 +155,10 @@ int kvp__pool_create(const kvp_allocator_t *a, int32_t threads, kvp__pool **out)
 void kvp__pool_destroy(kvp__pool *p);
 /* Run fn(arg, thread) on every thread and wait for all. No allocation. */
 void kvp__pool_run(kvp__pool *p, kvp__job_fn fn, void *arg);
+/* One pause of a wait loop on another thread's progress (spins: how many
+ * came before): a spin-wait hint, and after a while a yield, so a waiter
+ * does not hold a core the thread it waits for may need. */
+void kvp__cpu_wait(int spins);
 
 /* ---- backend entry points ------------------------------------------------------ */
 

@@ -16,6 +16,7 @@
 #include "cpu.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -154,6 +155,11 @@ void kvp__pool_run(kvp__pool *p, kvp__job_fn fn, void *arg) {
     pthread_mutex_lock(&p->mu);
     while (atomic_load(&p->entered) != 0) pthread_cond_wait(&p->cv_done, &p->mu);
     pthread_mutex_unlock(&p->mu);
+}
+
+void kvp__cpu_wait(int spins) {
+    if (spins < SPIN_ITERS) CPU_RELAX();
+    else sched_yield();
 }
 
 void kvp__pool_destroy(kvp__pool *p) {
