@@ -217,6 +217,13 @@ static item_id decode_item(const attn_job *j, int32_t item) {
     return id;
 }
 
+/* x *= w over a row (head_dim is a multiple of 16; the fixed inner loop
+ * vectorizes, where x[d] *= j->sm_scale reloaded the scale per element). */
+static void scale_in_place(float *x, float w, int32_t D) {
+    for (int32_t d = 0; d < D; d += 16)
+        for (int k = 0; k < 16; k++) x[d + k] *= w;
+}
+
 static void load_q_row(const attn_job *j, int32_t b, int32_t i, int32_t qh, float *dst) {
     size_t D = (size_t)j->D;
     if (j->contig != NULL) {
@@ -227,7 +234,7 @@ static void load_q_row(const attn_job *j, int32_t b, int32_t i, int32_t qh, floa
         size_t row = ((size_t)(p->qo_indptr[b] + i) * (size_t)j->q_heads + (size_t)qh) * D;
         kvp__load_f32(p->dtype, (const uint8_t *)p->q + row * kvp__dtype_size(p->dtype), D, dst);
     }
-    for (size_t d = 0; d < D; d++) dst[d] *= j->sm_scale;
+    scale_in_place(dst, j->sm_scale, j->D);
 }
 
 static float fp8_scale_of(const attn_job *j, int side, int32_t h) {
