@@ -536,14 +536,27 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     const __m512i hi_idx = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
 #define K4_LOGITS(r, X)                                                                            \
     _mm512_fmadd_ps(_mm512_cvtepi32_ps(X), _mm512_set1_ps(t->qstep[r]), _mm512_set1_ps(t->qconst[r]))
+    /* the outlier channels' terms (k4_outliers' arithmetic, in the same
+     * order) added before the logits are stored, not in a second pass over
+     * them: their codes as fp32, tokens 0-15 and 16-31 */
+    const kvp__k4_outl ol = kvp__k4_outliers_of(kb, f);
+    __m512 oc[KVP__ATTN_MAX_D / 32][2];
+    for (int jo = 0; jo < ol.count; jo++)
+        UNROLL for (int hh = 0; hh < 2; hh++)
+            oc[jo][hh] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_maskz_loadu_epi8(mask16(n - 16 * hh), ol.codes + (size_t)jo * (size_t)P + (size_t)(t0 + 16 * hh))));
 #define K4_OUT(r)                                                                                  \
     {                                                                                              \
         __m512 e = K4_LOGITS(r, e_##r), o = K4_LOGITS(r, _mm512_srai_epi32(o_##r, 4));             \
-        _mm512_store_ps(&t->logits[r][0], _mm512_permutex2var_ps(e, lo_idx, o));                  \
-        _mm512_store_ps(&t->logits[r][16], _mm512_permutex2var_ps(e, hi_idx, o));                 \
+        __m512 l0 = _mm512_permutex2var_ps(e, lo_idx, o), l1 = _mm512_permutex2var_ps(e, hi_idx, o); \
+        for (int jo = 0; jo < ol.count; jo++) {                                                    \
+            l0 = _mm512_fmadd_ps(_mm512_set1_ps(t->k4a[r][jo]), oc[jo][0], l0);                     \
+            l1 = _mm512_fmadd_ps(_mm512_set1_ps(t->k4a[r][jo]), oc[jo][1], l1);                     \
+        }                                                                                          \
+        _mm512_store_ps(&t->logits[r][0], l0);                                                     \
+        _mm512_store_ps(&t->logits[r][16], l1);                                                    \
     }
     R4(K4_OUT)
-    k4_outliers(t, kb, f, t0, n);
 }
 
 /* ---- softmax ---------------------------------------------------------------------------------------- */
