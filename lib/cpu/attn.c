@@ -456,6 +456,30 @@ typedef struct {
 
 static void merge_parts(attn_job *j, const item_id *id, int32_t unit0, thread_scratch *ts);
 
+/* Pages [*first, *end) of split k of sequence b. The splits shrink toward
+ * the end, weights S+1, S, ..., 2 (S splits): the items handed out last are
+ * the small ones, so the threads finish closer together (a thread that
+ * ran slower takes a smaller last piece). Equal splits where the smallest
+ * would fall under MIN_SPLIT_TOKENS. Measured against equal splits (2
+ * threads, batch 1, page 32, in-process A/B, 3 runs): 32k tokens fp16
+ * 2.5 - 4.8% faster, int4 5.5 - 6.7%; 8k fp16 0.2 - 4.7%, int4 -0.9 -
+ * +3.2%. */
+static void split_bounds(const attn_job *j, int32_t b, int32_t k, int32_t pages, int32_t *first,
+                         int32_t *end) {
+    int64_t S = j->splits[b], per = j->split_pages[b];
+    int64_t total = S * (S + 1) - S * (S - 1) / 2; /* sum of the weights */
+    int64_t min_pages = (MIN_SPLIT_TOKENS + j->P - 1) / j->P;
+    if (S > 1 && (int64_t)pages * 2 / total >= min_pages) {
+        int64_t before = (int64_t)k * (S + 1) - (int64_t)k * (k - 1) / 2; /* weights of splits < k */
+        int64_t upto = before + (S + 1 - k);
+        *first = (int32_t)((int64_t)pages * before / total);
+        *end = (int32_t)((int64_t)pages * upto / total);
+        return;
+    }
+    *first = (int32_t)(k * per);
+    *end = (int32_t)((k + 1) * per < pages ? (k + 1) * per : pages);
+}
+
 /* An item's pages and the order of its (page, head) steps. Heads go
  * inner: a page's blocks of consecutive heads are adjacent, so each page
  * is two sequential runs. With a four- (or two-) block V stage, the full
@@ -478,8 +502,8 @@ static void plan_item(const attn_job *j, int32_t item, item_plan *pl) {
     row_bounds(j, id->b, (id->r1 - 1) / j->group, &unused, &hi);
     int32_t pages = seq_pages(j, id->b);
     pl->kv_len = seq_kv_len(j, id->b);
-    int32_t first = id->split * j->split_pages[id->b];
-    int32_t end = first + j->split_pages[id->b] < pages ? first + j->split_pages[id->b] : pages;
+    int32_t first, end;
+    split_bounds(j, id->b, id->split, pages, &first, &end);
     while (first < end && (first + 1) * j->P - 1 < lo) first++; /* before every window */
     while (end > first && (end - 1) * j->P > hi) end--;         /* after the last row */
     pl->first = first;
