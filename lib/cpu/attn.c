@@ -52,7 +52,7 @@ typedef struct {
     /* schedule, in the workspace */
     int32_t *item_start; /* [B+1] */
     int32_t *splits;     /* [B] */
-    int32_t *split_pages;/* [B] pages per split */
+    int32_t *split_pages;/* [B] pages per split where the splits are equal (split_bounds) */
     int64_t *part_off;   /* [B] float offset of the sequence's partials, or -1 */
     float *partials;
     atomic_int next_item;
