@@ -34,7 +34,9 @@
  * sequence's pages. Lives in a thread's scratch. */
 typedef struct {
     float q[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;  /* q * sm_scale */
-    float qf[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* q folded with this page's key scales */
+    float qf[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* q times the plain format's unit, or
+                                                               folded with this page's key scales
+                                                               (AVX2 integer preps; AVX-512's use qn) */
     int8_t qh[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* integer q, high part (int4 keys,
                                                                SIMD: the whole 8-bit q) */
     int8_t ql[KVP__TILE_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* integer q, low part */

@@ -208,6 +208,12 @@ TGT_INLINE static __m128 lanes_to_rows(__m512 v) {
     return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), v));
 }
 
+/* Row values v[0..3] to lanes 4r (the layout of REDUCE4 results). */
+TGT_INLINE static __m512 rows_to_lanes(const float *v) {
+    return _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                 _mm512_castps128_ps512(_mm_loadu_ps(v)));
+}
+
 /* num / x in the lanes where x > 0, else 0. */
 TGT_INLINE static __m512 div_or_zero(float num, __m512 x) {
     __mmask16 nz = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
@@ -266,11 +272,9 @@ TGT_INLINE static __m512 scale_norm(const uint8_t *kb, const kvp__blockfmt *f, i
     return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d))), sinv);
 }
 
-/* The rows' steps qamax * unit in lanes 0, 4, 8, 12 (REDUCE4's layout). */
+/* The rows' steps qamax * unit in lanes 4r (REDUCE4's layout). */
 TGT_INLINE static __m512 rows_step4(const kvp__tile *t, float unit) {
-    return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0),
-                                               _mm512_castps128_ps512(_mm_loadu_ps(t->qamax))),
-                         _mm512_set1_ps(unit));
+    return _mm512_mul_ps(rows_to_lanes(t->qamax), _mm512_set1_ps(unit));
 }
 
 /* Where the two parts of channels d..d+3 (d % 4 == 0) sit in t->qhl[r]:
@@ -680,12 +684,6 @@ static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, i
             float *o = t->o + (size_t)r * (size_t)t->D;
             for (int d = 0; d < t->D; d++) o[d] += pr * kvp__block_decode_one(f, vb, t0 + i, d, 0.0f);
         }
-}
-
-/* Row values v[0..3] to lanes 4r (the layout of REDUCE4 results). */
-TGT_INLINE static __m512 rows_to_lanes(const float *v) {
-    return _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-                                 _mm512_castps128_ps512(_mm_loadu_ps(v)));
 }
 
 typedef struct {
