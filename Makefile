@@ -117,6 +117,9 @@ ALL_NVCCFLAGS += -Xcompiler -fsanitize=address,-fsanitize=undefined,-fno-omit-fr
 endif
 
 # ---- sources ----------------------------------------------------------------
+# The installed headers: the core (kvpage.h) and its layered extras.
+PUBLIC_HEADERS := include/kvpage.h include/kvpage_ext.h include/kvpage_plan.h \
+                  include/kvpage_tier.h include/kvpage_sched.h include/kvpage_cuda.h
 LIB_SRCS := $(wildcard lib/*.c) $(wildcard lib/cpu/*.c)
 ifeq ($(HAVE_CUDA),1)
 LIB_SRCS := $(filter-out lib/cuda_stub.c,$(LIB_SRCS))
@@ -129,9 +132,13 @@ LIB_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o) $(CU_SRCS:%.cu=$(OBJ)/%.o)
 TOOL_COMMON := tools/cli.c
 TOOL_NAMES := kvpage-plan kvpage-bench kvpage-sim
 TOOLS := $(TOOL_NAMES:%=$(BIN)/%)
+# what `make install` installs: the user tools (kvpage-bench uses internals)
+INSTALL_TOOL_NAMES := kvpage-plan kvpage-sim
 # extra sources per tool
 kvpage-plan_SRCS := tools/kvpage-plan.c tools/plan_cli.c
-kvpage-bench_SRCS := tools/kvpage-bench.c $(wildcard bench/*.c)
+# kvpage-bench's CUDA helpers: bench/cuda_bench.cu (nvcc) with HAVE_CUDA=1, else their stubs
+kvpage-bench_SRCS := tools/kvpage-bench.c $(filter-out bench/cuda_bench_stub.c,$(wildcard bench/*.c)) \
+                     $(if $(filter 1,$(HAVE_CUDA)),bench/cuda_bench.cu,bench/cuda_bench_stub.c)
 kvpage-sim_SRCS := tools/kvpage-sim.c tools/sim.c tools/sim_cli.c
 
 TEST_SRCS := $(wildcard tests/test_*.c)
@@ -139,6 +146,8 @@ TESTS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 # extra sources per test
 test_plan_cli_EXTRA := tools/plan_cli.c
 test_sim_EXTRA := tools/sim.c tools/sim_cli.c
+# test_tool_flags runs the built tools ($(BIN)): they come first
+$(BUILD)/tests/test_tool_flags: | $(TOOLS)
 
 # The kernel simulator (tests/cudasim): CUDA sources compiled as C++ against
 # a host runtime, so CI executes kernels without a GPU. Needs the toolkit's
@@ -148,7 +157,7 @@ ifeq ($(origin CXX),default)
 CXX := g++
 endif
 SIM_CXXFLAGS := -std=c++17 -Wall -Wextra -Wno-unused-parameter $(CFLAGS) $(SANFLAGS) \
-                -DKVP_CUDASIM -isystem $(CUDA_HOME)/include -Iinclude -Ilib -MMD -MP
+                -DKVP_CUDASIM -isystem $(CUDA_HOME)/include -Iinclude -Ilib -Itests/cudasim -MMD -MP
 ifeq ($(WERROR),1)
 SIM_CXXFLAGS += -Werror
 endif
@@ -234,7 +243,7 @@ $(OBJ)/bench/%.o: bench/%.c $(CONFIG_STAMP)
 $(OBJ)/tests/%.o: tests/%.c $(CONFIG_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")
-	$(Q)$(CC) $(TOOL_CFLAGS) -Wno-missing-prototypes -c $< -o $@
+	$(Q)$(CC) $(TOOL_CFLAGS) $(DEFS) -Wno-missing-prototypes -c $< -o $@
 
 $(OBJ)/sim/%.o: %.cpp $(CONFIG_STAMP)
 	@mkdir -p $(@D)
@@ -438,20 +447,20 @@ FORCE:
 # not recompile when nothing changed.
 install: all $(BUILD)/kvpage.pc
 	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(BINDIR)
-	install -p -m 644 include/kvpage.h include/kvpage_cuda.h $(DESTDIR)$(INCLUDEDIR)/
+	install -p -m 644 $(PUBLIC_HEADERS) $(DESTDIR)$(INCLUDEDIR)/
 	install -p -m 644 $(STATIC_LIB) $(DESTDIR)$(LIBDIR)/
 	install -p -m 755 $(SHARED_REAL) $(DESTDIR)$(LIBDIR)/
 	ln -sf libkvpage.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libkvpage.so
 	install -p -m 644 $(BUILD)/kvpage.pc $(DESTDIR)$(PKGCONFIGDIR)/
-	install -p -m 755 $(TOOLS) $(DESTDIR)$(BINDIR)/
+	install -p -m 755 $(INSTALL_TOOL_NAMES:%=$(BIN)/%) $(DESTDIR)$(BINDIR)/
 
 uninstall:
-	rm -f $(DESTDIR)$(INCLUDEDIR)/kvpage.h $(DESTDIR)$(INCLUDEDIR)/kvpage_cuda.h
+	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(PUBLIC_HEADERS)))
 	rm -f $(DESTDIR)$(LIBDIR)/libkvpage.a $(DESTDIR)$(LIBDIR)/libkvpage.so \
 	      $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libkvpage.so.$(VERSION)
 	rm -f $(DESTDIR)$(PKGCONFIGDIR)/kvpage.pc
-	rm -f $(TOOL_NAMES:%=$(DESTDIR)$(BINDIR)/%)
+	rm -f $(INSTALL_TOOL_NAMES:%=$(DESTDIR)$(BINDIR)/%)
 
 clean:
 	rm -rf build

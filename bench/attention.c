@@ -15,15 +15,18 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn_cases.h"
 #include "bench.h"
+#include "cli.h"
+#include "contig.h"
 #include "kvdist.h"
-#include "../tests/kvtable.h"
-#include "cpu/cpu.h"
+#include "kvpage_ext.h"
+#include "kvpage_plan.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
+#define TOOL "kvpage-bench attention"
 
 typedef struct {
     const char *name;
@@ -80,14 +83,16 @@ static kvp_store_t *make_store(const bench_format *f, int32_t P, int64_t pages, 
     kvp_store_t *s = NULL;
     char err[KVP_ERR_SIZE];
     if (kvp_store_create(&sp, &s, err, sizeof err) != KVP_OK) {
-        fprintf(stderr, "kvpage-bench attention: %s\n", err);
+        fprintf(stderr, "%s: %s\n", TOOL, err);
         return NULL;
     }
     return s;
 }
 
-/* Append `tokens` rows of one sequence through the real append path. */
-static int append_sequence(kvp_store_t *s, kvt_pool *pool, kvt_seq *seq, const float *k,
+/* Append `tokens` rows of sequence `seq` of table `t` through the real
+ * append path: the table chooses the slots and the seal operations, the
+ * store writes the rows. */
+static int append_sequence(kvp_store_t *s, kvp_table_t *t, int32_t seq, const float *k,
                            const float *v, int32_t tokens) {
     enum { STEP = 256 };
     int64_t slots[STEP];
@@ -95,9 +100,12 @@ static int append_sequence(kvp_store_t *s, kvt_pool *pool, kvt_seq *seq, const f
     size_t row = (size_t)KV_HEADS * HEAD_DIM;
     for (int32_t t0 = 0; t0 < tokens; t0 += STEP) {
         int32_t n = tokens - t0 < STEP ? tokens - t0 : STEP, nops = 0;
-        if (kvt_plan_append(pool, seq, n, 0, slots, ops, &nops) != 0) return -1;
-        kvp_append_t a;
-        kvp_append_init(&a);
+        if (kvp_table_append(t, seq, n, NULL, slots, ops, STEP, &nops) != KVP_OK) {
+            fprintf(stderr, "%s: append: %s\n", TOOL, kvp_table_last_error(t));
+            return -1;
+        }
+        kvp_append_params_t a;
+        kvp_append_params_init(&a);
         a.rows = n;
         a.dtype = KVP_FORMAT_FP32;
         a.k = k + (size_t)t0 * row;
@@ -106,15 +114,16 @@ static int append_sequence(kvp_store_t *s, kvt_pool *pool, kvt_seq *seq, const f
         a.ops = ops;
         a.num_ops = nops;
         if (kvp_store_append(s, &a) != KVP_OK) {
-            fprintf(stderr, "kvpage-bench attention: append: %s\n", kvp_store_last_error(s));
+            fprintf(stderr, "%s: append: %s\n", TOOL, kvp_store_last_error(s));
             return -1;
         }
     }
     return 0;
 }
 
-/* Fill every page: TEMPLATE_PAGES pages of random K/V through append, then
- * copies of them (timing does not depend on the values). */
+/* Fill every page: TEMPLATE_PAGES pages of random K/V appended as one
+ * sequence of a page table on the store's pages, then copies of them over
+ * the other pages (timing does not depend on the values). */
 static int fill_pages(kvp_store_t *s, int32_t P, int64_t pages, kvd_rng *rng) {
     kvp_layout_t lay = {.struct_size = sizeof lay};
     kvp_store_layout(s, &lay);
@@ -124,25 +133,39 @@ static int fill_pages(kvp_store_t *s, int32_t P, int64_t pages, kvd_rng *rng) {
     int32_t tokens = tpages * P;
     size_t n = (size_t)tokens * KV_HEADS * HEAD_DIM;
     float *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    unsigned char *is_template = calloc((size_t)pages, 1);
+    int32_t tmpl[TEMPLATE_PAGES + 1], indptr[2], last[1], seq = -1;
+    kvp_pool_t *pool = NULL;
+    kvp_table_t *t = NULL;
     int rc = -1;
-    if (k == NULL || v == NULL) goto out;
+    if (k == NULL || v == NULL || is_template == NULL) goto out;
     kvd_fill_keys(&keys, rng, (size_t)tokens, k);
     kvd_fill_normal(rng, n, v);
-    kvt_pool pool;
-    kvt_pool_init(&pool, P, (int32_t)pages, 1, lay.needs_staging);
-    kvt_seq seq;
-    kvt_seq_init(&seq);
-    rc = append_sequence(s, &pool, &seq, k, v, tokens);
-    kvt_seq_free(&seq);
-    if (rc != 0) goto out;
+    if (kvb_pool_table(TOOL, P, pages, lay.needs_staging ? 1 : 0, 1, &pool, &t) != 0) goto out;
+    if (kvp_table_seq_create(t, 0, 0, &seq) != KVP_OK ||
+        append_sequence(s, t, seq, k, v, tokens) != 0)
+        goto out;
+    /* the template's pages (whole pages: no staging page in the export) */
+    kvp_batch_buffers_t buf = {.struct_size = sizeof buf};
+    buf.indptr = indptr;
+    buf.indices = tmpl;
+    buf.last_page_len = last;
+    buf.indices_capacity = TEMPLATE_PAGES + 1;
+    if (kvp_table_export(t, &seq, 1, NULL, &buf, NULL) != KVP_OK || indptr[1] != tpages) {
+        fprintf(stderr, "%s: export: %s\n", TOOL, kvp_table_last_error(t));
+        goto out;
+    }
+    for (int32_t i = 0; i < tpages; i++) is_template[tmpl[i]] = 1;
     kvp_region_t rk = {.struct_size = sizeof rk}, rv = {.struct_size = sizeof rv};
     kvp_store_region(s, 0, KVP_REGION_K, &rk);
     kvp_store_region(s, 0, KVP_REGION_V, &rv);
-    for (int64_t p = tpages; p < pages; p++) {
+    for (int64_t p = 0, j = 0; p < pages; p++) {
+        if (is_template[p]) continue;
+        int32_t from = tmpl[j++ % tpages];
         memcpy((uint8_t *)rk.base + (size_t)p * rk.page_stride,
-               (uint8_t *)rk.base + (size_t)(p % tpages) * rk.page_stride, (size_t)rk.page_stride);
+               (uint8_t *)rk.base + (size_t)from * rk.page_stride, (size_t)rk.page_stride);
         memcpy((uint8_t *)rv.base + (size_t)p * rv.page_stride,
-               (uint8_t *)rv.base + (size_t)(p % tpages) * rv.page_stride, (size_t)rv.page_stride);
+               (uint8_t *)rv.base + (size_t)from * rv.page_stride, (size_t)rv.page_stride);
     }
     /* the other layers: copies of layer 0 (their page blocks, then staging) */
     for (int32_t l = 1; l < lay.layers; l++)
@@ -155,9 +178,13 @@ static int fill_pages(kvp_store_t *s, int32_t P, int64_t pages, kvd_rng *rng) {
                 memcpy((uint8_t *)to.base + p * to.page_stride, (uint8_t *)from.base + p * from.page_stride,
                        (size_t)(KV_HEADS * from.head_stride));
         }
+    rc = 0;
 out:
+    kvp_table_destroy(t);
+    kvp_pool_destroy(pool);
     free(k);
     free(v);
+    free(is_template);
     kvd_keys_free(&keys);
     return rc;
 }
@@ -169,13 +196,10 @@ typedef struct {
     kvp_store_t *store;
     kvp_kv_view_t view;
     kvp_attention_params_t ap;
-    kvp__contig contig;
+    bench_contig contig;                   /* the contiguous cache, `layers` copies */
+    kvp_store_t contig_store;              /* a view of `store` with its strides */
+    kvp_kv_view_t contig_view;
     int32_t layers, next_layer, next_copy; /* the layer (copy of the contiguous cache) read next */
-    uint8_t *ck, *cv;                      /* the contiguous copies, `layers` of them end to end */
-    size_t ck_bytes, cv_bytes;             /* one copy */
-    const float *q;
-    float *out;
-    float sm_scale;
 } attn_call;
 
 static int run_paged(void *arg) {
@@ -183,16 +207,17 @@ static int run_paged(void *arg) {
     c->ap.layer = c->next_layer;
     c->next_layer = (c->next_layer + 1) % c->layers;
     int rc = kvp_attention(c->ctx, c->store, &c->view, &c->ap);
-    if (rc != KVP_OK) fprintf(stderr, "kvpage-bench attention: %s\n", kvp_ctx_last_error(c->ctx));
+    if (rc != KVP_OK) fprintf(stderr, "%s: %s\n", TOOL, kvp_ctx_last_error(c->ctx));
     return rc;
 }
 
 static int run_contig(void *arg) {
     attn_call *c = arg;
-    c->contig.k = c->ck + (size_t)c->next_copy * c->ck_bytes;
-    c->contig.v = c->cv + (size_t)c->next_copy * c->cv_bytes;
+    c->ap.layer = c->next_copy;
     c->next_copy = (c->next_copy + 1) % c->layers;
-    return kvp__cpu_attention_contig(c->ctx, &c->contig, Q_HEADS, c->q, c->out, c->sm_scale);
+    int rc = kvp_attention(c->ctx, &c->contig_store, &c->contig_view, &c->ap);
+    if (rc != KVP_OK) fprintf(stderr, "%s: contiguous: %s\n", TOOL, kvp_ctx_last_error(c->ctx));
+    return rc;
 }
 
 /* ---- one case ----------------------------------------------------------------------------- */
@@ -207,20 +232,12 @@ static uint8_t *huge_alloc(size_t bytes) {
     return p;
 }
 
-static void shuffle(int32_t *a, int64_t n, kvd_rng *rng) {
-    for (int64_t i = n - 1; i > 0; i--) {
-        int64_t j = (int64_t)(kvd_next(rng) % (uint64_t)(i + 1));
-        int32_t t = a[i];
-        a[i] = a[j];
-        a[j] = t;
-    }
-}
-
 /* One case set up to be timed: its store, view, query and contiguous copies. */
 typedef struct {
     attn_call c;
     kvp_store_t *s;
     int32_t *ids, *indptr, *last, *qo;
+    int32_t *cids, *cindptr, *clast; /* the contiguous view's */
     float *q, *out;
     uint64_t bytes; /* what it holds: store arena and contiguous copies */
 } case_state;
@@ -230,10 +247,12 @@ static void case_free(case_state *cs) {
     free(cs->indptr);
     free(cs->last);
     free(cs->qo);
+    free(cs->cids);
+    free(cs->cindptr);
+    free(cs->clast);
     free(cs->q);
     free(cs->out);
-    free(cs->c.ck);
-    free(cs->c.cv);
+    free(cs->c.contig.base);
     kvp_store_destroy(cs->s);
     memset(cs, 0, sizeof *cs);
 }
@@ -265,60 +284,56 @@ static int case_setup(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng,
     kvp_store_layout(s, &lay);
     uint64_t kb = lay.k_block_bytes, vb = lay.v_block_bytes;
     size_t ck_bytes = (size_t)pages * KV_HEADS * kb, cv_bytes = (size_t)pages * KV_HEADS * vb;
-    uint8_t *ck = cs->c.ck = huge_alloc(ck_bytes * (size_t)layers);
-    uint8_t *cv = cs->c.cv = huge_alloc(cv_bytes * (size_t)layers);
+    size_t copy_bytes = (size_t)bench_contig_copy_bytes(s, B, per);
+    uint8_t *cbase = cs->c.contig.base = huge_alloc(copy_bytes * (size_t)layers);
+    cs->cids = malloc((size_t)pages * sizeof *cs->cids);
+    cs->cindptr = malloc((size_t)(B + 1) * 4);
+    cs->clast = malloc((size_t)B * 4);
     int32_t *ids = cs->ids, *indptr = cs->indptr, *last = cs->last, *qo = cs->qo;
-    if (!ids || !indptr || !last || !qo || !cs->q || !cs->out || !ck || !cv) {
+    if (!ids || !indptr || !last || !qo || !cs->q || !cs->out || !cbase || !cs->cids ||
+        !cs->cindptr || !cs->clast) {
         case_free(cs);
         return -1;
     }
     uint64_t arena = 0;
     (void)kvp_arena_bytes(&lay, (uint64_t)pages, lay.needs_staging ? (uint64_t)B : 0, &arena, NULL, 0);
-    cs->bytes = arena + (uint64_t)(ck_bytes + cv_bytes) * (uint64_t)layers;
-    for (int64_t i = 0; i < pages; i++) ids[i] = (int32_t)i;
-    shuffle(ids, pages, rng);
-    for (int32_t b = 0; b <= B; b++) {
-        indptr[b] = b * per;
-        qo[b] = b;
+    cs->bytes = arena + (uint64_t)copy_bytes * (uint64_t)layers;
+    /* the batch's pages: from a page table, in the shuffled order of a
+     * pool that has been running for a while */
+    attn_call *c = &cs->c;
+    if (kvb_shuffled_batch(TOOL, B, P, r->context, pages, lay.needs_staging ? B : 0, rng, indptr,
+                           ids, last, &c->view) != 0) {
+        case_free(cs);
+        return -1;
     }
-    for (int32_t b = 0; b < B; b++) last[b] = r->context - (per - 1) * P;
+    for (int32_t b = 0; b <= B; b++) qo[b] = b;
     kvd_fill_normal(rng, qn, cs->q);
 
-    attn_call *c = &cs->c;
     c->ctx = ctx;
     c->store = s;
-    kvb_decode_call(&c->view, &c->ap, B, P, pages, lay.needs_staging ? B : 0, indptr, ids, last, qo,
-                    Q_HEADS, HEAD_DIM, cs->q, cs->out);
-    c->q = cs->q;
-    c->out = cs->out;
-    c->sm_scale = c->ap.sm_scale;
-    /* the contiguous cache: the same blocks, [batch][kv_head][page] end to end */
+    kvb_decode_call(&c->ap, qo, Q_HEADS, HEAD_DIM, cs->q, cs->out);
+    /* the contiguous cache: the same blocks, [batch][kv_head][page] end to end,
+     * K then V, one copy per layer */
+    uint8_t *ck = cbase, *cv = cbase + ck_bytes;
     for (int32_t b = 0; b < B; b++)
         for (int32_t h = 0; h < KV_HEADS; h++)
             for (int32_t j = 0; j < per; j++) {
-                int32_t id = ids[(int64_t)b * per + j];
+                int32_t id = ids[indptr[b] + j];
                 size_t at = ((size_t)b * KV_HEADS + (size_t)h) * (size_t)per + (size_t)j;
                 memcpy(ck + at * kb, kvp__block_k(s, 0, id, h), (size_t)kb);
                 memcpy(cv + at * vb, kvp__block_v(s, 0, id, h), (size_t)vb);
             }
-    for (int32_t l = 1; l < layers; l++) { /* the other layers' copies */
-        memcpy(ck + (size_t)l * ck_bytes, ck, ck_bytes);
-        memcpy(cv + (size_t)l * cv_bytes, cv, cv_bytes);
-    }
+    for (int32_t l = 1; l < layers; l++) /* the other layers' copies */
+        memcpy(cbase + (size_t)l * copy_bytes, cbase, copy_bytes);
     c->layers = layers;
     r->layers = layers;
-    c->ck_bytes = ck_bytes;
-    c->cv_bytes = cv_bytes;
-    c->contig.k = ck;
-    c->contig.v = cv;
-    c->contig.k_block = kb;
-    c->contig.v_block = vb;
-    c->contig.kf = s->kfmt;
-    c->contig.vf = s->vfmt;
+    c->contig.k_bytes = ck_bytes;
+    c->contig.v_bytes = cv_bytes;
     c->contig.batch = B;
-    c->contig.kv_heads = KV_HEADS;
     c->contig.pages = per;
-    c->contig.kv_len = r->context;
+    c->contig_view.struct_size = sizeof c->contig_view;
+    bench_contig_view(s, &c->contig, &c->contig_store, &c->contig_view, cs->cindptr, cs->cids,
+                      cs->clast);
     r->bytes = (double)pages * (double)KV_HEADS * (double)(kb + vb);
     return 0;
 }
@@ -450,10 +465,12 @@ static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng
     double *ref = malloc(qn * 8), num = 0.0, den = 0.0;
     int ok = s != NULL && k && v && q && out && ref;
     kvp_layout_t lay = {.struct_size = sizeof lay};
-    kvt_pool pool;
+    kvp_pool_t *pool = NULL;
+    kvp_table_t *t = NULL;
     if (ok) {
         kvp_store_layout(s, &lay);
-        kvt_pool_init(&pool, P, per * seqs, seqs, lay.needs_staging);
+        ok = kvb_pool_table(TOOL, P, (int64_t)per * seqs, lay.needs_staging ? seqs : 0, seqs, &pool,
+                            &t) == 0;
     }
     for (int b = 0; b < seqs && ok; b++) {
         kvd_keys keys;
@@ -464,13 +481,22 @@ static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng
         kvd_fill_keys(&keys, rng, (size_t)T, k);
         kvd_fill_normal(rng, n, v);
         kvd_fill_normal(rng, qn, q);
-        kvt_seq seq;
-        kvt_seq_init(&seq);
-        if (append_sequence(s, &pool, &seq, k, v, T) == 0) {
+        int32_t seq = -1;
+        if (kvp_table_seq_create(t, 0, 0, &seq) == KVP_OK &&
+            append_sequence(s, t, seq, k, v, T) == 0) {
             int32_t indptr[2], indices[ACC_TOKENS + 2], last[1], qo[2] = {0, 1};
-            kvp_kv_view_t view;
-            kvt_export(&pool, &seq, 1, indptr, indices, last, &view);
-            view.num_staging = lay.needs_staging ? seqs : 0;
+            kvp_kv_view_t view = {.struct_size = sizeof view};
+            kvp_batch_buffers_t buf = {.struct_size = sizeof buf};
+            buf.indptr = indptr;
+            buf.indices = indices;
+            buf.last_page_len = last;
+            buf.indices_capacity = ACC_TOKENS + 2;
+            if (kvp_table_export(t, &seq, 1, NULL, &buf, &view) != KVP_OK) {
+                fprintf(stderr, "%s: export: %s\n", TOOL, kvp_table_last_error(t));
+                ok = 0;
+                kvd_keys_free(&keys);
+                break;
+            }
             kvp_attention_params_t ap;
             kvp_attention_params_init(&ap);
             ap.q_heads = Q_HEADS;
@@ -487,9 +513,10 @@ static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng
                 }
             } else ok = 0;
         } else ok = 0;
-        kvt_seq_free(&seq);
         kvd_keys_free(&keys);
     }
+    kvp_table_destroy(t);
+    kvp_pool_destroy(pool);
     kvp_store_destroy(s);
     free(k);
     free(v);
@@ -501,14 +528,20 @@ static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng
 
 /* ---- report -------------------------------------------------------------------------------- */
 
-static int format_index(const char *name) {
-    for (int k = 0; k < (int)(sizeof formats / sizeof *formats); k++)
-        if (!strcmp(name, formats[k].name)) return k;
-    return -1;
+static void usage(FILE *f) {
+    fprintf(f, "usage: kvpage-bench attention [--device cpu|cuda] [--quick] [--threads N (2; 1..64)] "
+               "[--isa auto|portable|avx2|avx512]\n"
+               "       [--acc-seqs N (8; 1..256)] [--accuracy-only | --no-accuracy] "
+               "[--seconds S (per case; 0.25, --quick 0.12; 0.001..600)]\n"
+               "       [--format fp16|int8|int4|fp16-hnd] [--page N] [--batch 1|16] "
+               "[--context N (a multiple of the page size; k = x1024)]   (run only matching cases)\n"
+               "       [--layers N (0: as many as make 256 MiB, at most 32; 1: one layer, "
+               "partly from cache; 0..64)]\n"
+               "       --device cuda: kvpage-bench attention --device cuda --help\n");
 }
 
+/* Returns 0 to run, 1 after --help, CLI_USAGE after a message. */
 static int parse_options(int argc, char **argv, options *o) {
-    int taken;
     o->threads = 2;
     o->quick = 0;
     o->isa = KVP_ISA_AUTO;
@@ -518,52 +551,71 @@ static int parse_options(int argc, char **argv, options *o) {
     o->accuracy_only = 0;
     o->no_accuracy = 0;
     o->layers = 0;
-    double seconds = 0.0;
+    double seconds = 0.0; /* 0: not given */
+    const char *fmt_names[sizeof formats / sizeof *formats];
+    for (size_t k = 0; k < sizeof formats / sizeof *formats; k++) fmt_names[k] = formats[k].name;
+    const char *isa_names[KVP_ISA_AVX512 + 1];
+    for (int32_t k = KVP_ISA_AUTO; k <= KVP_ISA_AVX512; k++) isa_names[k] = kvp_isa_name(k);
+    static const char *const devices[] = {"cpu"}; /* cuda: bench_attention_cuda */
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) o->quick = 1;
-        else if (!strcmp(argv[i], "--accuracy-only")) o->accuracy_only = 1;
-        else if (!strcmp(argv[i], "--no-accuracy")) o->no_accuracy = 1;
-        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--acc-seqs") && i + 1 < argc) o->acc_seqs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) o->layers = atoi(argv[++i]);
-        else if ((taken = kvb_parse_only(argc, argv, &i, format_index, &o->only)) != 0) {
-            if (taken < 0) return -1;
+        const char *a = argv[i];
+        bool ok = true;
+        int taken, unused;
+        if (!strcmp(a, "--quick")) o->quick = 1;
+        else if (!strcmp(a, "--accuracy-only")) o->accuracy_only = 1;
+        else if (!strcmp(a, "--no-accuracy")) o->no_accuracy = 1;
+        else if (!strcmp(a, "--seconds")) ok = cli_opt_double(TOOL, argc, argv, &i, 0.001, 600.0, &seconds, stderr);
+        else if (!strcmp(a, "--acc-seqs")) ok = cli_opt_int(TOOL, argc, argv, &i, 1, 256, &o->acc_seqs, stderr);
+        else if (!strcmp(a, "--layers")) ok = cli_opt_int(TOOL, argc, argv, &i, 0, 64, &o->layers, stderr);
+        else if (!strcmp(a, "--threads")) ok = cli_opt_int(TOOL, argc, argv, &i, 1, 64, &o->threads, stderr);
+        else if (!strcmp(a, "--device")) ok = cli_opt_choice(TOOL, argc, argv, &i, devices, 1, &unused, stderr);
+        else if (!strcmp(a, "--isa")) {
+            int isa = 0;
+            ok = cli_opt_choice(TOOL, argc, argv, &i, isa_names, KVP_ISA_AVX512 + 1, &isa, stderr);
+            o->isa = isa;
+            if (ok && !kvp_isa_supported(o->isa))
+                return cli_error(stderr, TOOL, "--isa %s: this CPU cannot run it", argv[i]);
+        } else if ((taken = kvb_parse_only(TOOL, argc, argv, &i, fmt_names,
+                                            (int)(sizeof fmt_names / sizeof *fmt_names), &o->only)) != 0)
+            ok = taken > 0;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 1;
+        } else {
+            cli_unknown_option(TOOL, a, stderr);
+            usage(stderr);
+            return CLI_USAGE;
         }
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) o->threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc && !strcmp(argv[i + 1], "cpu")) i++;
-        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
-            const char *n = argv[++i];
-            o->isa = -1;
-            for (int32_t k = KVP_ISA_AUTO; k <= KVP_ISA_AVX512; k++)
-                if (!strcmp(n, kvp_isa_name(k))) o->isa = k;
-            if (o->isa < 0) return -1;
-        } else return -1;
+        if (!ok) return CLI_USAGE;
     }
+    if (o->accuracy_only && o->no_accuracy)
+        return cli_error(stderr, TOOL, "--accuracy-only and --no-accuracy exclude each other");
+    if (kvb_check_context(TOOL, &o->only) != 0) return CLI_USAGE;
     if (o->quick) o->min_seconds = 0.12;
     if (seconds > 0.0) o->min_seconds = seconds;
-    return !(o->accuracy_only && o->no_accuracy) && seconds >= 0.0 && seconds <= 600.0 &&
-           o->threads >= 1 && o->threads <= 64 && o->layers >= 0 && o->layers <= 64 && o->acc_seqs >= 1 && o->acc_seqs <= 256 ? 0 : -1;
+    return 0;
+}
+
+static const char *ctx_isa_name(const kvp_ctx_t *ctx) {
+    kvp_ctx_info_t info = {.struct_size = sizeof info};
+    return kvp_ctx_info(ctx, &info) == KVP_OK ? kvp_isa_name(info.isa) : "?";
 }
 
 int bench_attention(int argc, char **argv) {
-    for (int i = 2; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda"))
-            return bench_attention_cuda(argc, argv);
+    /* --device cuda: the CUDA benchmark parses the command line itself */
+    static const char *const devices[] = {"cpu", "cuda"};
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--device")) {
+            int d = 0;
+            if (!cli_opt_choice(TOOL, argc, argv, &i, devices, 2, &d, stderr)) return CLI_USAGE;
+            if (d == 1) return bench_attention_cuda(argc, argv);
+        }
     options o;
-    if (parse_options(argc, argv, &o) != 0) {
-        fprintf(stderr, "usage: kvpage-bench attention [--device cpu|cuda] [--quick] [--threads N] "
-                        "[--isa auto|portable|avx2|avx512]\n"
-                        "       [--acc-seqs N (8)] [--accuracy-only | --no-accuracy] "
-                        "[--seconds S (per case; 0.25, --quick 0.12)]\n"
-                        "       [--format fp16|int8|int4|fp16-hnd] [--page N] [--batch N] "
-                        "[--context N]   (run only matching cases)\n"
-                        "       [--layers N (0: as many as make 256 MiB, at most 32; 1: one layer, "
-                        "partly from cache)]\n");
-        return 2;
-    }
+    int prc = parse_options(argc, argv, &o);
+    if (prc != 0) return prc == 1 ? 0 : prc;
     bench_roofs roofs;
     if (bench_measure_roofs(o.threads, 0, 5, &roofs) != 0) {
-        fprintf(stderr, "kvpage-bench attention: roof probes failed\n");
+        fprintf(stderr, "%s: roof probes failed\n", TOOL);
         return 1;
     }
     kvp_ctx_params_t cp;
@@ -573,14 +625,14 @@ int bench_attention(int argc, char **argv) {
     kvp_ctx_t *ctx = NULL;
     char err[KVP_ERR_SIZE];
     if (kvp_ctx_create(&cp, &ctx, err, sizeof err) != KVP_OK) {
-        fprintf(stderr, "kvpage-bench attention: %s\n", err);
+        fprintf(stderr, "%s: %s\n", TOOL, err);
         return 1;
     }
     kvd_rng rng;
     kvd_seed(&rng, 20261129);
     printf("attention decode: llama-3.1-8b shapes (%d q heads, %d kv heads, head_dim %d), "
            "q_len 1, %d threads, kernels %s%s\n", Q_HEADS, KV_HEADS, HEAD_DIM, o.threads,
-           kvp_isa_name(kvp_ctx_isa(ctx)), o.quick ? ", --quick" : "");
+           ctx_isa_name(ctx), o.quick ? ", --quick" : "");
     printf("roofs (same run): streaming read %.1f GB/s, fp32 FMA %.1f G/s (%s), int8 MAC %.1f G/s "
            "(VNNI; 0: none)\n", roofs.read_gbps, roofs.fma_per_s / 1e9, roofs.isa,
            roofs.int8_macs_per_s / 1e9);
@@ -622,7 +674,7 @@ int bench_attention(int argc, char **argv) {
     read_probe rd = {NULL, ((size_t)256 << 20) / sizeof(float), o.threads};
     float *rbuf = (float *)(void *)huge_alloc(rd.n * sizeof(float));
     if (rbuf == NULL) {
-        fprintf(stderr, "kvpage-bench attention: out of memory\n");
+        fprintf(stderr, "%s: out of memory\n", TOOL);
         kvp_ctx_destroy(ctx);
         return 1;
     }
@@ -651,7 +703,7 @@ int bench_attention(int argc, char **argv) {
                     r->context = cx[ic];
                 }
                 if (time_cases(&o, ctx, &rs[g0], g, &rng, &rd) != 0) {
-                    fprintf(stderr, "kvpage-bench attention: case failed\n");
+                    fprintf(stderr, "%s: case failed\n", TOOL);
                     free(rbuf);
                     kvp_ctx_destroy(ctx);
                     return 1;
@@ -682,7 +734,7 @@ int bench_attention(int argc, char **argv) {
            "\"int8_speedup\": %.4f, \"int4_speedup\": %.4f, \"paged_vs_contiguous\": %.4f, "
            "\"fp16_rel_err\": %s, \"int8_rel_err\": %s, \"int4_rel_err\": %s, "
            "\"int8_rel_err_page16\": %s, \"int4_rel_err_page16\": %s, \"layers\": %d}\n",
-           o.threads, kvp_isa_name(kvp_ctx_isa(ctx)), o.quick ? "true" : "false", roofs.read_gbps,
+           o.threads, ctx_isa_name(ctx), o.quick ? "true" : "false", roofs.read_gbps,
            roofs.fma_per_s, roofs.int8_macs_per_s, bw, s8, s4, pc, errs[0], errs[1], errs[2], errs[3], errs[4],
            o.layers);
     free(rbuf);

@@ -17,15 +17,18 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn_cases.h"
 #include "bench.h"
+#include "cli.h"
+#include "cuda_bench.h"
+#include "cuda_contig.h" /* lib/: the backend's contiguous-layout attention */
 #include "kvdist.h"
-#include "../tests/kvtable.h"
-#include "cuda_util.h"
 #include "kvpage_cuda.h"
+#include "kvpage_ext.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#define TOOL "kvpage-bench attention --device cuda"
 #define ACC_SEQS 4
 #define PROBE_BYTES (1ull << 30)
 
@@ -52,7 +55,7 @@ typedef struct {
 static char g_err[KVP_ERR_SIZE];
 
 static int fail(const char *what) {
-    fprintf(stderr, "kvpage-bench attention --device cuda: %s: %s\n", what, g_err);
+    fprintf(stderr, "%s: %s: %s\n", TOOL, what, g_err);
     return -1;
 }
 
@@ -82,8 +85,10 @@ static kvp_store_t *make_store(const cuda_format *f, int32_t P, int64_t pages, i
     return s;
 }
 
-/* Append `tokens` rows (host fp32) of one sequence, in steps of 256. */
-static int append_sequence(kvp_store_t *s, kvt_pool *pool, kvt_seq *seq, const float *k,
+/* Append `tokens` rows (host fp32) of sequence `seq` of table `t`, in steps
+ * of 256: the table chooses the slots and the seal operations, the store
+ * writes the rows. */
+static int append_sequence(kvp_store_t *s, kvp_table_t *t, int32_t seq, const float *k,
                            const float *v, int32_t tokens, int device) {
     enum { STEP = 256 };
     int64_t slots[STEP];
@@ -91,21 +96,25 @@ static int append_sequence(kvp_store_t *s, kvt_pool *pool, kvt_seq *seq, const f
     size_t row = (size_t)KV_HEADS * HEAD_DIM, bytes = (size_t)STEP * row * sizeof(float);
     void *dk = NULL, *dv = NULL;
     int rc = -1;
-    if (kvp__cuda_malloc(device, bytes, &dk, g_err, sizeof g_err) != KVP_OK ||
-        kvp__cuda_malloc(device, bytes, &dv, g_err, sizeof g_err) != KVP_OK) {
+    if (bench_cuda_malloc(device, bytes, &dk, g_err, sizeof g_err) != KVP_OK ||
+        bench_cuda_malloc(device, bytes, &dv, g_err, sizeof g_err) != KVP_OK) {
         fail("device rows");
         goto out;
     }
     for (int32_t t0 = 0; t0 < tokens; t0 += STEP) {
         int32_t n = tokens - t0 < STEP ? tokens - t0 : STEP, nops = 0;
-        if (kvt_plan_append(pool, seq, n, 0, slots, ops, &nops) != 0) goto out;
-        if (kvp__cuda_memcpy(dk, k + (size_t)t0 * row, (size_t)n * row * 4, 0, g_err, sizeof g_err) ||
-            kvp__cuda_memcpy(dv, v + (size_t)t0 * row, (size_t)n * row * 4, 0, g_err, sizeof g_err)) {
+        if (kvp_table_append(t, seq, n, NULL, slots, ops, STEP, &nops) != KVP_OK) {
+            snprintf(g_err, sizeof g_err, "%s", kvp_table_last_error(t));
+            fail("append (page table)");
+            goto out;
+        }
+        if (bench_cuda_memcpy(dk, k + (size_t)t0 * row, (size_t)n * row * 4, 0, g_err, sizeof g_err) ||
+            bench_cuda_memcpy(dv, v + (size_t)t0 * row, (size_t)n * row * 4, 0, g_err, sizeof g_err)) {
             fail("upload");
             goto out;
         }
-        kvp_append_t a;
-        kvp_append_init(&a);
+        kvp_append_params_t a;
+        kvp_append_params_init(&a);
         a.rows = n;
         a.dtype = KVP_FORMAT_FP32;
         a.k = dk;
@@ -121,8 +130,8 @@ static int append_sequence(kvp_store_t *s, kvt_pool *pool, kvt_seq *seq, const f
     }
     rc = 0;
 out:
-    kvp__cuda_free(device, dk);
-    kvp__cuda_free(device, dv);
+    bench_cuda_free(device, dk);
+    bench_cuda_free(device, dv);
     return rc;
 }
 
@@ -130,15 +139,31 @@ out:
 static int replicate(uint8_t *base, uint64_t have, uint64_t total) {
     while (have < total) {
         uint64_t n = have < total - have ? have : total - have;
-        if (kvp__cuda_memcpy(base + have, base, n, 2, g_err, sizeof g_err) != KVP_OK)
+        if (bench_cuda_memcpy(base + have, base, n, 2, g_err, sizeof g_err) != KVP_OK)
             return fail("replicate");
         have += n;
     }
     return 0;
 }
 
-/* TEMPLATE_PAGES pages of random K/V through append, then copies of them
- * over the rest of the pool (timing does not depend on the values). */
+/* Copy page `from`'s block of a region over every page of [0, pages) that is
+ * not a template page, one page at a time (when the template is not the
+ * region's first pages, which replicate() needs). */
+static int copy_pages(uint8_t *base, uint64_t stride, const unsigned char *is_template,
+                      const int32_t *tmpl, int32_t tpages, int64_t pages) {
+    for (int64_t p = 0, j = 0; p < pages; p++) {
+        if (is_template[p]) continue;
+        int32_t from = tmpl[j++ % tpages];
+        if (bench_cuda_memcpy(base + (uint64_t)p * stride, base + (uint64_t)from * stride, stride, 2,
+                              g_err, sizeof g_err) != KVP_OK)
+            return fail("copy pages");
+    }
+    return 0;
+}
+
+/* TEMPLATE_PAGES pages of random K/V appended as one sequence of a page
+ * table on the store's pages, then copies of them over the rest of the
+ * pool (timing does not depend on the values). */
 static int fill_pages(kvp_store_t *s, int32_t P, int64_t pages, kvd_rng *rng, int device) {
     kvp_layout_t lay;
     memset(&lay, 0, sizeof lay);
@@ -150,30 +175,57 @@ static int fill_pages(kvp_store_t *s, int32_t P, int64_t pages, kvd_rng *rng, in
     int32_t tokens = tpages * P;
     size_t n = (size_t)tokens * KV_HEADS * HEAD_DIM;
     float *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    unsigned char *is_template = calloc((size_t)pages, 1);
+    int32_t tmpl[TEMPLATE_PAGES + 1], indptr[2], last[1], seq = -1;
+    kvp_pool_t *pool = NULL;
+    kvp_table_t *t = NULL;
     int rc = -1;
-    if (k != NULL && v != NULL) {
+    if (k != NULL && v != NULL && is_template != NULL &&
+        kvb_pool_table(TOOL, P, pages, lay.needs_staging ? 1 : 0, 1, &pool, &t) == 0) {
         kvd_fill_keys(&keys, rng, (size_t)tokens, k);
         kvd_fill_normal(rng, n, v);
-        kvt_pool pool;
-        kvt_pool_init(&pool, P, (int32_t)pages, 1, lay.needs_staging);
-        kvt_seq seq;
-        kvt_seq_init(&seq);
-        rc = append_sequence(s, &pool, &seq, k, v, tokens, device);
-        kvt_seq_free(&seq);
+        if (kvp_table_seq_create(t, 0, 0, &seq) == KVP_OK)
+            rc = append_sequence(s, t, seq, k, v, tokens, device);
+    }
+    if (rc == 0) { /* the template's pages (whole pages: no staging page in the export) */
+        kvp_batch_buffers_t buf;
+        memset(&buf, 0, sizeof buf);
+        buf.struct_size = sizeof buf;
+        buf.indptr = indptr;
+        buf.indices = tmpl;
+        buf.last_page_len = last;
+        buf.indices_capacity = TEMPLATE_PAGES + 1;
+        if (kvp_table_export(t, &seq, 1, NULL, &buf, NULL) != KVP_OK || indptr[1] != tpages) {
+            snprintf(g_err, sizeof g_err, "%s", kvp_table_last_error(t));
+            rc = fail("export");
+        }
     }
     if (rc == 0) {
+        bool first = true; /* the template is pages 0 .. tpages-1: copies by doubling */
+        for (int32_t i = 0; i < tpages; i++) {
+            is_template[tmpl[i]] = 1;
+            first &= tmpl[i] < tpages;
+        }
         kvp_region_t rk, rv;
         memset(&rk, 0, sizeof rk);
         memset(&rv, 0, sizeof rv);
         rk.struct_size = rv.struct_size = sizeof rk;
         kvp_store_region(s, 0, KVP_REGION_K, &rk);
         kvp_store_region(s, 0, KVP_REGION_V, &rv);
-        rc = replicate(rk.base, (uint64_t)tpages * rk.page_stride, (uint64_t)pages * rk.page_stride);
-        if (rc == 0)
-            rc = replicate(rv.base, (uint64_t)tpages * rv.page_stride, (uint64_t)pages * rv.page_stride);
+        if (first) {
+            rc = replicate(rk.base, (uint64_t)tpages * rk.page_stride, (uint64_t)pages * rk.page_stride);
+            if (rc == 0)
+                rc = replicate(rv.base, (uint64_t)tpages * rv.page_stride, (uint64_t)pages * rv.page_stride);
+        } else {
+            rc = copy_pages(rk.base, rk.page_stride, is_template, tmpl, tpages, pages);
+            if (rc == 0) rc = copy_pages(rv.base, rv.page_stride, is_template, tmpl, tpages, pages);
+        }
     }
+    kvp_table_destroy(t);
+    kvp_pool_destroy(pool);
     free(k);
     free(v);
+    free(is_template);
     kvd_keys_free(&keys);
     return rc;
 }
@@ -200,15 +252,6 @@ static int run_contig(void *arg) {
     return kvp__cuda_attention_contig(c->ctx, &c->contig, c->q, c->out);
 }
 
-static void shuffle(int32_t *a, int64_t n, kvd_rng *rng) {
-    for (int64_t i = n - 1; i > 0; i--) {
-        int64_t j = (int64_t)(kvd_next(rng) % (uint64_t)(i + 1));
-        int32_t t = a[i];
-        a[i] = a[j];
-        a[j] = t;
-    }
-}
-
 static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
     const cuda_format *f = &formats[r->fmt];
     int32_t P = r->page, B = r->batch, per = (r->context + P - 1) / P;
@@ -228,22 +271,23 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
     kvp_store_layout(s, &lay);
     uint64_t kb = lay.k_block_bytes, vb = lay.v_block_bytes;
     uint64_t run_k = (uint64_t)per * kb, run_v = (uint64_t)per * vb;
-    if (kvp__cuda_malloc(o->device, qn * 4, &q, g_err, sizeof g_err) ||
-        kvp__cuda_malloc(o->device, qn * 4, &out, g_err, sizeof g_err) ||
-        kvp__cuda_malloc(o->device, (uint64_t)B * KV_HEADS * run_k, &ck, g_err, sizeof g_err) ||
-        kvp__cuda_malloc(o->device, (uint64_t)B * KV_HEADS * run_v, &cv, g_err, sizeof g_err)) {
+    if (bench_cuda_malloc(o->device, qn * 4, &q, g_err, sizeof g_err) ||
+        bench_cuda_malloc(o->device, qn * 4, &out, g_err, sizeof g_err) ||
+        bench_cuda_malloc(o->device, (uint64_t)B * KV_HEADS * run_k, &ck, g_err, sizeof g_err) ||
+        bench_cuda_malloc(o->device, (uint64_t)B * KV_HEADS * run_v, &cv, g_err, sizeof g_err)) {
         fail("device buffers");
         goto out;
     }
-    for (int64_t i = 0; i < pages; i++) ids[i] = (int32_t)i;
-    shuffle(ids, pages, rng);
-    for (int32_t b = 0; b <= B; b++) {
-        indptr[b] = b * per;
-        qo[b] = b;
-    }
-    for (int32_t b = 0; b < B; b++) last[b] = r->context - (per - 1) * P;
+    /* the batch's pages: from a page table, in the shuffled order of a pool
+     * that has been running for a while */
+    attn_call c;
+    memset(&c, 0, sizeof c);
+    if (kvb_shuffled_batch(TOOL, B, P, r->context, pages, lay.needs_staging ? B : 0, rng, indptr, ids,
+                           last, &c.view) != 0)
+        goto out;
+    for (int32_t b = 0; b <= B; b++) qo[b] = b;
     kvd_fill_normal(rng, qn, qh);
-    if (kvp__cuda_memcpy(q, qh, qn * 4, 0, g_err, sizeof g_err) != KVP_OK) {
+    if (bench_cuda_memcpy(q, qh, qn * 4, 0, g_err, sizeof g_err) != KVP_OK) {
         fail("upload q");
         goto out;
     }
@@ -257,11 +301,11 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
         kvp_store_region(s, 0, KVP_REGION_K, &rk);
         kvp_store_region(s, 0, KVP_REGION_V, &rv);
         for (int32_t j = 0; j < per; j++) {
-            int32_t id = ids[j];
-            if (kvp__cuda_memcpy((uint8_t *)ck + (uint64_t)j * kb,
+            int32_t id = ids[indptr[0] + j];
+            if (bench_cuda_memcpy((uint8_t *)ck + (uint64_t)j * kb,
                                  (uint8_t *)rk.base + (uint64_t)id * rk.page_stride, kb, 2, g_err,
                                  sizeof g_err) ||
-                kvp__cuda_memcpy((uint8_t *)cv + (uint64_t)j * vb,
+                bench_cuda_memcpy((uint8_t *)cv + (uint64_t)j * vb,
                                  (uint8_t *)rv.base + (uint64_t)id * rv.page_stride, vb, 2, g_err,
                                  sizeof g_err)) {
                 fail("contiguous cache");
@@ -272,12 +316,9 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
             replicate(cv, run_v, (uint64_t)B * KV_HEADS * run_v) != 0)
             goto out;
     }
-    attn_call c;
-    memset(&c, 0, sizeof c);
     c.ctx = ctx;
     c.store = s;
-    kvb_decode_call(&c.view, &c.ap, B, P, pages, lay.needs_staging ? B : 0, indptr, ids, last, qo,
-                    Q_HEADS, HEAD_DIM, q, out);
+    kvb_decode_call(&c.ap, qo, Q_HEADS, HEAD_DIM, q, out);
     c.q = q;
     c.out = out;
     c.contig.k = ck;
@@ -296,12 +337,12 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
     c.contig.q_heads = Q_HEADS;
     c.contig.sm_scale = c.ap.sm_scale;
     r->bytes = (double)pages * (double)KV_HEADS * (double)(kb + vb);
-    if (kvp__cuda_time(NULL, run_paged, &c, o->reps, &r->t_paged, g_err, sizeof g_err) != KVP_OK) {
+    if (bench_cuda_time(NULL, run_paged, &c, o->reps, &r->t_paged, g_err, sizeof g_err) != KVP_OK) {
         snprintf(g_err, sizeof g_err, "%s", kvp_ctx_last_error(ctx));
         fail("paged attention");
         goto out;
     }
-    if (kvp__cuda_time(NULL, run_contig, &c, o->reps, &r->t_contig, g_err, sizeof g_err) != KVP_OK) {
+    if (bench_cuda_time(NULL, run_contig, &c, o->reps, &r->t_contig, g_err, sizeof g_err) != KVP_OK) {
         snprintf(g_err, sizeof g_err, "%s", kvp_ctx_last_error(ctx));
         fail("contiguous attention");
         goto out;
@@ -313,10 +354,10 @@ out:
     free(last);
     free(qo);
     free(qh);
-    kvp__cuda_free(o->device, q);
-    kvp__cuda_free(o->device, out);
-    kvp__cuda_free(o->device, ck);
-    kvp__cuda_free(o->device, cv);
+    bench_cuda_free(o->device, q);
+    bench_cuda_free(o->device, out);
+    bench_cuda_free(o->device, ck);
+    bench_cuda_free(o->device, cv);
     kvp_store_destroy(s);
     return rc;
 }
@@ -331,15 +372,17 @@ static double accuracy(kvp_ctx_t *ctx, const cuda_format *f, int32_t P, kvd_rng 
     double *ref = malloc(qn * 8), num = 0.0, den = 0.0;
     void *dq = NULL, *dout = NULL;
     int ok = s != NULL && k && v && q && out && ref &&
-             kvp__cuda_malloc(device, qn * 4, &dq, g_err, sizeof g_err) == KVP_OK &&
-             kvp__cuda_malloc(device, qn * 4, &dout, g_err, sizeof g_err) == KVP_OK;
+             bench_cuda_malloc(device, qn * 4, &dq, g_err, sizeof g_err) == KVP_OK &&
+             bench_cuda_malloc(device, qn * 4, &dout, g_err, sizeof g_err) == KVP_OK;
     kvp_layout_t lay;
     memset(&lay, 0, sizeof lay);
     lay.struct_size = sizeof lay;
-    kvt_pool pool;
+    kvp_pool_t *pool = NULL;
+    kvp_table_t *t = NULL;
     if (ok) {
         kvp_store_layout(s, &lay);
-        kvt_pool_init(&pool, P, per * ACC_SEQS, ACC_SEQS, lay.needs_staging);
+        ok = kvb_pool_table(TOOL, P, (int64_t)per * ACC_SEQS, lay.needs_staging ? ACC_SEQS : 0,
+                            ACC_SEQS, &pool, &t) == 0;
     }
     for (int b = 0; b < ACC_SEQS && ok; b++) {
         kvd_keys keys;
@@ -350,15 +393,29 @@ static double accuracy(kvp_ctx_t *ctx, const cuda_format *f, int32_t P, kvd_rng 
         kvd_fill_keys(&keys, rng, (size_t)T, k);
         kvd_fill_normal(rng, n, v);
         kvd_fill_normal(rng, qn, q);
-        kvt_seq seq;
-        kvt_seq_init(&seq);
-        ok = append_sequence(s, &pool, &seq, k, v, T, device) == 0 &&
-             kvp__cuda_memcpy(dq, q, qn * 4, 0, g_err, sizeof g_err) == KVP_OK;
+        int32_t seq = -1;
+        ok = kvp_table_seq_create(t, 0, 0, &seq) == KVP_OK &&
+             append_sequence(s, t, seq, k, v, T, device) == 0 &&
+             bench_cuda_memcpy(dq, q, qn * 4, 0, g_err, sizeof g_err) == KVP_OK;
+        int32_t indptr[2], indices[ACC_TOKENS + 2], last[1], qo[2] = {0, 1};
+        kvp_kv_view_t view;
+        memset(&view, 0, sizeof view);
+        view.struct_size = sizeof view;
         if (ok) {
-            int32_t indptr[2], indices[ACC_TOKENS + 2], last[1], qo[2] = {0, 1};
-            kvp_kv_view_t view;
-            kvt_export(&pool, &seq, 1, indptr, indices, last, &view);
-            view.num_staging = lay.needs_staging ? ACC_SEQS : 0;
+            kvp_batch_buffers_t buf;
+            memset(&buf, 0, sizeof buf);
+            buf.struct_size = sizeof buf;
+            buf.indptr = indptr;
+            buf.indices = indices;
+            buf.last_page_len = last;
+            buf.indices_capacity = ACC_TOKENS + 2;
+            ok = kvp_table_export(t, &seq, 1, NULL, &buf, &view) == KVP_OK;
+            if (!ok) {
+                snprintf(g_err, sizeof g_err, "%s", kvp_table_last_error(t));
+                fail("export");
+            }
+        }
+        if (ok) {
             kvp_attention_params_t ap;
             kvp_attention_params_init(&ap);
             ap.q_heads = Q_HEADS;
@@ -367,7 +424,7 @@ static double accuracy(kvp_ctx_t *ctx, const cuda_format *f, int32_t P, kvd_rng 
             ap.q = dq;
             ap.out = dout;
             ok = kvp_attention(ctx, s, &view, &ap) == KVP_OK &&
-                 kvp__cuda_memcpy(out, dout, qn * 4, 1, g_err, sizeof g_err) == KVP_OK;
+                 bench_cuda_memcpy(out, dout, qn * 4, 1, g_err, sizeof g_err) == KVP_OK;
             if (ok) {
                 kvd_attn ra = {Q_HEADS, KV_HEADS, HEAD_DIM, ap.sm_scale, 0.0, 1, -1};
                 kvd_reference(&ra, q, 1, k, v, T, ref);
@@ -377,11 +434,12 @@ static double accuracy(kvp_ctx_t *ctx, const cuda_format *f, int32_t P, kvd_rng 
                 }
             }
         }
-        kvt_seq_free(&seq);
         kvd_keys_free(&keys);
     }
-    kvp__cuda_free(device, dq);
-    kvp__cuda_free(device, dout);
+    kvp_table_destroy(t);
+    kvp_pool_destroy(pool);
+    bench_cuda_free(device, dq);
+    bench_cuda_free(device, dout);
     kvp_store_destroy(s);
     free(k);
     free(v);
@@ -393,47 +451,58 @@ static double accuracy(kvp_ctx_t *ctx, const cuda_format *f, int32_t P, kvd_rng 
 
 /* ---- report --------------------------------------------------------------------------------- */
 
-static int format_index(const char *name) {
-    for (int k = 0; k < NFORMATS; k++)
-        if (!strcmp(name, formats[k].name)) return k;
-    return -1;
+static void usage(FILE *f) {
+    fprintf(f, "usage: kvpage-bench attention --device cuda [--quick] [--gpu N (0; 0..1023)]\n"
+               "       [--format fp16|int8|int4|fp16-dm] [--page N] [--batch 1|16] "
+               "[--context N (a multiple of the page size; k = x1024)]   (run only matching cases)\n");
 }
 
+/* Returns 0 to run, 1 after --help, CLI_USAGE after a message. */
 static int parse_options(int argc, char **argv, options *o) {
-    int taken;
     memset(o, 0, sizeof *o);
     o->reps = 20;
     o->only.fmt = o->only.page = o->only.batch = o->only.context = -1;
+    const char *fmt_names[NFORMATS];
+    for (int k = 0; k < NFORMATS; k++) fmt_names[k] = formats[k].name;
+    static const char *const devices[] = {"cuda"}; /* cpu: bench_attention */
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) o->quick = 1;
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc) i++; /* "cuda": seen by the caller */
-        else if (!strcmp(argv[i], "--gpu") && i + 1 < argc) o->device = atoi(argv[++i]);
-        else if ((taken = kvb_parse_only(argc, argv, &i, format_index, &o->only)) != 0) {
-            if (taken < 0) return -1;
-        } else return -1;
+        const char *a = argv[i];
+        bool ok = true;
+        int taken, unused;
+        if (!strcmp(a, "--quick")) o->quick = 1;
+        else if (!strcmp(a, "--device")) ok = cli_opt_choice(TOOL, argc, argv, &i, devices, 1, &unused, stderr);
+        else if (!strcmp(a, "--gpu")) ok = cli_opt_int(TOOL, argc, argv, &i, 0, 1023, &o->device, stderr);
+        else if ((taken = kvb_parse_only(TOOL, argc, argv, &i, fmt_names, NFORMATS, &o->only)) != 0)
+            ok = taken > 0;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 1;
+        } else {
+            cli_unknown_option(TOOL, a, stderr);
+            usage(stderr);
+            return CLI_USAGE;
+        }
+        if (!ok) return CLI_USAGE;
     }
+    if (kvb_check_context(TOOL, &o->only) != 0) return CLI_USAGE;
     if (o->quick) o->reps = 10;
-    return o->device >= 0 ? 0 : -1;
+    return 0;
 }
 
 int bench_attention_cuda(int argc, char **argv) {
     options o;
-    if (parse_options(argc, argv, &o) != 0) {
-        fprintf(stderr, "usage: kvpage-bench attention --device cuda [--quick] [--gpu N]\n"
-                        "       [--format fp16|int8|int4|fp16-dm] [--page N] [--batch N] "
-                        "[--context N]   (run only matching cases)\n");
-        return 2;
-    }
+    int prc = parse_options(argc, argv, &o);
+    if (prc != 0) return prc == 1 ? 0 : prc;
     kvp_cuda_device_info_t info;
     memset(&info, 0, sizeof info);
     info.struct_size = sizeof info;
     int rc = kvp_cuda_device_query(o.device, &info, g_err, sizeof g_err);
     if (rc != KVP_OK) {
-        fprintf(stderr, "kvpage-bench attention --device cuda: %s: %s\n", kvp_status_name(rc), g_err);
+        fprintf(stderr, "%s: %s: %s\n", TOOL, kvp_status_name(rc), g_err);
         return 1;
     }
     double copy_gbps = 0.0;
-    if (kvp__cuda_copy_bandwidth(o.device, PROBE_BYTES, 10, &copy_gbps, g_err, sizeof g_err) != KVP_OK) {
+    if (bench_cuda_copy_bandwidth(o.device, PROBE_BYTES, 10, &copy_gbps, g_err, sizeof g_err) != KVP_OK) {
         fail("copy bandwidth probe");
         return 1;
     }

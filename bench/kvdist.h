@@ -1,6 +1,6 @@
 /*
  * The K/V/Q distribution every accuracy figure uses, defined once for the
- * tests and the benchmark (issue 4, DESIGN.md "Measuring"):
+ * tests and the benchmark:
  *   keys    N(0,1), with 4 of every 128 channels scaled x10, plus a
  *           per-channel offset N(0,1) (outlier channels and offsets, as in
  *           KIVI / KVQuant);

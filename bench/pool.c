@@ -15,7 +15,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
 
-#include <kvpage.h>
+#include "cli.h"
+#include "kvpage_ext.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +45,7 @@ static kvp_pool_t *make_pool(int32_t pages, int cache) {
 static kvp_table_t *make_table(kvp_pool_t *pool) {
     kvp_table_t *t = NULL;
     char err[KVP_ERR_SIZE];
-    if (kvp_table_create(pool, NULL, &t, err, sizeof err) != KVP_OK) die("table", err);
+    if (kvp_table_create(pool, 0, &t, err, sizeof err) != KVP_OK) die("table", err);
     return t;
 }
 
@@ -135,7 +136,7 @@ static double time_decode(int32_t prompt, int32_t steps) {
     int32_t nops;
     for (int32_t i = 0; i < prompt; i++) tokens[i] = i;
     for (int b = 0; b < SEQS; b++) {
-        check(kvp_table_seq_create(t, NULL, &seqs[b]), t, "create");
+        check(kvp_table_seq_create(t, 0, 0, &seqs[b]), t, "create");
         tokens[0] = b; /* distinct prompts: no sharing */
         check(kvp_table_append(t, seqs[b], prompt, tokens, slots, NULL, 0, &nops), t, "prompt");
     }
@@ -205,7 +206,7 @@ static double time_export(int32_t tokens, int reps_inner) {
     int32_t seqs[SEQS], num_new[SEQS], nops;
     kvp_page_op_t ops[1];
     for (int b = 0; b < SEQS; b++) {
-        check(kvp_table_seq_create(t, NULL, &seqs[b]), t, "create");
+        check(kvp_table_seq_create(t, 0, 0, &seqs[b]), t, "create");
         check(kvp_table_append(t, seqs[b], tokens, NULL, NULL, ops, 1, &nops), t, "fill");
         num_new[b] = 1;
     }
@@ -279,14 +280,14 @@ static double time_prefix_lookup(int lookups) {
     /* 16k cached pages of other prompts (128 prompts of 2048 tokens) */
     for (int32_t i = 0; i < OTHER_PAGES * PAGE; i++) tokens[i] = (int32_t)(i * 2654435761u >> 8);
     for (int k = 0; k < OTHER_PAGES * PAGE / PROMPT; k++) {
-        check(kvp_table_seq_create(t, NULL, &seq), t, "create");
+        check(kvp_table_seq_create(t, 0, 0, &seq), t, "create");
         check(kvp_table_append(t, seq, PROMPT, tokens + (size_t)k * PROMPT, NULL, ops, 1, &nops),
               t, "fill");
         check(kvp_table_seq_release(t, seq), t, "release");
     }
     int32_t prompt[PROMPT];
     for (int i = 0; i < PROMPT; i++) prompt[i] = 7 * i + 1;
-    check(kvp_table_seq_create(t, NULL, &seq), t, "create");
+    check(kvp_table_seq_create(t, 0, 0, &seq), t, "create");
     check(kvp_table_append(t, seq, PROMPT, prompt, NULL, ops, 1, &nops), t, "prompt");
     check(kvp_table_seq_release(t, seq), t, "release");
     int64_t matched = 0;
@@ -363,17 +364,22 @@ static double ex_naive(int32_t a, long b) { return time_naive_export(a, (int)b);
 static double pf_lib(int32_t a, long b) { (void)a; return time_prefix_lookup((int)b); }
 static double pf_naive(int32_t a, long b) { (void)a; return time_naive_prefix_lookup((int)b); }
 
+#define TOOL "kvpage-bench pool"
+
+static void usage(FILE *f) { fprintf(f, "usage: kvpage-bench pool [--reps N (5; 1..64)]\n"); }
+
 int bench_pool(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: kvpage-bench pool [--reps N]\n");
-            return 2;
+        if (!strcmp(argv[i], "--reps")) {
+            if (!cli_opt_int(TOOL, argc, argv, &i, 1, 64, &reps, stderr)) return CLI_USAGE;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            cli_unknown_option(TOOL, argv[i], stderr);
+            usage(stderr);
+            return CLI_USAGE;
         }
-    }
-    if (reps < 1 || reps > 64) {
-        fprintf(stderr, "kvpage-bench pool: reps must be 1..64\n");
-        return 2;
     }
     const int32_t pages = 65536;
     double af = median_of(af_lib, pages, 10000000L);

@@ -9,6 +9,7 @@
 #define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
+#include "cli.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -315,22 +316,31 @@ int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out) {
     return 0;
 }
 
+#define TOOL "kvpage-bench roofline"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kvpage-bench roofline [--threads N (2; 1..64)] [--mib N (512; 16..1048576)] "
+               "[--reps N (5; 1..64)]\n");
+}
+
 int bench_roofline(int argc, char **argv) {
-    int threads = 2, reps = 5;
-    size_t mib = 512;
+    int threads = 2, reps = 5, mib_arg = 512;
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (size_t)atol(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: kvpage-bench roofline [--threads N] [--mib N] [--reps N]\n");
-            return 2;
+        bool ok = true;
+        if (!strcmp(argv[i], "--threads")) ok = cli_opt_int(TOOL, argc, argv, &i, 1, 64, &threads, stderr);
+        else if (!strcmp(argv[i], "--mib")) ok = cli_opt_int(TOOL, argc, argv, &i, 16, 1 << 20, &mib_arg, stderr);
+        else if (!strcmp(argv[i], "--reps")) ok = cli_opt_int(TOOL, argc, argv, &i, 1, 64, &reps, stderr);
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            cli_unknown_option(TOOL, argv[i], stderr);
+            usage(stderr);
+            return CLI_USAGE;
         }
+        if (!ok) return CLI_USAGE;
     }
-    if (threads < 1 || threads > 64 || mib < 16 || reps < 1 || reps > 64) {
-        fprintf(stderr, "kvpage-bench roofline: threads 1..64, mib >= 16, reps 1..64\n");
-        return 2;
-    }
+    size_t mib = (size_t)mib_arg;
     bench_roofs r;
     if (bench_measure_roofs(threads, mib << 20, reps, &r) != 0) {
         fprintf(stderr, "kvpage-bench roofline: could not allocate %zu MiB\n", mib);

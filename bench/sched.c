@@ -7,7 +7,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
 
-#include "kvpage.h"
+#include "cli.h"
+#include "kvpage_sched.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,18 +99,30 @@ static void execute(bmodel *m, const kvp_sched_plan_t *pl) {
     }
 }
 
+#define TOOL "kvpage-bench sched"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kvpage-bench sched [--steps N (2000; 1..10000000)] [--quick (300 steps)]\n");
+}
+
 int bench_sched(int argc, char **argv) {
     int64_t running = 1000, waiting = 1000;
-    int steps = 2000;
+    int steps = 2000, quick = 0, steps_given = 0;
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick")) steps = 300;
-        else {
-            fprintf(stderr, "usage: kvpage-bench sched [--steps N] [--quick]\n");
-            return 2;
+        if (!strcmp(argv[i], "--steps")) {
+            if (!cli_opt_int(TOOL, argc, argv, &i, 1, 10000000, &steps, stderr)) return CLI_USAGE;
+            steps_given = 1;
+        } else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            cli_unknown_option(TOOL, argv[i], stderr);
+            usage(stderr);
+            return CLI_USAGE;
         }
     }
-    if (steps < 10) steps = 10;
+    if (quick && !steps_given) steps = 300; /* --steps wins, in either order */
     bmodel m;
     memset(&m, 0, sizeof m);
     m.rng = 0x1234567;

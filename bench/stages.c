@@ -15,8 +15,10 @@
  * offsets), values and queries N(0,1).
  */
 #include "bench.h"
-#include "kvdist.h"
+#include "cli.h"
 #include "cpu/cpu.h"
+#include "kvdist.h"
+#include "kvpage_ext.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,39 +90,64 @@ static double run_stage(const stage_set_t *ss, stage_state *st, int s, int iters
     return bench_now() - t0;
 }
 
+#define TOOL "kvpage-bench stages"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kvpage-bench stages [--format fp16|bf16|int8|int4 (int4)] "
+               "[--isa auto|portable|avx2|avx512 (auto: best here)] [--page N (32; even, 2..64)] "
+               "[--head-dim 64|80|96|128|256 (128)] [--iters N (4000; 1..100000000)]\n");
+}
+
 int bench_stages(int argc, char **argv) {
     int fmt = 3, isa = KVP_ISA_AUTO, P = 32, D = 128, iters = 4000, reps = 15;
+    const char *fmt_names[sizeof stage_formats / sizeof *stage_formats];
+    for (size_t k = 0; k < sizeof stage_formats / sizeof *stage_formats; k++)
+        fmt_names[k] = stage_formats[k].name;
+    const char *isa_names[KVP_ISA_AVX512 + 1];
+    for (int32_t k = KVP_ISA_AUTO; k <= KVP_ISA_AVX512; k++) isa_names[k] = kvp_isa_name(k);
+    static const char *const dim_names[] = {"64", "80", "96", "128", "256"};
+    static const int dims[] = {64, 80, 96, 128, 256};
     for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (v != NULL && !strcmp(a, "--format")) {
-            fmt = -1;
-            for (int k = 0; k < (int)(sizeof stage_formats / sizeof *stage_formats); k++)
-                if (!strcmp(v, stage_formats[k].name)) fmt = k;
-            i++;
-        } else if (v != NULL && !strcmp(a, "--isa")) {
-            isa = -1;
-            for (int32_t k = KVP_ISA_AUTO; k <= KVP_ISA_AVX512; k++)
-                if (!strcmp(v, kvp_isa_name(k))) isa = k;
-            i++;
-        } else if (v != NULL && !strcmp(a, "--page")) P = atoi(argv[++i]);
-        else if (v != NULL && !strcmp(a, "--head-dim")) D = atoi(argv[++i]);
-        else if (v != NULL && !strcmp(a, "--iters")) iters = atoi(argv[++i]);
-        else fmt = -1, i = argc;
+        const char *a = argv[i];
+        bool ok = true;
+        int dim = 3;
+        if (!strcmp(a, "--format"))
+            ok = cli_opt_choice(TOOL, argc, argv, &i, fmt_names, (int)(sizeof fmt_names / sizeof *fmt_names),
+                                &fmt, stderr);
+        else if (!strcmp(a, "--isa"))
+            ok = cli_opt_choice(TOOL, argc, argv, &i, isa_names, KVP_ISA_AVX512 + 1, &isa, stderr);
+        else if (!strcmp(a, "--page")) {
+            ok = cli_opt_int(TOOL, argc, argv, &i, 2, 64, &P, stderr);
+            if (ok && P % 2 != 0) return cli_error(stderr, TOOL, "--page must be even, got %s", argv[i]);
+        } else if (!strcmp(a, "--head-dim")) {
+            ok = cli_opt_choice(TOOL, argc, argv, &i, dim_names, 5, &dim, stderr);
+            D = dims[dim];
+        } else if (!strcmp(a, "--iters"))
+            ok = cli_opt_int(TOOL, argc, argv, &i, 1, 100000000, &iters, stderr);
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            cli_unknown_option(TOOL, a, stderr);
+            usage(stderr);
+            return CLI_USAGE;
+        }
+        if (!ok) return CLI_USAGE;
     }
+    if (!kvp_isa_supported(isa))
+        return cli_error(stderr, TOOL, "--isa %s: this CPU cannot run it", kvp_isa_name(isa));
     if (isa == KVP_ISA_AUTO) {
         kvp_ctx_params_t cp;
         kvp_ctx_params_init(&cp);
         kvp_ctx_t *c = NULL;
-        if (kvp_ctx_create(&cp, &c, NULL, 0) == KVP_OK) isa = kvp_ctx_isa(c);
+        kvp_ctx_info_t info = {.struct_size = sizeof info};
+        if (kvp_ctx_create(&cp, &c, NULL, 0) == KVP_OK && kvp_ctx_info(c, &info) == KVP_OK)
+            isa = info.isa;
         kvp_ctx_destroy(c);
-    }
-    bool ok_dim = D == 64 || D == 80 || D == 96 || D == 128 || D == 256;
-    if (fmt < 0 || isa < 0 || !kvp_isa_supported(isa) || !ok_dim || P < 2 || P > 64 || P % 2 != 0 ||
-        iters < 1) {
-        fprintf(stderr, "usage: kvpage-bench stages [--format fp16|bf16|int8|int4 (int4)] "
-                        "[--isa portable|avx2|avx512 (best here)] [--page N (32, even, <= 64)] "
-                        "[--head-dim 64|80|96|128|256 (128)] [--iters N (4000)]\n");
-        return 2;
+        if (isa == KVP_ISA_AUTO) {
+            fprintf(stderr, "%s: no CPU context: cannot tell which kernels to time\n", TOOL);
+            return 1;
+        }
     }
     const int32_t f = stage_formats[fmt].format;
     stage_set_t ss;

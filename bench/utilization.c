@@ -21,7 +21,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
 
-#include <kvpage.h>
+#include "cli.h"
+#include "kvpage.h"
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -136,7 +137,7 @@ static bool admit(sim *s, const request *r, int32_t page) {
     int64_t need = (r[req].prompt + page) / page + s->nrun + 1;
     if (need > available(s)) return false;
     running_req *x = &s->run[s->nrun];
-    if (kvp_table_seq_create(s->t, NULL, &x->seq) != KVP_OK) die("create", kvp_table_last_error(s->t));
+    if (kvp_table_seq_create(s->t, 0, 0, &x->seq) != KVP_OK) die("create", kvp_table_last_error(s->t));
     int32_t nops;
     if (kvp_table_append(s->t, x->seq, r[req].prompt, NULL, NULL, NULL, 0, &nops) != KVP_OK)
         die("prefill", kvp_table_last_error(s->t));
@@ -164,10 +165,8 @@ static outcome run_paged(const request *r, int n, int64_t budget, int32_t page) 
     pp.prefix_cache = 0; /* no sharing: utilization stays a fraction */
     char err[KVP_ERR_SIZE];
     if (kvp_pool_create(&pp, &s.pool, err, sizeof err) != KVP_OK) die("pool", err);
-    kvp_table_params_t tp;
-    kvp_table_params_init(&tp);
-    tp.max_seqs = pp.num_pages;
-    if (kvp_table_create(s.pool, &tp, &s.t, err, sizeof err) != KVP_OK) die("table", err);
+    int32_t max_seqs = pp.num_pages < (1 << 24) ? pp.num_pages : (1 << 24);
+    if (kvp_table_create(s.pool, max_seqs, &s.t, err, sizeof err) != KVP_OK) die("table", err);
     s.run = malloc((size_t)pp.num_pages * sizeof *s.run);
     s.queue = malloc((size_t)n * sizeof *s.queue);
     for (int i = 0; i < n; i++) s.queue[i] = i;
@@ -219,21 +218,30 @@ static outcome run_paged(const request *r, int n, int64_t budget, int32_t page) 
     return o;
 }
 
+#define TOOL "kvpage-bench utilization"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kvpage-bench utilization [--requests N (2000; 1..1000000)] "
+               "[--budget TOKENS (128k; %d..2^30, k = x1024)]\n", MAX_LEN);
+}
+
 int bench_utilization(int argc, char **argv) {
     int n = 2000;
     int64_t budget = 131072;
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--requests") && i + 1 < argc) n = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--budget") && i + 1 < argc) budget = atoll(argv[++i]);
-        else {
-            fprintf(stderr, "usage: kvpage-bench utilization [--requests N] [--budget TOKENS]\n");
-            return 2;
+        if (!strcmp(argv[i], "--requests")) {
+            if (!cli_opt_int(TOOL, argc, argv, &i, 1, 1000000, &n, stderr)) return CLI_USAGE;
+        } else if (!strcmp(argv[i], "--budget")) {
+            if (!cli_opt_i64(TOOL, argc, argv, &i, MAX_LEN, (int64_t)1 << 30, true, &budget, stderr))
+                return CLI_USAGE;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            cli_unknown_option(TOOL, argv[i], stderr);
+            usage(stderr);
+            return CLI_USAGE;
         }
-    }
-    if (n < 1 || n > 1000000 || budget < MAX_LEN || budget > ((int64_t)1 << 30)) {
-        fprintf(stderr, "kvpage-bench utilization: requests 1..1000000, budget %d..2^30 tokens\n",
-                MAX_LEN);
-        return 2;
     }
     request *r = malloc((size_t)n * sizeof *r);
     make_workload(r, n);

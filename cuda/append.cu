@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(APPEND_THREADS) k_rows(append_args a) {
     kvp__encode_token(kvp__geo_fmt(a.g, side, page), b, t, src, kvp__geo_fp8(a.g, side, page, h));
 }
 
-bool in_seal(const kvp_append_t *a, int64_t r, int32_t P) {
+bool in_seal(const kvp_append_params_t *a, int64_t r, int32_t P) {
     for (int i = 0; i < a->num_ops; i++) {
         const kvp_page_op_t *op = &a->ops[i];
         if (op->kind == KVP_OP_SEAL && r >= op->row && r < (int64_t)op->row + (P - op->count))
@@ -109,7 +109,7 @@ bool in_seal(const kvp_append_t *a, int64_t r, int32_t P) {
 
 } // namespace
 
-int kvp__cuda_append(kvp_store_t *s, const kvp_append_t *a, char *err, size_t err_size) {
+int kvp__cuda_append(kvp_store_t *s, const kvp_append_params_t *a, char *err, size_t err_size) {
     kvp__cuda_store *cs = kvp__cstore(s);
     const kvp_layout_t *l = &s->layout;
     int32_t nseal = 0;

@@ -41,6 +41,7 @@ int kvp__cuda_arena_alloc(kvp_store_t *s, const void *bparams, char *err, size_t
         store_state_free(s, cs);
         return rc;
     }
+    s->device = cs->o.device;
     const kvp_layout_t *l = &s->layout;
     size_t table = (size_t)l->layers * (size_t)l->kv_heads;
     cs->fp8_known = (uint8_t *)kvp__calloc(&s->allocator, 2 * table, 1, 16);

@@ -14,7 +14,7 @@
  * or not at all when it is identical to the last one (every layer of a step).
  */
 #include "attention.cuh"
-#include "../lib/cuda_util.h"
+#include "../lib/cuda_contig.h"
 
 using namespace kvp_attn;
 
@@ -82,7 +82,7 @@ size_t up8(size_t x) { return (x + 7) & ~(size_t)7; }
 int launch(kvp_ctx_t *c, const call &in) {
     kvp__cuda_ctx *cc = kvp__cctx(c);
     char *err = c->error;
-    const size_t err_size = sizeof c->error;
+    const size_t err_size = KVP_ERR_SIZE;
     const int32_t B = in.batch, P = in.g.P, D = in.g.D, H = in.g.H;
     const int di = dim_index(D);
     if (di < 0) return kvp__errf(err, err_size, KVP_ENOTSUP, "head_dim %d", (int)D);
@@ -236,11 +236,11 @@ int kvp__cuda_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
     kvp__cuda_ctx *cc = kvp__cctx(c);
     kvp__cuda_store *cs = kvp__cstore(a->store);
     if (cs->o.device != cc->o.device)
-        return kvp__errf(c->error, sizeof c->error, KVP_EINVAL,
+        return kvp__errf(c->error, KVP_ERR_SIZE, KVP_EINVAL,
                          "the context is on device %d, the store on device %d", cc->o.device,
                          cs->o.device);
     kvp__device_guard g;
-    int rc = kvp__device_enter(&g, cc->o.device, c->error, sizeof c->error);
+    int rc = kvp__device_enter(&g, cc->o.device, c->error, KVP_ERR_SIZE);
     if (rc != KVP_OK) return rc;
     const kvp_attention_params_t *p = a->p;
     call in;
@@ -275,7 +275,7 @@ extern "C" int kvp__cuda_attention_contig(kvp_ctx_t *c, const kvp__cuda_contig *
     if (c == nullptr || kv == nullptr || c->backend != &kvp__cuda_backend) return KVP_EINVAL;
     kvp__cuda_ctx *cc = kvp__cctx(c);
     kvp__device_guard g;
-    int rc = kvp__device_enter(&g, cc->o.device, c->error, sizeof c->error);
+    int rc = kvp__device_enter(&g, cc->o.device, c->error, KVP_ERR_SIZE);
     if (rc != KVP_OK) return rc;
     call in;
     memset(&in, 0, sizeof in);
@@ -318,6 +318,7 @@ int kvp__cuda_ctx_init(kvp_ctx_t *c, const void *bparams, char *err, size_t err_
     kvp__device_guard g;
     int rc = kvp__obj_init(&cc->o, (const kvp_cuda_params_t *)bparams, &g, err, err_size);
     if (rc == KVP_OK) {
+        c->device = cc->o.device;
         int sms = 0;
         cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cc->o.device);
         rc = kvp__cuda_status(e, err, err_size, "cudaDeviceGetAttribute");

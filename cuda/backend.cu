@@ -51,47 +51,16 @@ int kvp_cuda_store_set_stream(kvp_store_t *store, void *stream) {
         return kvp__errf(store->error, KVP__STORE_ERR_SIZE, KVP_EINVAL,
                          "not a CUDA store (kvp_cuda_store_create makes one)");
     int rc = set_stream(&kvp__cstore(store)->o, stream, store->error, KVP__STORE_ERR_SIZE);
-    if (rc == KVP_OK) store->error[0] = '\0';
     return rc;
 }
 
 int kvp_cuda_ctx_set_stream(kvp_ctx_t *ctx, void *stream) {
     if (ctx == nullptr) return KVP_EINVAL;
     if (ctx->backend != &kvp__cuda_backend)
-        return kvp__errf(ctx->error, sizeof ctx->error, KVP_EINVAL,
+        return kvp__errf(ctx->error, KVP_ERR_SIZE, KVP_EINVAL,
                          "not a CUDA context (kvp_cuda_ctx_create makes one)");
-    int rc = set_stream(&kvp__cctx(ctx)->o, stream, ctx->error, sizeof ctx->error);
-    if (rc == KVP_OK) ctx->error[0] = '\0';
+    int rc = set_stream(&kvp__cctx(ctx)->o, stream, ctx->error, KVP_ERR_SIZE);
     return rc;
-}
-
-int kvp_cuda_append(kvp_store_t *store, const kvp_append_t *a, void *stream) {
-    int rc = kvp_cuda_store_set_stream(store, stream);
-    return rc != KVP_OK ? rc : kvp_store_append(store, a);
-}
-
-int kvp_cuda_apply_ops(kvp_store_t *store, const kvp_page_op_t *ops, int32_t num_ops,
-                       void *stream) {
-    int rc = kvp_cuda_store_set_stream(store, stream);
-    return rc != KVP_OK ? rc : kvp_store_apply_ops(store, ops, num_ops);
-}
-
-int kvp_cuda_attention(kvp_ctx_t *ctx, const kvp_store_t *store, const kvp_kv_view_t *view,
-                       const kvp_attention_params_t *params, void *stream) {
-    int rc = kvp_cuda_ctx_set_stream(ctx, stream);
-    return rc != KVP_OK ? rc : kvp_attention(ctx, store, view, params);
-}
-
-int kvp_cuda_page_to_host(kvp_store_t *store, int32_t page, uint64_t offset, void *dst,
-                          uint64_t bytes, void *stream) {
-    int rc = kvp_cuda_store_set_stream(store, stream);
-    return rc != KVP_OK ? rc : kvp_store_page_to_host(store, page, offset, dst, bytes);
-}
-
-int kvp_cuda_page_from_host(kvp_store_t *store, int32_t page, uint64_t offset, const void *src,
-                            uint64_t bytes, void *stream) {
-    int rc = kvp_cuda_store_set_stream(store, stream);
-    return rc != KVP_OK ? rc : kvp_store_page_from_host(store, page, offset, src, bytes);
 }
 
 int kvp_cuda_host_alloc(uint64_t bytes, void **ptr, char *err, size_t err_size) {

@@ -139,7 +139,7 @@ static inline kvp__cuda_ctx *kvp__cctx(const kvp_ctx_t *c) {
 /* Backend entry points, one file per concern. */
 int kvp__cuda_arena_alloc(kvp_store_t *s, const void *bparams, char *err, size_t err_size);
 void kvp__cuda_store_fini(kvp_store_t *s);
-int kvp__cuda_append(kvp_store_t *s, const kvp_append_t *a, char *err, size_t err_size);
+int kvp__cuda_append(kvp_store_t *s, const kvp_append_params_t *a, char *err, size_t err_size);
 int kvp__cuda_apply_ops(kvp_store_t *s, const kvp_page_op_t *ops, int32_t n, char *err,
                         size_t err_size);
 int kvp__cuda_read(const kvp_store_t *s, int32_t layer, int32_t page, int32_t t0, int32_t n,
@@ -179,10 +179,8 @@ kvp__geo kvp__make_geo(const kvp_store_t *s, int32_t layer);
 
 __device__ __forceinline__ uint8_t *kvp__geo_block(const kvp__geo &g, int side, int32_t page,
                                                    int32_t h) {
-    if (page < g.num_pages)
-        return g.arena + g.off[side] + (uint64_t)page * g.pstride[side] + (uint64_t)h * g.block[side];
-    return g.arena + g.soff[side] + (uint64_t)(page - g.num_pages) * g.sstride[side] +
-           (uint64_t)h * g.sblock;
+    return g.arena + kvp__block_offset(page, h, g.num_pages, g.off[side], g.pstride[side],
+                                       g.block[side], g.soff[side], g.sstride[side], g.sblock);
 }
 __device__ __forceinline__ const kvp__blockfmt &kvp__geo_fmt(const kvp__geo &g, int side,
                                                              int32_t page) {

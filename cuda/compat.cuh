@@ -13,7 +13,7 @@
 #define KVPAGE_CUDA_COMPAT_CUH
 
 #ifdef KVP_CUDASIM
-#include "../tests/cudasim/cudasim.h"
+#include <cudasim.h> /* the simulator (tests/cudasim), found on the include path */
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -8,7 +8,8 @@
  * 8k-token requests for Llama-3.1-8B fit on an H100 80GB, per KV format.
  */
 #include <kvpage.h>
-#include <kvpage_cuda.h>
+#include <kvpage_ext.h>  /* kvp_version_string, kvp_status_name, kvp_build_has */
+#include <kvpage_plan.h> /* the planner and its presets */
 
 #include <stdio.h>
 
@@ -18,13 +19,13 @@ int main(void) {
         return 1;
     }
     printf("libkvpage %s (CUDA backend: %s)\n", kvp_version_string(),
-           kvp_build_has_cuda() ? "built" : "not built");
+           kvp_build_has(KVP_FEATURE_CUDA) ? "built" : "not built");
 
     kvp_model_preset_t model = {.struct_size = sizeof model};
     kvp_gpu_preset_t gpu = {.struct_size = sizeof gpu};
     char err[KVP_ERR_SIZE];
-    if (kvp_preset_find("llama-3.1-8b", &model, err, sizeof err) != KVP_OK ||
-        kvp_gpu_find("h100-80g", &gpu, err, sizeof err) != KVP_OK) {
+    if (kvp_model_preset_find("llama-3.1-8b", &model, err, sizeof err) != KVP_OK ||
+        kvp_gpu_preset_find("h100-80g", &gpu, err, sizeof err) != KVP_OK) {
         fprintf(stderr, "lookup failed: %s\n", err);
         return 1;
     }

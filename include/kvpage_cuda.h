@@ -4,19 +4,22 @@
  *
  * Needs no CUDA headers: streams are passed as `void *` (a cudaStream_t).
  * In a CPU-only build these functions exist and return KVP_ENOTSUP, so one
- * binding works with either build (see kvp_build_has_cuda()).
+ * binding works with either build (kvp_build_has(#KVP_FEATURE_CUDA) tells,
+ * kvpage_ext.h).
  *
  * **How an engine uses the GPU.** Create the store with
  * kvp_cuda_store_create() and the context with kvp_cuda_ctx_create(); then
  * the generic functions of kvpage.h (kvp_store_append(),
- * kvp_store_apply_ops(), kvp_attention(), ...) run on the device, enqueued
- * on the object's stream. Tensors are device pointers; metadata (slots,
- * operations, the CSR view) stays on the host, where the page table makes
- * it, and is checked there and uploaded once per change. The `kvp_cuda_*`
- * variants below take the stream explicitly (it becomes the object's
- * stream). Nothing on the hot path allocates, synchronizes or prints; a
- * CUDA failure becomes #KVP_ECUDA with the runtime's text in the object's
- * last error.
+ * kvp_store_apply_ops(), kvp_attention(), ...) and of the extras
+ * (kvp_store_page_to_host(), ...) run on the device, enqueued on the
+ * object's stream: the one given at creation (#kvp_cuda_params_t::stream),
+ * or set later with kvp_cuda_store_set_stream() / kvp_cuda_ctx_set_stream().
+ * Tensors are device pointers; metadata (slots, operations, the CSR view)
+ * stays on the host, where the page table makes it, and is checked there
+ * and uploaded once per change. Nothing on the hot path allocates,
+ * synchronizes or prints; a CUDA failure becomes #KVP_ECUDA with the
+ * runtime's text in the object's last error. kvp_store_synchronize()
+ * (kvpage_ext.h) waits for a store's stream.
  */
 #ifndef KVPAGE_CUDA_H
 #define KVPAGE_CUDA_H
@@ -182,7 +185,7 @@ KVP_API int kvp_cuda_ctx_create(const kvp_ctx_params_t *params, const kvp_cuda_p
  * stream. Every kvp_cache_* function then works unchanged:
  * kvp_cache_write() takes device K/V rows, kvp_cache_attend() device
  * queries and outputs; sequences, pages and the step's metadata stay on the
- * host. Call kvp_store_synchronize() on kvp_cache_store() before reading
+ * host. Call kvp_store_synchronize() on its store (kvp_cache_parts()) before reading
  * results on the host.
  *
  * @param[in]  params   As for kvp_cache_create() (`threads` must be valid, is not used; `isa`
@@ -222,74 +225,6 @@ KVP_API int kvp_cuda_store_set_stream(kvp_store_t *store, void *stream);
  *         #KVP_ENOTSUP in a CPU-only build.
  */
 KVP_API int kvp_cuda_ctx_set_stream(kvp_ctx_t *ctx, void *stream);
-
-/**
- * @brief kvp_store_append() on `stream`, which becomes the store's stream
- *        (kvp_cuda_store_set_stream()).
- * @param[in,out] store  A CUDA store.
- * @param[in]     a      Rows (device), slots and ops (host).
- * @param[in]     stream A cudaStream_t.
- * @return As kvp_store_append(); #KVP_EINVAL for a CPU store; #KVP_ECUDA;
- *         #KVP_ENOTSUP in a CPU-only build.
- */
-KVP_API int kvp_cuda_append(kvp_store_t *store, const kvp_append_t *a, void *stream);
-
-/**
- * @brief kvp_store_apply_ops() on `stream`, which becomes the store's stream.
- * @param[in,out] store   A CUDA store.
- * @param[in]     ops     Operations (host memory).
- * @param[in]     num_ops Their number.
- * @param[in]     stream  A cudaStream_t.
- * @return As kvp_store_apply_ops(); #KVP_EINVAL for a CPU store;
- *         #KVP_ECUDA; #KVP_ENOTSUP in a CPU-only build.
- */
-KVP_API int kvp_cuda_apply_ops(kvp_store_t *store, const kvp_page_op_t *ops, int32_t num_ops,
-                               void *stream);
-
-/**
- * @brief kvp_attention() on `stream`, which becomes the context's stream.
- *
- * The store's own stream is not involved: order the store's appends before
- * this on the same stream, or with an event (kvp_cuda_store_set_stream()
- * to the same stream is the simple way).
- *
- * @param[in,out] ctx    A CUDA context.
- * @param[in]     store  A CUDA store on the same device.
- * @param[in]     view   The batch's pages (host arrays).
- * @param[in]     params Queries and outputs (device), `qo_indptr` (host).
- * @param[in]     stream A cudaStream_t.
- * @return As kvp_attention(); #KVP_ENOTSUP in a CPU-only build.
- */
-KVP_API int kvp_cuda_attention(kvp_ctx_t *ctx, const kvp_store_t *store, const kvp_kv_view_t *view,
-                               const kvp_attention_params_t *params, void *stream);
-
-/**
- * @brief kvp_store_page_to_host() on `stream`, which becomes the store's stream.
- * @param[in,out] store  A CUDA store.
- * @param[in]     page   A pool or staging page id.
- * @param[in]     offset First byte of the page's serialization.
- * @param[out]    dst    Host memory (pinned for an asynchronous copy).
- * @param[in]     bytes  Bytes to copy.
- * @param[in]     stream A cudaStream_t.
- * @return As kvp_store_page_to_host(); #KVP_EINVAL for a CPU store;
- *         #KVP_ENOTSUP in a CPU-only build.
- */
-KVP_API int kvp_cuda_page_to_host(kvp_store_t *store, int32_t page, uint64_t offset, void *dst,
-                                  uint64_t bytes, void *stream);
-
-/**
- * @brief kvp_store_page_from_host() on `stream`, which becomes the store's stream.
- * @param[in,out] store  A CUDA store.
- * @param[in]     page   A pool or staging page id.
- * @param[in]     offset First byte of the page's serialization.
- * @param[in]     src    Host memory (pinned for an asynchronous copy).
- * @param[in]     bytes  Bytes to copy.
- * @param[in]     stream A cudaStream_t.
- * @return As kvp_store_page_from_host(); #KVP_EINVAL for a CPU store;
- *         #KVP_ENOTSUP in a CPU-only build.
- */
-KVP_API int kvp_cuda_page_from_host(kvp_store_t *store, int32_t page, uint64_t offset,
-                                    const void *src, uint64_t bytes, void *stream);
 
 /**
  * @brief kvp_quantize() on the device: `src` and `dst` are device memory;

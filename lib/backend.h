@@ -31,6 +31,7 @@ typedef struct {
 struct kvp_store {
     const kvp__backend *backend;
     void *backend_state;            /* e.g. a CUDA device and stream */
+    int32_t device;                 /* CUDA device ordinal; -1 on the CPU */
     kvp_allocator_t allocator;
     kvp_layout_t layout;
     int32_t k_order;
@@ -41,6 +42,11 @@ struct kvp_store {
                                        fixed region (K first when both); NULL if unused */
     kvp__blockfmt kfmt, vfmt, skfmt, svfmt; /* pool K, pool V, staging K, staging V */
     uint64_t page_stride_k, page_stride_v;   /* bytes per page in a layer's region */
+    uint64_t head_stride_k, head_stride_v;   /* bytes from a pool block to the next kv head's
+                                                (the block size): addressing reads strides and
+                                                never assumes the packing, so the kernels also
+                                                run over a view of the same blocks laid out
+                                                otherwise (e.g. one sequence's end to end) */
     uint64_t spage_stride_k, spage_stride_v;
     uint64_t layer_bytes, slayer_bytes;      /* one layer's pool / staging regions */
     uint64_t pool_offset, staging_offset;    /* region starts in the arena */
@@ -61,22 +67,32 @@ static inline kvp__layer_offsets kvp__store_layer(const kvp_store_t *s, int32_t 
     return o;
 }
 
+/* The arena offset of block (page p, kv head h) of one side of a layer: the
+ * one addressing formula of both backends (kvp__block_k/v below on the CPU,
+ * kvp__geo_block in CUDA kernels). Pool pages 0..num_pages-1 are in the
+ * layer's pool region, staging pages (ids from num_pages on) in its staging
+ * region; within a region, page after page, each page's kv heads' blocks
+ * one after another. */
+KVP__HD static inline uint64_t kvp__block_offset(int32_t p, int32_t h, int32_t num_pages,
+                                                 uint64_t pool_region, uint64_t pool_page,
+                                                 uint64_t pool_block, uint64_t staging_region,
+                                                 uint64_t staging_page, uint64_t staging_block) {
+    if (p < num_pages) return pool_region + (uint64_t)p * pool_page + (uint64_t)h * pool_block;
+    return staging_region + (uint64_t)(p - num_pages) * staging_page + (uint64_t)h * staging_block;
+}
+
 /* A block's address: page id p (pool or staging), kv head h. */
 static inline uint8_t *kvp__block_k(const kvp_store_t *s, int32_t layer, int32_t p, int32_t h) {
     kvp__layer_offsets o = kvp__store_layer(s, layer);
-    if (p < s->num_pages)
-        return s->arena + o.k_offset + (uint64_t)p * s->page_stride_k +
-               (uint64_t)h * s->layout.k_block_bytes;
-    return s->arena + o.sk_offset + (uint64_t)(p - s->num_pages) * s->spage_stride_k +
-           (uint64_t)h * (s->spage_stride_k / (uint64_t)s->layout.kv_heads);
+    return s->arena + kvp__block_offset(p, h, s->num_pages, o.k_offset, s->page_stride_k,
+                                        s->head_stride_k, o.sk_offset, s->spage_stride_k,
+                                        s->spage_stride_k / (uint64_t)s->layout.kv_heads);
 }
 static inline uint8_t *kvp__block_v(const kvp_store_t *s, int32_t layer, int32_t p, int32_t h) {
     kvp__layer_offsets o = kvp__store_layer(s, layer);
-    if (p < s->num_pages)
-        return s->arena + o.v_offset + (uint64_t)p * s->page_stride_v +
-               (uint64_t)h * s->layout.v_block_bytes;
-    return s->arena + o.sv_offset + (uint64_t)(p - s->num_pages) * s->spage_stride_v +
-           (uint64_t)h * (s->spage_stride_v / (uint64_t)s->layout.kv_heads);
+    return s->arena + kvp__block_offset(p, h, s->num_pages, o.v_offset, s->page_stride_v,
+                                        s->head_stride_v, o.sv_offset, s->spage_stride_v,
+                                        s->spage_stride_v / (uint64_t)s->layout.kv_heads);
 }
 static inline const kvp__blockfmt *kvp__fmt_k(const kvp_store_t *s, int32_t p) {
     return p < s->num_pages ? &s->kfmt : &s->skfmt;
@@ -92,20 +108,22 @@ static inline float *kvp__fp8_scale(const kvp_store_t *s, int side, int32_t laye
 
 /* ---- the context ---------------------------------------------------------- */
 
-typedef struct kvp__pool kvp__pool; /* worker threads (lib/cpu/threads.c) */
+typedef struct kvp__workers kvp__workers; /* worker threads (lib/cpu/threads.c) */
 
 struct kvp_ctx {
     const kvp__backend *backend;
     void *backend_state;         /* e.g. a CUDA device, stream and workspace */
+    int32_t device;              /* CUDA device ordinal; -1 on the CPU */
     kvp_allocator_t allocator;
     int32_t threads;
     int32_t isa;                 /* resolved: never KVP_ISA_AUTO */
-    kvp__pool *pool;
+    kvp__workers *workers;
     uint8_t *workspace;          /* split-KV partials and the schedule */
     uint64_t workspace_bytes;
     uint8_t *scratch;            /* per-thread kernel scratch, threads x scratch_stride */
     uint64_t scratch_stride;
-    char error[KVP_ERR_SIZE];
+    char *error;                 /* -> error_text: writable from const-taking getters */
+    char error_text[KVP_ERR_SIZE];
 };
 
 /* Size of a store's error buffer. */
@@ -145,7 +163,7 @@ struct kvp__backend {
     /* Free the arena and every backend resource of the store. */
     void (*store_fini)(kvp_store_t *s);
     /* Append (seals first, then rows); arguments validated. */
-    int (*append)(kvp_store_t *s, const kvp_append_t *a, char *err, size_t err_size);
+    int (*append)(kvp_store_t *s, const kvp_append_params_t *a, char *err, size_t err_size);
     /* COPY and UNSEAL operations, validated, in order, all layers. */
     int (*apply_ops)(kvp_store_t *s, const kvp_page_op_t *ops, int32_t n, char *err,
                      size_t err_size);

@@ -29,14 +29,15 @@ struct kvp_cache {
     kvp_page_op_t *ops;
     size_t cap_batch, cap_indices, cap_rows, cap_ops;
     kvp_kv_view_t view;
-    char err[KVP_ERR_SIZE];
+    char *err; /* -> err_text: writable from const-taking getters */
+    char err_text[KVP_ERR_SIZE];
 };
 
-static int fail(kvp_cache_t *c, int status, const char *fmt, ...) KVP__PRINTF(3, 4);
-static int fail(kvp_cache_t *c, int status, const char *fmt, ...) {
+static int fail(const kvp_cache_t *c, int status, const char *fmt, ...) KVP__PRINTF(3, 4);
+static int fail(const kvp_cache_t *c, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    kvp__verrf(c->err, sizeof c->err, status, fmt, ap);
+    kvp__verrf(c->err, KVP_ERR_SIZE, status, fmt, ap);
     va_end(ap);
     return status;
 }
@@ -133,15 +134,11 @@ static int create_parts(kvp_cache_t *c, const kvp_cache_params_t *p, const kvp_l
     pp.num_staging = staging;
     pp.prefix_cache = p->prefix_cache;
     pp.hash_seed = p->hash_seed;
-    pp.allocator = &p->allocator;
+    pp.allocator = p->allocator;
     rc = kvp_pool_create(&pp, &c->pool, err, err_size);
     if (rc != KVP_OK) return rc;
 
-    kvp_table_params_t tp;
-    kvp_table_params_init(&tp);
-    tp.max_seqs = p->max_seqs;
-    tp.allocator = &p->allocator;
-    rc = kvp_table_create(c->pool, &tp, &c->table, err, err_size);
+    rc = kvp_table_create(c->pool, p->max_seqs, &c->table, err, err_size);
     if (rc != KVP_OK) return rc;
 
     kvp_ctx_params_t cp;
@@ -161,9 +158,11 @@ static int create_parts(kvp_cache_t *c, const kvp_cache_params_t *p, const kvp_l
     hp.host_bytes = p->host_bytes;
     hp.layout = l;
     hp.page_io = &io;
-    hp.allocator = &p->allocator;
-    kvp_allocator_t pinned = {pinned_alloc, pinned_free, NULL};
-    if (cuda) hp.host_allocator = &pinned;
+    hp.allocator = p->allocator;
+    if (cuda) {
+        kvp_allocator_t pinned = {pinned_alloc, pinned_free, NULL};
+        hp.host_allocator = pinned;
+    }
     return kvp_tier_create(c->table, &hp, &c->tier, err, err_size);
 }
 
@@ -194,6 +193,8 @@ static int cache_create(const kvp_cache_params_t *p, const kvp_cuda_params_t *cu
     kvp_cache_t *c = kvp__calloc(&p->allocator, 1, sizeof *c, 0);
     if (c == NULL) return kvp__errf(err, err_size, KVP_ENOMEM, "out of memory (cache)");
     c->alloc = p->allocator;
+    c->err = c->err_text;
+    c->view.struct_size = sizeof c->view;
     c->page_size = p->page_size;
     c->num_pages = (int32_t)pages;
     c->num_staging = l.needs_staging ? p->max_seqs : 0;
@@ -213,7 +214,7 @@ int kvp_cache_create(const kvp_cache_params_t *p, kvp_cache_t **out, char *err,
 
 int kvp_cuda_cache_create(const kvp_cache_params_t *params, const kvp_cuda_params_t *cuda,
                           kvp_cache_t **out, char *err, size_t err_size) {
-    if (!kvp_build_has_cuda())
+    if (!kvp_build_has(KVP_FEATURE_CUDA))
         return kvp__errf(err, err_size, KVP_ENOTSUP, "libkvpage was built without CUDA");
     kvp_cuda_params_t defaults;
     if (cuda == NULL) {
@@ -227,14 +228,17 @@ int kvp_cuda_cache_create(const kvp_cache_params_t *params, const kvp_cuda_param
 }
 
 const char *kvp_cache_last_error(const kvp_cache_t *c) {
-    return c == NULL ? "cache is NULL" : c->err;
+    return c == NULL ? KVP__NULL_HANDLE : c->err;
 }
 
-kvp_pool_t *kvp_cache_pool(const kvp_cache_t *c) { return c ? c->pool : NULL; }
-kvp_table_t *kvp_cache_table(const kvp_cache_t *c) { return c ? c->table : NULL; }
-kvp_store_t *kvp_cache_store(const kvp_cache_t *c) { return c ? c->store : NULL; }
-kvp_ctx_t *kvp_cache_ctx(const kvp_cache_t *c) { return c ? c->ctx : NULL; }
-kvp_tier_t *kvp_cache_tier(const kvp_cache_t *c) { return c ? c->tier : NULL; }
+int kvp_cache_parts(const kvp_cache_t *c, kvp_cache_parts_t *out) {
+    if (c == NULL) return KVP_EINVAL;
+    int rc = kvp__check_struct(out, sizeof *out, "parts", c->err, KVP_ERR_SIZE);
+    if (rc != KVP_OK) return rc;
+    kvp_cache_parts_t r = {sizeof r, 0, c->pool, c->table, c->store, c->ctx, c->tier};
+    kvp__copy_out(out, &r, sizeof r);
+    return KVP_OK;
+}
 
 int kvp_cache_seq_swap_out(kvp_cache_t *c, int32_t seq) {
     if (c == NULL) return KVP_EINVAL;
@@ -257,11 +261,7 @@ int kvp_cache_seq_swap_in(kvp_cache_t *c, int32_t seq) {
 
 int kvp_cache_seq_create(kvp_cache_t *c, int32_t priority, uint64_t salt, int32_t *seq) {
     if (c == NULL) return KVP_EINVAL;
-    kvp_seq_params_t sp;
-    kvp_seq_params_init(&sp);
-    sp.priority = priority;
-    sp.salt = salt;
-    return pass(c, kvp_table_seq_create(c->table, &sp, seq), "seq_create",
+    return pass(c, kvp_table_seq_create(c->table, priority, salt, seq), "seq_create",
                 kvp_table_last_error(c->table));
 }
 
@@ -280,16 +280,6 @@ int kvp_cache_seq_attach_prefix(kvp_cache_t *c, int32_t seq, const int32_t *toke
     if (c == NULL) return KVP_EINVAL;
     return pass(c, kvp_table_attach_prefix(c->table, seq, tokens, n, matched), "attach_prefix",
                 kvp_table_last_error(c->table));
-}
-
-int kvp_cache_seq_length(kvp_cache_t *c, int32_t seq, int64_t *length) {
-    if (c == NULL) return KVP_EINVAL;
-    if (length == NULL) return fail(c, KVP_EINVAL, "length is NULL");
-    kvp_seq_info_t info = {.struct_size = sizeof info};
-    int rc = kvp_table_seq_info(c->table, seq, &info);
-    if (rc != KVP_OK) return pass(c, rc, "seq_length", kvp_table_last_error(c->table));
-    *length = info.length;
-    return KVP_OK;
 }
 
 int kvp_cache_seq_fork(kvp_cache_t *c, int32_t parent, int32_t *child) {
@@ -469,8 +459,8 @@ int kvp_cache_write(kvp_cache_t *c, int32_t layer, int32_t dtype, const void *k,
                     int64_t k_stride, int64_t v_stride) {
     if (c == NULL) return KVP_EINVAL;
     if (!c->in_step) return fail(c, KVP_ESTATE, "no step: call kvp_cache_begin_step first");
-    kvp_append_t a;
-    kvp_append_init(&a);
+    kvp_append_params_t a;
+    kvp_append_params_init(&a);
     a.layer = layer;
     a.rows = c->rows;
     a.dtype = dtype;
@@ -487,7 +477,7 @@ int kvp_cache_write(kvp_cache_t *c, int32_t layer, int32_t dtype, const void *k,
 int kvp_cache_attend(kvp_cache_t *c, const kvp_attention_params_t *params) {
     if (c == NULL) return KVP_EINVAL;
     if (!c->in_step) return fail(c, KVP_ESTATE, "no step: call kvp_cache_begin_step first");
-    int rc = kvp__check_struct(params, sizeof *params, "params", c->err, sizeof c->err);
+    int rc = kvp__check_struct(params, sizeof *params, "params", c->err, KVP_ERR_SIZE);
     if (rc != KVP_OK) return rc;
     kvp_attention_params_t p = *params;
     p.qo_indptr = c->qo_indptr;
@@ -497,9 +487,11 @@ int kvp_cache_attend(kvp_cache_t *c, const kvp_attention_params_t *params) {
 
 int kvp_cache_step_view(const kvp_cache_t *c, kvp_kv_view_t *view, const int64_t **slots,
                         const int32_t **qo_indptr, int32_t *rows) {
-    if (c == NULL || view == NULL) return KVP_EINVAL;
-    if (!c->in_step) return KVP_ESTATE;
-    *view = c->view;
+    if (c == NULL) return KVP_EINVAL;
+    int rc = kvp__check_struct(view, sizeof *view, "view", c->err, KVP_ERR_SIZE);
+    if (rc != KVP_OK) return rc;
+    if (!c->in_step) return fail(c, KVP_ESTATE, "no step: call kvp_cache_begin_step first");
+    kvp__copy_out(view, &c->view, sizeof c->view);
     if (slots) *slots = c->slots;
     if (qo_indptr) *qo_indptr = c->qo_indptr;
     if (rows) *rows = c->rows;

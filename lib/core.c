@@ -112,10 +112,11 @@ int kvp__strcasecmp(const char *a, const char *b) {
     }
 }
 
-int kvp_build_has_cuda(void) {
+int kvp_build_has(int32_t feature) {
+    switch (feature) {
 #ifdef KVP_HAVE_CUDA
-    return 1;
-#else
-    return 0;
+    case KVP_FEATURE_CUDA: return 1;
 #endif
+    default: return 0;
+    }
 }

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #define DEFAULT_WORKSPACE (16ull << 20)
-#define CTX_ERR(c, status, ...) kvp__errf((c)->error, sizeof (c)->error, status, __VA_ARGS__)
+#define CTX_ERR(c, status, ...) kvp__errf((c)->error, KVP_ERR_SIZE, status, __VA_ARGS__)
 
 static const char *const isa_names[] = {"auto", "portable", "avx2", "avx512"};
 
@@ -64,6 +64,8 @@ int kvp__ctx_create(const kvp_ctx_params_t *p, const kvp__backend *backend, cons
     kvp_ctx_t *c = (kvp_ctx_t *)kvp__calloc(&p->allocator, 1, sizeof *c, 64);
     if (c == NULL) return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate the context");
     c->backend = backend;
+    c->error = c->error_text;
+    c->device = -1;
     c->allocator = p->allocator;
     c->threads = p->threads;
     c->isa = !cpu ? -1 : p->isa == KVP_ISA_AUTO ? best_isa() : p->isa;
@@ -88,11 +90,19 @@ void kvp_ctx_destroy(kvp_ctx_t *c) {
     kvp__free(&a, c);
 }
 
-int32_t kvp_ctx_backend(const kvp_ctx_t *c) { return c == NULL ? -1 : c->backend->id; }
+const char *kvp_ctx_last_error(const kvp_ctx_t *c) {
+    return c == NULL ? KVP__NULL_HANDLE : c->error;
+}
 
-const char *kvp_ctx_last_error(const kvp_ctx_t *c) { return c == NULL ? "" : c->error; }
-
-int32_t kvp_ctx_isa(const kvp_ctx_t *c) { return c == NULL ? -1 : c->isa; }
+int kvp_ctx_info(const kvp_ctx_t *c, kvp_ctx_info_t *info) {
+    if (c == NULL) return KVP_EINVAL;
+    int rc = kvp__check_struct(info, sizeof *info, "info", c->error, KVP_ERR_SIZE);
+    if (rc != KVP_OK) return rc;
+    kvp_ctx_info_t r = {sizeof r, c->backend->id, c->device, c->isa, c->threads, 0,
+                        c->workspace_bytes};
+    kvp__copy_out(info, &r, sizeof r);
+    return KVP_OK;
+}
 
 void kvp_attention_params_init(kvp_attention_params_t *p) {
     if (p == NULL) return;
@@ -154,9 +164,11 @@ static int check_view(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v
 int kvp_attention(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v,
                   const kvp_attention_params_t *p) {
     if (c == NULL) return KVP_EINVAL;
-    int rc = kvp__check_struct(p, sizeof *p, "params", c->error, sizeof c->error);
+    int rc = kvp__check_struct(p, sizeof *p, "params", c->error, KVP_ERR_SIZE);
     if (rc != KVP_OK) return rc;
-    if (s == NULL || v == NULL) return CTX_ERR(c, KVP_EINVAL, "store or view is NULL");
+    if (s == NULL) return CTX_ERR(c, KVP_EINVAL, "store is NULL");
+    rc = kvp__check_struct(v, sizeof *v, "view", c->error, KVP_ERR_SIZE);
+    if (rc != KVP_OK) return rc;
     if (s->backend != c->backend)
         return CTX_ERR(c, KVP_EINVAL, "the context runs on the %s backend, the store's arena is "
                        "on the %s backend", c->backend->name, s->backend->name);
@@ -174,8 +186,9 @@ int kvp_attention(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v,
     if (p->window_left < -1)
         return CTX_ERR(c, KVP_EINVAL, "window_left must be -1 (none) or >= 0, got %d",
                        (int)p->window_left);
-    if (!(p->sm_scale > 0.0f) || !isfinite(p->sm_scale))
-        return CTX_ERR(c, KVP_EINVAL, "sm_scale must be finite and > 0, got %g", (double)p->sm_scale);
+    if (!(p->sm_scale >= 0.0f) || !isfinite(p->sm_scale))
+        return CTX_ERR(c, KVP_EINVAL, "sm_scale must be finite and > 0 (0: 1/sqrt(head_dim)), "
+                       "got %g", (double)p->sm_scale);
     if (!(p->logit_soft_cap >= 0.0f) || !isfinite(p->logit_soft_cap))
         return CTX_ERR(c, KVP_EINVAL, "logit_soft_cap must be finite and >= 0 (0 = off), got %g",
                        (double)p->logit_soft_cap);
@@ -188,6 +201,12 @@ int kvp_attention(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v,
     int32_t rows = v->batch > 0 ? p->qo_indptr[v->batch] : 0;
     if (rows > 0 && (p->q == NULL || p->out == NULL))
         return CTX_ERR(c, KVP_EINVAL, "q or out is NULL");
+    kvp_attention_params_t scaled;
+    if (p->sm_scale == 0.0f) { /* the default: 1/sqrt(head_dim) */
+        scaled = *p;
+        scaled.sm_scale = 1.0f / sqrtf((float)l->head_dim);
+        p = &scaled;
+    }
     kvp__attn_args a;
     a.store = s;
     a.view = v;
@@ -195,6 +214,5 @@ int kvp_attention(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v,
     a.group = p->q_heads / l->kv_heads;
     a.total_rows = rows;
     rc = c->backend->attention(c, &a);
-    if (rc == KVP_OK) c->error[0] = '\0';
     return rc;
 }

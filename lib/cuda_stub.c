@@ -3,7 +3,6 @@
  * so bindings and engines can probe without link errors.
  */
 #include "backend.h"
-#include "cuda_util.h"
 #include "kvpage_cuda.h"
 
 #include <string.h>
@@ -62,45 +61,7 @@ int kvp_cuda_store_set_stream(kvp_store_t *store, void *stream) {
 int kvp_cuda_ctx_set_stream(kvp_ctx_t *ctx, void *stream) {
     (void)stream;
     if (ctx == NULL) return KVP_EINVAL;
-    return not_built(ctx->error, sizeof ctx->error);
-}
-
-int kvp_cuda_append(kvp_store_t *store, const kvp_append_t *a, void *stream) {
-    (void)a;
-    return kvp_cuda_store_set_stream(store, stream);
-}
-
-int kvp_cuda_apply_ops(kvp_store_t *store, const kvp_page_op_t *ops, int32_t num_ops,
-                       void *stream) {
-    (void)ops;
-    (void)num_ops;
-    return kvp_cuda_store_set_stream(store, stream);
-}
-
-int kvp_cuda_attention(kvp_ctx_t *ctx, const kvp_store_t *store, const kvp_kv_view_t *view,
-                       const kvp_attention_params_t *params, void *stream) {
-    (void)store;
-    (void)view;
-    (void)params;
-    return kvp_cuda_ctx_set_stream(ctx, stream);
-}
-
-int kvp_cuda_page_to_host(kvp_store_t *store, int32_t page, uint64_t offset, void *dst,
-                          uint64_t bytes, void *stream) {
-    (void)page;
-    (void)offset;
-    (void)dst;
-    (void)bytes;
-    return kvp_cuda_store_set_stream(store, stream);
-}
-
-int kvp_cuda_page_from_host(kvp_store_t *store, int32_t page, uint64_t offset, const void *src,
-                            uint64_t bytes, void *stream) {
-    (void)page;
-    (void)offset;
-    (void)src;
-    (void)bytes;
-    return kvp_cuda_store_set_stream(store, stream);
+    return not_built(ctx->error, KVP_ERR_SIZE);
 }
 
 int kvp_cuda_quantize(const kvp_quant_desc_t *desc, const void *src, int64_t pages, void *dst,
@@ -130,54 +91,3 @@ int kvp_cuda_host_alloc(uint64_t bytes, void **ptr, char *err, size_t err_size) 
 }
 
 void kvp_cuda_host_free(void *ptr) { (void)ptr; }
-
-/* ---- internal helpers of kvpage-bench (lib/cuda_util.h) ----------------------------- */
-
-int kvp__cuda_malloc(int32_t device, uint64_t bytes, void **ptr, char *err, size_t err_size) {
-    (void)device;
-    (void)bytes;
-    (void)ptr;
-    return not_built(err, err_size);
-}
-
-void kvp__cuda_free(int32_t device, void *ptr) {
-    (void)device;
-    (void)ptr;
-}
-
-int kvp__cuda_memcpy(void *dst, const void *src, uint64_t bytes, int kind, char *err,
-                     size_t err_size) {
-    (void)dst;
-    (void)src;
-    (void)bytes;
-    (void)kind;
-    return not_built(err, err_size);
-}
-
-int kvp__cuda_copy_bandwidth(int32_t device, uint64_t bytes, int reps, double *gbps, char *err,
-                             size_t err_size) {
-    (void)device;
-    (void)bytes;
-    (void)reps;
-    (void)gbps;
-    return not_built(err, err_size);
-}
-
-int kvp__cuda_time(void *stream, int (*fn)(void *), void *arg, int reps, double *seconds,
-                   char *err, size_t err_size) {
-    (void)stream;
-    (void)fn;
-    (void)arg;
-    (void)reps;
-    (void)seconds;
-    return not_built(err, err_size);
-}
-
-int kvp__cuda_attention_contig(kvp_ctx_t *ctx, const kvp__cuda_contig *kv, const float *q,
-                               float *out) {
-    (void)kv;
-    (void)q;
-    (void)out;
-    if (ctx == NULL) return KVP_EINVAL;
-    return not_built(ctx->error, sizeof ctx->error);
-}

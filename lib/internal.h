@@ -5,6 +5,11 @@
 #define KVPAGE_INTERNAL_H
 
 #include "kvpage.h"
+#include "kvpage_ext.h"
+#include "kvpage_plan.h"
+#include "kvpage_sched.h"
+#include "kvpage_tier.h"
+#include "kvpage_cuda.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -26,6 +31,9 @@ extern "C" {
 #endif
 
 /* ---- error detail ------------------------------------------------------ */
+
+/* What every *_last_error() returns for a NULL handle. */
+#define KVP__NULL_HANDLE "NULL handle"
 
 /* Write a formatted detail message into `err` (if non-NULL and err_size > 0)
  * and return `status`. Never prints; truncates silently. */

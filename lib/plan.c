@@ -55,7 +55,7 @@ static const gpu_row gpus[] = {
 
 #define COUNT(a) ((int32_t)(sizeof(a) / sizeof((a)[0])))
 
-int32_t kvp_preset_count(void) { return COUNT(models); }
+int32_t kvp_model_preset_count(void) { return COUNT(models); }
 
 static void fill_preset(const model_row *r, kvp_model_preset_t *out) {
     kvp_model_preset_t p;
@@ -72,7 +72,7 @@ static void fill_preset(const model_row *r, kvp_model_preset_t *out) {
     kvp__copy_out(out, &p, sizeof p);
 }
 
-int kvp_preset_get(int32_t index, kvp_model_preset_t *out) {
+int kvp_model_preset_get(int32_t index, kvp_model_preset_t *out) {
     if (kvp__check_struct(out, sizeof *out, "out", NULL, 0) != KVP_OK) return KVP_EINVAL;
     if (index < 0 || index >= COUNT(models)) return KVP_EINVAL;
     fill_preset(&models[index], out);
@@ -85,7 +85,7 @@ static int unknown_name(char *err, size_t err_size, const char *what,
                      name, known);
 }
 
-int kvp_preset_find(const char *name, kvp_model_preset_t *out, char *err,
+int kvp_model_preset_find(const char *name, kvp_model_preset_t *out, char *err,
                     size_t err_size) {
     int rc = kvp__check_struct(out, sizeof *out, "out", err, err_size);
     if (rc != KVP_OK) return rc;
@@ -101,7 +101,7 @@ int kvp_preset_find(const char *name, kvp_model_preset_t *out, char *err,
                         "mistral-7b qwen2.5-0.5b qwen2.5-7b qwen2.5-72b smollm2-135m");
 }
 
-int32_t kvp_gpu_count(void) { return COUNT(gpus); }
+int32_t kvp_gpu_preset_count(void) { return COUNT(gpus); }
 
 static void fill_gpu(const gpu_row *r, kvp_gpu_preset_t *out) {
     kvp_gpu_preset_t g;
@@ -113,14 +113,14 @@ static void fill_gpu(const gpu_row *r, kvp_gpu_preset_t *out) {
     kvp__copy_out(out, &g, sizeof g);
 }
 
-int kvp_gpu_get(int32_t index, kvp_gpu_preset_t *out) {
+int kvp_gpu_preset_get(int32_t index, kvp_gpu_preset_t *out) {
     if (kvp__check_struct(out, sizeof *out, "out", NULL, 0) != KVP_OK) return KVP_EINVAL;
     if (index < 0 || index >= COUNT(gpus)) return KVP_EINVAL;
     fill_gpu(&gpus[index], out);
     return KVP_OK;
 }
 
-int kvp_gpu_find(const char *name, kvp_gpu_preset_t *out, char *err,
+int kvp_gpu_preset_find(const char *name, kvp_gpu_preset_t *out, char *err,
                  size_t err_size) {
     int rc = kvp__check_struct(out, sizeof *out, "out", err, err_size);
     if (rc != KVP_OK) return rc;

@@ -22,7 +22,7 @@ int kvp__pool_fail(kvp_pool_t *pool, int status, const char *fmt, ...) {
 }
 
 const char *kvp_pool_last_error(const kvp_pool_t *pool) {
-    return pool ? pool->err : "pool is NULL";
+    return pool ? pool->err : KVP__NULL_HANDLE;
 }
 
 /* ---- creation ------------------------------------------------------------ */
@@ -54,7 +54,7 @@ static int check_params(const kvp_pool_params_t *p, char *err, size_t err_size) 
     if (p->prefix_cache != 0 && p->prefix_cache != 1)
         return kvp__errf(err, err_size, KVP_EINVAL, "prefix_cache must be 0 or 1, got %d",
                          (int)p->prefix_cache);
-    return kvp__allocator_check(p->allocator, err, err_size);
+    return kvp__allocator_check(&p->allocator, err, err_size);
 }
 
 static void free_arrays(kvp_pool_t *p) {
@@ -136,8 +136,7 @@ int kvp_pool_create(const kvp_pool_params_t *params, kvp_pool_t **pool, char *er
     if (pool == NULL) return kvp__errf(err, err_size, KVP_EINVAL, "pool (output) is NULL");
     int rc = check_params(params, err, err_size);
     if (rc != KVP_OK) return rc;
-    kvp_allocator_t hooks = {NULL, NULL, NULL};
-    if (params->allocator) hooks = *params->allocator;
+    kvp_allocator_t hooks = params->allocator;
     kvp_pool_t *p = kvp__malloc(&hooks, sizeof *p, 64);
     if (p == NULL)
         return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate the pool object");

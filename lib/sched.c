@@ -340,7 +340,7 @@ int kvp_sched_create(const kvp_sched_params_t *params, kvp_sched_t **out, char *
 }
 
 const char *kvp_sched_last_error(const kvp_sched_t *s) {
-    return s == NULL ? "scheduler is NULL" : s->err;
+    return s == NULL ? KVP__NULL_HANDLE : s->err;
 }
 
 /* ---- submit / finish ---------------------------------------------------- */

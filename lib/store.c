@@ -32,6 +32,8 @@ static void store_init_geometry(kvp_store_t *s) {
                                   l->head_dim);
     s->page_stride_k = H * l->k_block_bytes;
     s->page_stride_v = H * l->v_block_bytes;
+    s->head_stride_k = l->k_block_bytes;
+    s->head_stride_v = l->v_block_bytes;
     s->spage_stride_k = l->needs_staging ? H * P * D * 2 : 0;
     s->spage_stride_v = s->spage_stride_k;
     s->layer_bytes = (uint64_t)s->num_pages * (s->page_stride_k + s->page_stride_v);
@@ -86,6 +88,7 @@ int kvp__store_create(const kvp_store_params_t *params, const kvp__backend *back
     s->allocator = *a;
     s->error = s->error_text;
     s->backend = backend;
+    s->device = -1;
     s->layout = layout;
     s->k_order = params->k_order;
     s->num_pages = (int32_t)params->num_pages;
@@ -124,9 +127,9 @@ void kvp_store_destroy(kvp_store_t *s) {
     kvp__free(&a, s);
 }
 
-int32_t kvp_store_backend(const kvp_store_t *s) { return s == NULL ? -1 : s->backend->id; }
-
-const char *kvp_store_last_error(const kvp_store_t *s) { return s == NULL ? "" : s->error; }
+const char *kvp_store_last_error(const kvp_store_t *s) {
+    return s == NULL ? KVP__NULL_HANDLE : s->error;
+}
 
 int kvp_store_layout(const kvp_store_t *s, kvp_layout_t *out) {
     if (s == NULL) return KVP_EINVAL;
@@ -136,10 +139,13 @@ int kvp_store_layout(const kvp_store_t *s, kvp_layout_t *out) {
     return KVP_OK;
 }
 
-int kvp_store_arena(const kvp_store_t *s, void **base, uint64_t *bytes) {
-    if (s == NULL || base == NULL || bytes == NULL) return KVP_EINVAL;
-    *base = s->arena;
-    *bytes = s->arena_bytes;
+int kvp_store_info(const kvp_store_t *s, kvp_store_info_t *info) {
+    if (s == NULL) return KVP_EINVAL;
+    int rc = kvp__check_struct(info, sizeof *info, "info", s->error, KVP__STORE_ERR_SIZE);
+    if (rc != KVP_OK) return rc;
+    kvp_store_info_t r = {sizeof r, s->backend->id, s->device, s->k_order, s->num_pages,
+                          s->num_staging, s->arena, s->arena_bytes};
+    kvp__copy_out(info, &r, sizeof r);
     return KVP_OK;
 }
 
@@ -180,7 +186,6 @@ int kvp_store_region(const kvp_store_t *cs, int32_t layer, int32_t kind, kvp_reg
         r.dim_stride = dm ? es * (uint64_t)f->page_size : es;
     }
     kvp__copy_out(out, &r, sizeof r);
-    s->error[0] = '\0';
     return KVP_OK;
 }
 
@@ -210,7 +215,6 @@ int kvp_store_set_fp8_scale(kvp_store_t *s, int32_t layer, int32_t h, int32_t is
     if (!(scale >= 0.0f) || !isfinite(scale))
         return STORE_ERR(s, KVP_EINVAL, "fp8 scale must be finite and >= 0, got %g", (double)scale);
     rc = s->backend->set_fp8_scale(s, is_value, layer, h, scale, s->error, KVP__STORE_ERR_SIZE);
-    if (rc == KVP_OK) s->error[0] = '\0';
     return rc;
 }
 
@@ -222,15 +226,16 @@ int kvp_store_get_fp8_scale(const kvp_store_t *cs, int32_t layer, int32_t h, int
     int rc = check_fp8_target(s, layer, h, is_value);
     if (rc != KVP_OK) return rc;
     rc = s->backend->get_fp8_scale(s, is_value, layer, h, scale, s->error, KVP__STORE_ERR_SIZE);
-    if (rc == KVP_OK) s->error[0] = '\0';
     return rc;
 }
 
-uint64_t kvp_store_nonfinite_count(const kvp_store_t *s) {
-    if (s == NULL) return 0;
+int kvp_store_nonfinite_count(kvp_store_t *s, uint64_t *count) {
+    if (s == NULL) return KVP_EINVAL;
+    if (count == NULL) return STORE_ERR(s, KVP_EINVAL, "count is NULL");
     uint64_t n = 0;
-    if (s->backend->nonfinite(s, &n, s->error, KVP__STORE_ERR_SIZE) != KVP_OK) return s->nonfinite;
-    return n;
+    int rc = s->backend->nonfinite(s, &n, s->error, KVP__STORE_ERR_SIZE);
+    if (rc == KVP_OK) *count = n;
+    return rc;
 }
 
 /* ---- page ids and operations -------------------------------------------------- */
@@ -241,7 +246,7 @@ static bool is_staging(const kvp_store_t *s, int64_t p) {
 }
 
 /* Check one SEAL against the append's rows and slots. */
-static int check_seal(kvp_store_t *s, const kvp_append_t *a, int i, const kvp_page_op_t *op) {
+static int check_seal(kvp_store_t *s, const kvp_append_params_t *a, int i, const kvp_page_op_t *op) {
     int32_t P = s->layout.page_size;
     if (!s->layout.needs_staging)
         return STORE_ERR(s, KVP_EINVAL, "ops[%d]: SEAL in a layout without staging pages "
@@ -270,7 +275,7 @@ static int check_seal(kvp_store_t *s, const kvp_append_t *a, int i, const kvp_pa
 }
 
 /* A row may go to a pool page of a staging layout only through a SEAL. */
-static bool row_sealed(const kvp_append_t *a, int64_t r, int32_t P) {
+static bool row_sealed(const kvp_append_params_t *a, int64_t r, int32_t P) {
     for (int i = 0; i < a->num_ops; i++) {
         const kvp_page_op_t *op = &a->ops[i];
         if (op->kind == KVP_OP_SEAL && r >= op->row && r < (int64_t)op->row + (P - op->count))
@@ -279,7 +284,7 @@ static bool row_sealed(const kvp_append_t *a, int64_t r, int32_t P) {
     return false;
 }
 
-static int check_append(kvp_store_t *s, const kvp_append_t *a) {
+static int check_append(kvp_store_t *s, const kvp_append_params_t *a) {
     const kvp_layout_t *l = &s->layout;
     int rc = kvp__check_struct(a, sizeof *a, "append", s->error, KVP__STORE_ERR_SIZE);
     if (rc != KVP_OK) return rc;
@@ -325,18 +330,17 @@ static int check_append(kvp_store_t *s, const kvp_append_t *a) {
     return KVP_OK;
 }
 
-void kvp_append_init(kvp_append_t *a) {
+void kvp_append_params_init(kvp_append_params_t *a) {
     if (a == NULL) return;
     memset(a, 0, sizeof *a);
     a->struct_size = sizeof *a;
 }
 
-int kvp_store_append(kvp_store_t *s, const kvp_append_t *a) {
+int kvp_store_append(kvp_store_t *s, const kvp_append_params_t *a) {
     if (s == NULL) return KVP_EINVAL;
     int rc = check_append(s, a);
     if (rc != KVP_OK) return rc;
     rc = s->backend->append(s, a, s->error, KVP__STORE_ERR_SIZE);
-    if (rc == KVP_OK) s->error[0] = '\0';
     return rc;
 }
 
@@ -375,7 +379,6 @@ int kvp_store_apply_ops(kvp_store_t *s, const kvp_page_op_t *ops, int32_t n) {
         if (rc != KVP_OK) return rc;
     }
     int rc = s->backend->apply_ops(s, ops, n, s->error, KVP__STORE_ERR_SIZE);
-    if (rc == KVP_OK) s->error[0] = '\0';
     return rc;
 }
 
@@ -393,7 +396,6 @@ int kvp_store_read(const kvp_store_t *cs, int32_t layer, int32_t page, int32_t t
                          (int)(t0 + n - 1), (int)s->layout.page_size);
     if (k == NULL && v == NULL) return STORE_ERR(s, KVP_EINVAL, "k and v are both NULL");
     int rc = s->backend->read(s, layer, page, t0, n, k, v, s->error, KVP__STORE_ERR_SIZE);
-    if (rc == KVP_OK) s->error[0] = '\0';
     return rc;
 }
 
@@ -425,7 +427,6 @@ static int page_io(kvp_store_t *s, int32_t page, uint64_t offset, void *host, ui
     if (rc != KVP_OK) return rc;
     if (bytes > 0) rc = s->backend->page_io(s, page, offset, host, bytes, to_host, s->error,
                                             KVP__STORE_ERR_SIZE);
-    if (rc == KVP_OK) s->error[0] = '\0';
     return rc;
 }
 
@@ -445,7 +446,6 @@ int kvp_store_page_from_host(kvp_store_t *s, int32_t page, uint64_t offset, cons
 int kvp_store_synchronize(kvp_store_t *s) {
     if (s == NULL) return KVP_EINVAL;
     int rc = s->backend->synchronize(s, s->error, KVP__STORE_ERR_SIZE);
-    if (rc == KVP_OK) s->error[0] = '\0';
     return rc;
 }
 

@@ -34,10 +34,8 @@ int kvp__table_fail(kvp_table_t *t, int status, const char *fmt, ...) {
 #define fail kvp__table_fail
 
 const char *kvp_table_last_error(const kvp_table_t *table) {
-    return table ? table->err : "table is NULL";
+    return table ? table->err : KVP__NULL_HANDLE;
 }
-
-kvp_pool_t *kvp_table_pool(const kvp_table_t *table) { return table ? table->pool : NULL; }
 
 /* ---- small helpers --------------------------------------------------------- */
 
@@ -127,8 +125,8 @@ kvp__seq *kvp__table_find(kvp_table_t *t, const char *fn, int32_t id) {
 
 static int swapped_out(kvp_table_t *t, const char *fn, int32_t id) {
     return fail(t, KVP_ESTATE,
-                "%s: sequence %d is swapped out to the host tier (swap it in with "
-                "kvp_tier_swap_in, or drop it with kvp_tier_drop)",
+                "%s: sequence %d is swapped out to the host tier (swap it in, or "
+                "drop it, first)",
                 fn, (int)id);
 }
 
@@ -144,62 +142,41 @@ static int swapped_out(kvp_table_t *t, const char *fn, int32_t id) {
 
 /* ---- creation -------------------------------------------------------------- */
 
-void kvp_table_params_init(kvp_table_params_t *p) {
-    if (p == NULL) return;
-    memset(p, 0, sizeof *p);
-    p->struct_size = sizeof *p;
-}
-
-void kvp_seq_params_init(kvp_seq_params_t *p) {
-    if (p == NULL) return;
-    memset(p, 0, sizeof *p);
-    p->struct_size = sizeof *p;
-}
-
 static int32_t bits_for(int32_t n) {
     int32_t b = 1;
     while ((1 << b) < n) b++;
     return b;
 }
 
-int kvp_table_create(kvp_pool_t *pool, const kvp_table_params_t *params, kvp_table_t **table,
-                     char *err, size_t err_size) {
+int kvp_table_create(kvp_pool_t *pool, int32_t max_seqs, kvp_table_t **table, char *err,
+                     size_t err_size) {
     if (pool == NULL || table == NULL)
         return kvp__errf(err, err_size, KVP_EINVAL, "%s is NULL",
                          pool == NULL ? "pool" : "table (output)");
-    kvp_table_params_t p;
-    kvp_table_params_init(&p);
-    if (params != NULL) {
-        int rc = kvp__check_struct(params, sizeof *params, "params", err, err_size);
-        if (rc != KVP_OK) return rc;
-        p = *params;
-    }
-    if (p.max_seqs < 0 || p.max_seqs > (1 << 24))
+    if (max_seqs < 0 || max_seqs > (1 << 24))
         return kvp__errf(err, err_size, KVP_EINVAL, "max_seqs must be 0..2^24, got %d",
-                         (int)p.max_seqs);
-    int rc = kvp__allocator_check(p.allocator, err, err_size);
-    if (rc != KVP_OK) return rc;
-    if (p.max_seqs == 0) p.max_seqs = pool->num_staging > 0 ? pool->num_staging : 4096;
-    kvp_allocator_t hooks = {NULL, NULL, NULL};
-    if (p.allocator) hooks = *p.allocator;
-    kvp_table_t *t = kvp__malloc(&hooks, sizeof *t, 64);
-    seq_t *seqs = kvp__calloc(&hooks, (size_t)p.max_seqs, sizeof *seqs, 64);
+                         (int)max_seqs);
+    if (max_seqs == 0) max_seqs = pool->num_staging > 0 ? pool->num_staging : 4096;
+    /* A pool and its tables are one object: they share its allocator. */
+    const kvp_allocator_t *hooks = &pool->allocator;
+    kvp_table_t *t = kvp__malloc(hooks, sizeof *t, 64);
+    seq_t *seqs = kvp__calloc(hooks, (size_t)max_seqs, sizeof *seqs, 64);
     if (t == NULL || seqs == NULL) {
-        kvp__free(&hooks, t);
-        kvp__free(&hooks, seqs);
+        kvp__free(hooks, t);
+        kvp__free(hooks, seqs);
         return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate a table of %d sequences",
-                         (int)p.max_seqs);
+                         (int)max_seqs);
     }
     memset(t, 0, sizeof *t);
     t->pool = pool;
-    t->allocator = hooks;
+    t->allocator = *hooks;
     t->seqs = seqs;
-    t->max_seqs = p.max_seqs;
-    t->slot_bits = bits_for(p.max_seqs);
+    t->max_seqs = max_seqs;
+    t->slot_bits = bits_for(max_seqs);
     t->gen_mask = (1u << (31 - t->slot_bits)) - 1;
     t->staged = pool->num_staging > 0;
-    for (int32_t i = 0; i < p.max_seqs; i++) {
-        seqs[i].next_free = i + 1 < p.max_seqs ? i + 1 : -1;
+    for (int32_t i = 0; i < max_seqs; i++) {
+        seqs[i].next_free = i + 1 < max_seqs ? i + 1 : -1;
         seqs[i].staging = -1;
     }
     t->free_head = 0;
@@ -222,16 +199,9 @@ void kvp_table_destroy(kvp_table_t *table) {
 
 /* ---- sequences ------------------------------------------------------------ */
 
-int kvp_table_seq_create(kvp_table_t *t, const kvp_seq_params_t *params, int32_t *seq) {
+int kvp_table_seq_create(kvp_table_t *t, int32_t priority, uint64_t salt, int32_t *seq) {
     if (t == NULL) return KVP_EINVAL;
     if (seq == NULL) return fail(t, KVP_EINVAL, "kvp_table_seq_create: seq (output) is NULL");
-    kvp_seq_params_t p;
-    kvp_seq_params_init(&p);
-    if (params != NULL) {
-        int rc = kvp__check_struct(params, sizeof *params, "params", t->err, sizeof t->err);
-        if (rc != KVP_OK) return rc;
-        p = *params;
-    }
     if (t->free_head < 0)
         return fail(t, KVP_ENOSPC, "kvp_table_seq_create: all %d sequence slots are live",
                     (int)t->max_seqs);
@@ -247,8 +217,8 @@ int kvp_table_seq_create(kvp_table_t *t, const kvp_seq_params_t *params, int32_t
     s->npages = 0;
     s->len = s->known = s->reserve_to = 0;
     s->promised = 0;
-    s->priority = p.priority;
-    s->salt = p.salt;
+    s->priority = priority;
+    s->salt = salt;
     s->staging = t->staged ? kvp__staging_take(t->pool) : -1;
     t->live++;
     t->pool->live_seqs++;
@@ -544,11 +514,7 @@ int kvp_table_fork(kvp_table_t *t, int32_t parent, int32_t *child, kvp_page_op_t
     if (rc != KVP_OK) return rc;
 
     int32_t id;
-    kvp_seq_params_t cp;
-    kvp_seq_params_init(&cp);
-    cp.priority = s->priority;
-    cp.salt = s->salt;
-    kvp_table_seq_create(t, &cp, &id); /* cannot fail: slot and staging page checked */
+    kvp_table_seq_create(t, s->priority, s->salt, &id); /* cannot fail: slot and staging checked */
     if (s->npages > 0) memcpy(c->pages, s->pages, (size_t)s->npages * sizeof *c->pages);
     for (int32_t i = 0; i < s->npages; i++) t->pool->pages[s->pages[i]].ref++;
     c->npages = s->npages;
@@ -787,6 +753,8 @@ int kvp_table_export(kvp_table_t *t, const int32_t *seqs, int32_t batch, const i
     int64_t pages, rows;
     int rc = batch_size(t, fn, seqs, batch, num_new, &pages, &rows);
     if (rc == KVP_OK) rc = check_buffers(t, fn, buffers, pages, rows);
+    if (rc == KVP_OK && view != NULL)
+        rc = kvp__check_struct(view, sizeof *view, "view", t->err, sizeof t->err);
     if (rc != KVP_OK) return rc;
 
     const kvp_batch_buffers_t *b = buffers;
@@ -808,13 +776,9 @@ int kvp_table_export(kvp_table_t *t, const int32_t *seqs, int32_t batch, const i
         if (b->qo_indptr) b->qo_indptr[i + 1] = row;
     }
     if (view != NULL) {
-        view->batch = batch;
-        view->page_size = t->pool->page_size;
-        view->num_pages = t->pool->num_pages;
-        view->num_staging = t->pool->num_staging;
-        view->indptr = b->indptr;
-        view->indices = b->indices;
-        view->last_page_len = b->last_page_len;
+        kvp_kv_view_t v = {sizeof v, batch, t->pool->page_size, t->pool->num_pages,
+                           t->pool->num_staging, 0, b->indptr, b->indices, b->last_page_len};
+        kvp__copy_out(view, &v, sizeof v);
     }
     return KVP_OK;
 }

@@ -73,7 +73,7 @@ static int fail(kvp_tier_t *t, int status, const char *fmt, ...) {
 }
 
 const char *kvp_tier_last_error(const kvp_tier_t *tier) {
-    return tier ? tier->err : "tier is NULL";
+    return tier ? tier->err : KVP__NULL_HANDLE;
 }
 
 /* ---- creation ------------------------------------------------------------- */
@@ -130,8 +130,8 @@ static int check_params(const kvp_table_t *table, const kvp_tier_params_t *p, ch
             return kvp__errf(err, err_size, KVP_EINVAL,
                              "params->page_io: set both copy_to_host and copy_from_host");
     }
-    rc = kvp__allocator_check(p->allocator, err, err_size);
-    if (rc == KVP_OK) rc = kvp__allocator_check(p->host_allocator, err, err_size);
+    rc = kvp__allocator_check(&p->allocator, err, err_size);
+    if (rc == KVP_OK) rc = kvp__allocator_check(&p->host_allocator, err, err_size);
     return rc;
 }
 
@@ -171,12 +171,11 @@ int kvp_tier_create(kvp_table_t *table, const kvp_tier_params_t *params, kvp_tie
         return kvp__errf(err, err_size, KVP_EINVAL, "host_bytes %llu exceed the address space",
                          (unsigned long long)host_total);
 
-    kvp_allocator_t hooks = {NULL, NULL, NULL};
-    if (params->allocator) hooks = *params->allocator;
+    kvp_allocator_t hooks = params->allocator;
     kvp_tier_t *t = kvp__calloc(&hooks, 1, sizeof *t, 64);
     if (t == NULL) return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate the tier");
     t->alloc = hooks;
-    t->host_alloc = params->host_allocator ? *params->host_allocator : hooks;
+    t->host_alloc = params->host_allocator.alloc != NULL ? params->host_allocator : hooks;
     t->table = table;
     t->layout = *l;
     t->layout.struct_size = sizeof t->layout;

@@ -10,8 +10,9 @@
  *   bf16  2e-2      (measured 4e-3 .. 9e-3)
  *   fp8   see test_fp8_accuracy (values 0.03; keys 0.17: outliers dominate the
  *         per-head scale)
- *   int8  1.5e-2    (measured 7.4e-3 .. 9.2e-3; DESIGN.md: 0.006 K + 0.006 V)
- *   int4  0.16      (measured 0.105 .. 0.12; DESIGN.md: 0.10 K, 0.073 V)
+ *   int8  1.5e-2    (measured 7.4e-3 .. 9.2e-3)
+ *   int4  0.16      (measured 0.105 .. 0.12)
+ * (docs/PERFORMANCE.md reports each format's measured attention error.)
  * SIMD paths must agree with the portable path within the added error of
  * their integer approximations (docs/formats.md).
  */
@@ -25,12 +26,14 @@
 #include <stdio.h>
 
 #include "kvpage.h"
+#include "kvpage_ext.h"
 #include "testutil.h"
-#include "kvtable.h"
 #include "../bench/kvdist.h"
 #include "numeric.h"
 
 /* ---- a batch: sequences appended through the real append path -------------------------- */
+/* The page table (kvp_pool_t + kvp_table_t) chooses each row's slot and the
+ * seals, the store appends them, and the table's batch export is the view. */
 
 typedef struct {
     int32_t kv_heads, q_heads, head_dim, page_size, k_format, v_format, k_order;
@@ -43,8 +46,9 @@ typedef struct {
 typedef struct {
     batch_spec spec;
     kvp_store_t *store;
-    kvt_pool pool;
-    kvt_seq *seqs;
+    kvp_pool_t *pool;
+    kvp_table_t *table;
+    int32_t *seqs;  /* [batch] the table's sequence ids */
     float **k, **v; /* per sequence [kv_len][kv_heads][D] */
     float *q;       /* [rows][q_heads][D] */
     int32_t *qo, *indptr, *indices, *last;
@@ -61,12 +65,14 @@ static void append_rows(batch *bt, int32_t b, int32_t t0, int32_t n) {
     assert_non_null(slots);
     assert_non_null(ops);
     int32_t nops = 0;
-    assert_int_equal(kvt_plan_append(&bt->pool, &bt->seqs[b], n, 0, slots, ops, &nops), 0);
+    int rc = kvp_table_append(bt->table, bt->seqs[b], n, NULL, slots, ops, n + 1, &nops);
+    if (rc != KVP_OK) print_error("table append: %s\n", kvp_table_last_error(bt->table));
+    assert_int_equal(rc, KVP_OK);
     /* layer 1 gets the rows; layer 0, with the same slots and ops, gets K and
      * V swapped, so a kernel reading the wrong layer fails the accuracy checks */
     for (int32_t layer = 0; layer < 2; layer++) {
-        kvp_append_t a;
-        kvp_append_init(&a);
+        kvp_append_params_t a;
+        kvp_append_params_init(&a);
         a.layer = layer;
         a.rows = n;
         a.dtype = KVP_FORMAT_FP32;
@@ -75,7 +81,7 @@ static void append_rows(batch *bt, int32_t b, int32_t t0, int32_t n) {
         a.slots = slots;
         a.ops = ops;
         a.num_ops = nops;
-        int rc = kvp_store_append(bt->store, &a);
+        rc = kvp_store_append(bt->store, &a);
         if (rc != KVP_OK) print_error("append: %s\n", kvp_store_last_error(bt->store));
         assert_int_equal(rc, KVP_OK);
     }
@@ -110,7 +116,16 @@ static void batch_build(batch *bt, const batch_spec *s) {
     assert_int_equal(rc, KVP_OK);
     kvp_layout_t lay = {.struct_size = sizeof lay};
     assert_int_equal(kvp_store_layout(bt->store, &lay), KVP_OK);
-    kvt_pool_init(&bt->pool, s->page_size, (int32_t)pages, s->batch, lay.needs_staging);
+    kvp_pool_params_t pp;
+    kvp_pool_params_init(&pp);
+    pp.page_size = s->page_size;
+    pp.num_pages = (int32_t)pages;
+    pp.num_staging = lay.needs_staging ? s->batch : 0;
+    pp.prefix_cache = 0;
+    rc = kvp_pool_create(&pp, &bt->pool, err, sizeof err);
+    if (rc != KVP_OK) print_error("pool: %s\n", err);
+    assert_int_equal(rc, KVP_OK);
+    assert_int_equal(kvp_table_create(bt->pool, s->batch, &bt->table, err, sizeof err), KVP_OK);
     bt->seqs = calloc((size_t)s->batch, sizeof *bt->seqs);
     bt->k = calloc((size_t)s->batch, sizeof *bt->k);
     bt->v = calloc((size_t)s->batch, sizeof *bt->v);
@@ -118,7 +133,7 @@ static void batch_build(batch *bt, const batch_spec *s) {
     size_t row = (size_t)s->kv_heads * (size_t)s->head_dim;
     bt->qo[0] = 0;
     for (int32_t b = 0; b < s->batch; b++) {
-        kvt_seq_init(&bt->seqs[b]);
+        assert_int_equal(kvp_table_seq_create(bt->table, 0, 0, &bt->seqs[b]), KVP_OK);
         size_t n = (size_t)(s->kv_len[b] > 0 ? s->kv_len[b] : 1) * row;
         bt->k[b] = malloc(n * sizeof(float));
         bt->v[b] = malloc(n * sizeof(float));
@@ -135,16 +150,28 @@ static void batch_build(batch *bt, const batch_spec *s) {
     bt->q = malloc((size_t)(bt->rows > 0 ? bt->rows : 1) * (size_t)s->q_heads * (size_t)s->head_dim *
                    sizeof(float));
     kvd_fill_normal(&rng, (size_t)bt->rows * (size_t)s->q_heads * (size_t)s->head_dim, bt->q);
+    int64_t num_indices = -1, num_slots = -1;
+    assert_int_equal(kvp_table_export_size(bt->table, bt->seqs, s->batch, NULL, &num_indices,
+                                           &num_slots), KVP_OK);
+    assert_true(num_indices <= pages + s->batch);
+    assert_int_equal(num_slots, 0);
     bt->indptr = malloc((size_t)(s->batch + 1) * sizeof(int32_t));
-    bt->indices = malloc((size_t)(pages + s->batch) * sizeof(int32_t));
+    bt->indices = malloc((size_t)(num_indices > 0 ? num_indices : 1) * sizeof(int32_t));
     bt->last = malloc((size_t)s->batch * sizeof(int32_t));
-    kvt_export(&bt->pool, bt->seqs, s->batch, bt->indptr, bt->indices, bt->last, &bt->view);
+    kvp_batch_buffers_t buf = {.struct_size = sizeof buf};
+    buf.indptr = bt->indptr;
+    buf.indices = bt->indices;
+    buf.last_page_len = bt->last;
+    buf.indices_capacity = num_indices;
+    bt->view.struct_size = sizeof bt->view;
+    rc = kvp_table_export(bt->table, bt->seqs, s->batch, NULL, &buf, &bt->view);
+    if (rc != KVP_OK) print_error("export: %s\n", kvp_table_last_error(bt->table));
+    assert_int_equal(rc, KVP_OK);
     kvd_keys_free(&keys);
 }
 
 static void batch_free(batch *bt) {
     for (int32_t b = 0; b < bt->spec.batch; b++) {
-        kvt_seq_free(&bt->seqs[b]);
         free(bt->k[b]);
         free(bt->v[b]);
     }
@@ -156,6 +183,8 @@ static void batch_free(batch *bt) {
     free(bt->indptr);
     free(bt->indices);
     free(bt->last);
+    kvp_table_destroy(bt->table);
+    kvp_pool_destroy(bt->pool);
     kvp_store_destroy(bt->store);
 }
 
@@ -328,7 +357,8 @@ static void test_accuracy_mixed_formats(void **state) {
 }
 
 /* fp8 with a per-head scale: fine on plain N(0,1) data, poor on keys with
- * outlier channels (why DESIGN.md quantizes keys per channel). Values fp8. */
+ * outlier channels (why int8/int4 keys are quantized per channel,
+ * docs/formats.md). Values fp8. */
 static void test_fp8_accuracy(void **state) {
     (void)state;
     int32_t kv_len = 500, q_len = 1;
@@ -619,7 +649,11 @@ static void test_bad_input(void **state) {
     p.layer = 2;
     EXPECT_FAIL(KVP_EINVAL, "layer", kvp_attention(c, bt.store, &v, &p));
     p = ap;
-    p.sm_scale = 0.0f;
+    p.sm_scale = -0.125f; /* 0 is the default scale; negative is an error */
+    EXPECT_FAIL(KVP_EINVAL, "sm_scale", kvp_attention(c, bt.store, &v, &p));
+    p.sm_scale = NAN;
+    EXPECT_FAIL(KVP_EINVAL, "sm_scale", kvp_attention(c, bt.store, &v, &p));
+    p.sm_scale = INFINITY;
     EXPECT_FAIL(KVP_EINVAL, "sm_scale", kvp_attention(c, bt.store, &v, &p));
     p = ap;
     p.dtype = KVP_FORMAT_INT8;
@@ -633,8 +667,14 @@ static void test_bad_input(void **state) {
     p = ap;
     p.struct_size = 8;
     EXPECT_FAIL(KVP_EINVAL, "struct_size", kvp_attention(c, bt.store, &v, &p));
-    /* views that disagree with the store */
+    /* a view without its struct_size (a caller that did not set it) */
     kvp_kv_view_t w = v;
+    w.struct_size = 0;
+    EXPECT_FAIL(KVP_EINVAL, "struct_size", kvp_attention(c, bt.store, &w, &ap));
+    w.struct_size = offsetof(kvp_kv_view_t, indptr);
+    EXPECT_FAIL(KVP_EINVAL, "struct_size", kvp_attention(c, bt.store, &w, &ap));
+    /* views that disagree with the store */
+    w = v;
     w.page_size = 32;
     EXPECT_FAIL(KVP_EINVAL, "page_size", kvp_attention(c, bt.store, &w, &ap));
     w = v;
@@ -665,9 +705,12 @@ static void test_bad_input(void **state) {
     EXPECT_FAIL(KVP_EINVAL, "qo_indptr", kvp_attention(c, bt.store, &v, &p));
     assert_int_equal(kvp_attention(NULL, bt.store, &v, &ap), KVP_EINVAL);
     EXPECT_FAIL(KVP_EINVAL, "NULL", kvp_attention(c, NULL, &v, &ap));
-    /* and the good call still works afterwards */
+    /* and the good call still works afterwards; the detail of the last
+     * failure stays (sticky: success does not clear it) */
+    char last[KVP_ERR_SIZE];
+    snprintf(last, sizeof last, "%s", kvp_ctx_last_error(c));
     assert_int_equal(kvp_attention(c, bt.store, &v, &ap), KVP_OK);
-    assert_string_equal(kvp_ctx_last_error(c), "");
+    assert_string_equal(kvp_ctx_last_error(c), last);
     free(out);
     kvp_ctx_destroy(c);
     batch_free(&bt);
@@ -715,8 +758,9 @@ static void test_ctx_params(void **state) {
     assert_int_equal(kvp_ctx_create(&p, &c, err, sizeof err), KVP_EINVAL);
     assert_int_equal(kvp_ctx_create(NULL, &c, err, sizeof err), KVP_EINVAL);
     kvp_ctx_destroy(NULL);
-    assert_string_equal(kvp_ctx_last_error(NULL), "");
-    assert_int_equal(kvp_ctx_isa(NULL), -1);
+    assert_string_equal(kvp_ctx_last_error(NULL), "NULL handle");
+    kvp_ctx_info_t info = {.struct_size = sizeof info};
+    assert_int_equal(kvp_ctx_info(NULL, &info), KVP_EINVAL);
     assert_string_equal(kvp_isa_name(KVP_ISA_PORTABLE), "portable");
     assert_null(kvp_isa_name(7));
     assert_int_equal(kvp_isa_supported(KVP_ISA_PORTABLE), 1);
@@ -780,6 +824,151 @@ static void test_small_workspace(void **state) {
     batch_free(&bt);
 }
 
+/* sm_scale 0 (kvp_attention_params_init's default) is 1/sqrt(head_dim): the
+ * same output and lse, bit for bit, as that scale given explicitly. */
+static void test_default_sm_scale(void **state) {
+    (void)state;
+    static const int32_t dims[] = {64, 96, 128};
+    int32_t kv_len[] = {37, 100}, q_len[] = {2, 1};
+    kvp_attention_params_t init;
+    kvp_attention_params_init(&init);
+    assert_true(init.sm_scale == 0.0f);
+    for (size_t d = 0; d < sizeof dims / sizeof *dims; d++) {
+        batch_spec s = {2, 4, dims[d], 16, KVP_FORMAT_FP16, KVP_FORMAT_INT8, 0, 2, kv_len, q_len,
+                        600 + d};
+        batch bt;
+        batch_build(&bt, &s);
+        size_t n = (size_t)bt.rows * 4 * (size_t)dims[d], nl = (size_t)bt.rows * 4;
+        float *out0 = malloc(n * 4), *out1 = malloc(n * 4), *lse0 = malloc(nl * 4),
+              *lse1 = malloc(nl * 4);
+        assert_non_null(out0);
+        assert_non_null(out1);
+        assert_non_null(lse0);
+        assert_non_null(lse1);
+        for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512; isa++) {
+            if (!kvp_isa_supported(isa)) continue;
+            kvp_ctx_t *c = make_ctx(isa, 2);
+            kvp_attention_params_t ap;
+            kvp_attention_params_init(&ap);
+            ap.layer = 1;
+            ap.q_heads = 4;
+            ap.qo_indptr = bt.qo;
+            ap.q = bt.q;
+            ap.out = out0;
+            ap.lse = lse0;
+            memset(out0, 0xFF, n * 4);
+            assert_int_equal(kvp_attention(c, bt.store, &bt.view, &ap), KVP_OK);
+            ap.sm_scale = 1.0f / sqrtf((float)dims[d]);
+            ap.out = out1;
+            ap.lse = lse1;
+            memset(out1, 0x00, n * 4);
+            assert_int_equal(kvp_attention(c, bt.store, &bt.view, &ap), KVP_OK);
+            assert_memory_equal(out0, out1, n * 4);
+            assert_memory_equal(lse0, lse1, nl * 4);
+            for (size_t i = 0; i < n; i++) assert_true(isfinite(out0[i]));
+            /* and another scale gives another result: the scale is applied */
+            ap.sm_scale = 2.0f / sqrtf((float)dims[d]);
+            assert_int_equal(kvp_attention(c, bt.store, &bt.view, &ap), KVP_OK);
+            assert_true(memcmp(lse0, lse1, nl * 4) != 0);
+            kvp_ctx_destroy(c);
+        }
+        free(out0);
+        free(out1);
+        free(lse0);
+        free(lse1);
+        batch_free(&bt);
+    }
+}
+
+/* kvp_ctx_info() reports what the context runs with; AUTO is resolved. */
+static void test_ctx_info(void **state) {
+    (void)state;
+    for (int32_t isa = KVP_ISA_AUTO; isa <= KVP_ISA_AVX512; isa++) {
+        if (isa != KVP_ISA_AUTO && !kvp_isa_supported(isa)) continue;
+        for (int32_t threads = 1; threads <= 3; threads += 2) {
+            kvp_ctx_params_t p;
+            kvp_ctx_params_init(&p);
+            p.isa = isa;
+            p.threads = threads;
+            if (threads == 3) p.workspace_bytes = 1 << 16;
+            kvp_ctx_t *c = NULL;
+            assert_int_equal(kvp_ctx_create(&p, &c, NULL, 0), KVP_OK);
+            kvp_ctx_info_t info;
+            memset(&info, 0xa5, sizeof info);
+            info.struct_size = sizeof info;
+            assert_int_equal(kvp_ctx_info(c, &info), KVP_OK);
+            assert_int_equal(info.struct_size, sizeof info);
+            assert_int_equal(info.backend, KVP_BACKEND_CPU);
+            assert_int_equal(info.device, -1);
+            assert_int_equal(info.threads, threads);
+            assert_int_not_equal(info.isa, KVP_ISA_AUTO); /* resolved */
+            assert_true(info.isa >= KVP_ISA_PORTABLE && info.isa <= KVP_ISA_AVX512);
+            assert_int_equal(kvp_isa_supported(info.isa), 1);
+            assert_non_null(kvp_isa_name(info.isa));
+            if (isa != KVP_ISA_AUTO) assert_int_equal(info.isa, isa);
+            assert_int_equal(info.workspace_bytes, threads == 3 ? (1u << 16) : (16u << 20));
+            /* a struct_size too small is refused, nothing written */
+            kvp_ctx_info_t small;
+            memset(&small, 0xa5, sizeof small);
+            small.struct_size = 0;
+            assert_int_equal(kvp_ctx_info(c, &small), KVP_EINVAL);
+            assert_non_null(strstr(kvp_ctx_last_error(c), "struct_size"));
+            assert_int_equal(small.backend, (int32_t)0xa5a5a5a5);
+            small.struct_size = offsetof(kvp_ctx_info_t, workspace_bytes);
+            assert_int_equal(kvp_ctx_info(c, &small), KVP_EINVAL);
+            assert_int_equal(small.threads, (int32_t)0xa5a5a5a5);
+            assert_int_equal(kvp_ctx_info(c, NULL), KVP_EINVAL);
+            kvp_ctx_destroy(c);
+        }
+    }
+    /* AUTO picks the best instruction set this CPU has */
+    kvp_ctx_t *c = make_ctx(KVP_ISA_AUTO, 1);
+    kvp_ctx_info_t info = {.struct_size = sizeof info};
+    assert_int_equal(kvp_ctx_info(c, &info), KVP_OK);
+    for (int32_t isa = info.isa + 1; isa <= KVP_ISA_AVX512; isa++)
+        assert_int_equal(kvp_isa_supported(isa), 0);
+    kvp_ctx_destroy(c);
+}
+
+/* The detail text: "" until a call fails, kept (sticky) through calls that
+ * succeed, replaced by the next failure; "NULL handle" for NULL. */
+static void test_ctx_last_error_is_sticky(void **state) {
+    (void)state;
+    assert_string_equal(kvp_ctx_last_error(NULL), "NULL handle");
+    int32_t kv_len = 20, q_len = 1;
+    batch_spec s = {2, 2, 64, 16, KVP_FORMAT_FP16, KVP_FORMAT_FP16, 0, 1, &kv_len, &q_len, 7};
+    batch bt;
+    batch_build(&bt, &s);
+    kvp_ctx_t *c = make_ctx(KVP_ISA_AUTO, 1);
+    assert_string_equal(kvp_ctx_last_error(c), "");
+    float out[2 * 64];
+    kvp_attention_params_t ap;
+    kvp_attention_params_init(&ap);
+    ap.layer = 1;
+    ap.q_heads = 2;
+    ap.qo_indptr = bt.qo;
+    ap.q = bt.q;
+    ap.out = out;
+    assert_int_equal(kvp_attention(c, bt.store, &bt.view, &ap), KVP_OK);
+    assert_string_equal(kvp_ctx_last_error(c), "");
+    ap.q_heads = 3; /* not a multiple of the 2 kv heads */
+    assert_int_equal(kvp_attention(c, bt.store, &bt.view, &ap), KVP_EINVAL);
+    char first[KVP_ERR_SIZE];
+    snprintf(first, sizeof first, "%s", kvp_ctx_last_error(c));
+    assert_non_null(strstr(first, "q_heads"));
+    ap.q_heads = 2;
+    assert_int_equal(kvp_attention(c, bt.store, &bt.view, &ap), KVP_OK);
+    kvp_ctx_info_t info = {.struct_size = sizeof info};
+    assert_int_equal(kvp_ctx_info(c, &info), KVP_OK);
+    assert_string_equal(kvp_ctx_last_error(c), first);
+    ap.layer = 9;
+    assert_int_equal(kvp_attention(c, bt.store, &bt.view, &ap), KVP_EINVAL);
+    assert_non_null(strstr(kvp_ctx_last_error(c), "layer"));
+    assert_string_not_equal(kvp_ctx_last_error(c), first);
+    kvp_ctx_destroy(c);
+    batch_free(&bt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accuracy_per_format),
@@ -795,6 +984,9 @@ int main(void) {
         cmocka_unit_test(test_unsupported_head_dim),
         cmocka_unit_test(test_ctx_params),
         cmocka_unit_test(test_small_workspace),
+        cmocka_unit_test(test_default_sm_scale),
+        cmocka_unit_test(test_ctx_info),
+        cmocka_unit_test(test_ctx_last_error_is_sticky),
     };
     return cmocka_run_group_tests_name("attention", tests, NULL, NULL);
 }

@@ -13,6 +13,9 @@
 
 #include "../bench/kvdist.h"
 #include "kvpage.h"
+#include "kvpage_ext.h"
+#include "kvpage_plan.h"
+#include "kvpage_tier.h"
 #include "testutil.h"
 
 #define L 2
@@ -64,6 +67,31 @@ static kvp_cache_t *make_cache_tier(int32_t kf, int32_t vf, int64_t pages, int32
     if (rc != KVP_OK) print_error("create: %s\n", err);
     assert_int_equal(rc, KVP_OK);
     return c;
+}
+
+/* The cache's parts (pool, table, store, context, tier). */
+static kvp_cache_parts_t parts_of(const kvp_cache_t *c) {
+    kvp_cache_parts_t parts;
+    memset(&parts, 0, sizeof parts);
+    parts.struct_size = sizeof parts;
+    assert_int_equal(kvp_cache_parts(c, &parts), KVP_OK);
+    return parts;
+}
+
+/* A sequence's length, from the cache's table. */
+static int64_t seq_length(const kvp_cache_t *c, int32_t seq) {
+    kvp_seq_info_t info = {.struct_size = sizeof info};
+    int rc = kvp_table_seq_info(parts_of(c).table, seq, &info);
+    assert_int_equal(rc, KVP_OK);
+    return info.length;
+}
+
+static kvp_pool_stats_t pool_stats_of(const kvp_cache_t *c) {
+    kvp_pool_stats_t st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    assert_int_equal(kvp_pool_stats(parts_of(c).pool, &st), KVP_OK);
+    return st;
 }
 
 static kvp_cache_t *make_cache(int32_t kf, int32_t vf, int64_t pages, int32_t P, int32_t max_seqs) {
@@ -131,9 +159,7 @@ static void step(fixture *f, hist **hs, int batch, const int32_t *num_new, const
     }
     for (int b = 0; b < batch; b++) {
         hs[b]->len += num_new[b];
-        int64_t len = -1;
-        assert_int_equal(kvp_cache_seq_length(f->c, hs[b]->seq, &len), KVP_OK);
-        assert_int_equal(len, hs[b]->len);
+        assert_int_equal(seq_length(f->c, hs[b]->seq), hs[b]->len);
     }
     free(k);
     free(v);
@@ -186,8 +212,7 @@ static void run_decode_loop(int32_t kf, int32_t vf, int32_t P, double tol) {
     }
     assert_int_equal(kvp_cache_seq_release(f.c, child->seq), KVP_OK);
     free(child);
-    kvp_pool_stats_t st = {.struct_size = sizeof st};
-    assert_int_equal(kvp_pool_stats(kvp_cache_pool(f.c), &st), KVP_OK);
+    kvp_pool_stats_t st = pool_stats_of(f.c);
     assert_int_equal(st.used_pages, 0); /* everything released or cached */
     kvp_cache_destroy(f.c);
 }
@@ -221,8 +246,7 @@ static void test_prefix_reuse(void **state) {
     b->len = matched;
     int32_t rest[1] = {(int32_t)(40 - matched)};
     step(&f, &b, 1, rest, prompt + matched);
-    kvp_pool_stats_t st = {.struct_size = sizeof st};
-    kvp_pool_stats(kvp_cache_pool(f.c), &st);
+    kvp_pool_stats_t st = pool_stats_of(f.c);
     assert_int_equal((int64_t)st.prefix_hit_tokens, matched);
     free(a);
     free(b);
@@ -237,16 +261,13 @@ static void test_enospc_is_all_or_nothing(void **state) {
     assert_int_equal(kvp_cache_seq_create(c, 0, 0, &s[0]), KVP_OK);
     assert_int_equal(kvp_cache_seq_create(c, 0, 0, &s[1]), KVP_OK);
     int32_t nn[2] = {32, 40}; /* 2 + 3 pages > 4 */
-    kvp_pool_stats_t before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
-    kvp_pool_stats(kvp_cache_pool(c), &before);
+    kvp_pool_stats_t before = pool_stats_of(c);
     assert_int_equal(kvp_cache_begin_step(c, s, 2, nn, NULL), KVP_ENOSPC);
     assert_non_null(strstr(kvp_cache_last_error(c), "batch index 1"));
-    kvp_pool_stats(kvp_cache_pool(c), &after);
+    kvp_pool_stats_t after = pool_stats_of(c);
     assert_int_equal(after.available_pages, before.available_pages);
     assert_int_equal(after.reserved_pages, before.reserved_pages);
-    int64_t len = -1;
-    assert_int_equal(kvp_cache_seq_length(c, s[0], &len), KVP_OK);
-    assert_int_equal(len, 0);
+    assert_int_equal(seq_length(c, s[0]), 0);
     /* no step is open after a failure */
     float kv[ROW];
     memset(kv, 0, sizeof kv);
@@ -296,7 +317,7 @@ static void test_bad_input(void **state) {
     kvp_attention_params_t ap;
     kvp_attention_params_init(&ap);
     assert_int_equal(kvp_cache_attend(c, &ap), KVP_ESTATE);
-    kvp_kv_view_t view;
+    kvp_kv_view_t view = {.struct_size = sizeof view};
     assert_int_equal(kvp_cache_step_view(c, &view, NULL, NULL, NULL), KVP_ESTATE);
     assert_int_equal(kvp_cache_begin_step(c, &s, 1, one, NULL), KVP_OK);
     int32_t rows = 0;
@@ -304,6 +325,13 @@ static void test_bad_input(void **state) {
     assert_int_equal(kvp_cache_step_view(c, &view, &slots, NULL, &rows), KVP_OK);
     assert_int_equal(rows, 1);
     assert_int_equal(view.batch, 1);
+    /* the view's struct_size must be set */
+    kvp_kv_view_t unsized;
+    memset(&unsized, 0x5a, sizeof unsized);
+    unsized.struct_size = 0;
+    assert_int_equal(kvp_cache_step_view(c, &unsized, NULL, NULL, NULL), KVP_EINVAL);
+    assert_non_null(strstr(kvp_cache_last_error(c), "struct_size"));
+    assert_int_equal(unsized.batch, 0x5a5a5a5a);
     float kv[ROW];
     memset(kv, 0, sizeof kv);
     assert_int_equal(kvp_cache_write(c, L, KVP_FORMAT_FP32, kv, kv, 0, 0), KVP_EINVAL); /* layer */
@@ -312,7 +340,7 @@ static void test_bad_input(void **state) {
     assert_int_equal(kvp_cache_seq_release(c, bad[0]), KVP_ENOENT);
     kvp_cache_destroy(c);
     kvp_cache_destroy(NULL);
-    assert_string_equal(kvp_cache_last_error(NULL), "cache is NULL");
+    assert_string_equal(kvp_cache_last_error(NULL), "NULL handle");
 }
 
 /* Sized by a budget: the arena fits it; every allocation can fail cleanly. */
@@ -330,12 +358,12 @@ static void test_budget_and_allocation_failures(void **state) {
     p.allocator = test_allocator(&st);
     kvp_cache_t *c = NULL;
     assert_int_equal(kvp_cache_create(&p, &c, NULL, 0), KVP_OK);
-    void *base;
-    uint64_t bytes;
-    assert_int_equal(kvp_store_arena(kvp_cache_store(c), &base, &bytes), KVP_OK);
+    kvp_store_info_t info = {.struct_size = sizeof info};
+    assert_int_equal(kvp_store_info(parts_of(c).store, &info), KVP_OK);
+    uint64_t bytes = info.arena_bytes;
     assert_true(bytes <= p.kv_budget_bytes);
     kvp_layout_t l = {.struct_size = sizeof l};
-    assert_int_equal(kvp_store_layout(kvp_cache_store(c), &l), KVP_OK);
+    assert_int_equal(kvp_store_layout(parts_of(c).store, &l), KVP_OK);
     assert_true(bytes + l.page_bytes > p.kv_budget_bytes); /* one more page would not fit */
     long calls = st.calls;
     kvp_cache_destroy(c);
@@ -358,9 +386,7 @@ static void test_budget_and_allocation_failures(void **state) {
     st.fail_at = 0;
     int32_t n[1] = {20};
     assert_int_equal(kvp_cache_begin_step(c, &s, 1, n, NULL), KVP_ENOMEM);
-    int64_t len = -1;
-    assert_int_equal(kvp_cache_seq_length(c, s, &len), KVP_OK);
-    assert_int_equal(len, 0);
+    assert_int_equal(seq_length(c, s), 0);
     st.fail_at = -1;
     assert_int_equal(kvp_cache_begin_step(c, &s, 1, n, NULL), KVP_OK);
     kvp_cache_destroy(c);
@@ -394,12 +420,19 @@ static void run_swap(int32_t kf, int32_t vf) {
         int32_t t1[1] = {7000 + s};
         step(&f, &a, 1, one, t1); /* checked against a's whole history */
     }
-    /* a swapped-out sequence can be released (dropped) */
+    /* a swapped-out sequence can be released (dropped): its host slots are freed */
+    kvp_tier_t *tier = parts_of(f.c).tier;
+    assert_non_null(tier);
     assert_int_equal(kvp_cache_seq_swap_out(f.c, a->seq), KVP_OK);
-    assert_int_equal(kvp_cache_seq_release(f.c, a->seq), KVP_OK);
     kvp_tier_stats_t ts = {.struct_size = sizeof ts};
-    assert_int_equal(kvp_tier_stats(kvp_cache_tier(f.c), &ts), KVP_OK);
+    assert_int_equal(kvp_tier_stats(tier, &ts), KVP_OK);
+    assert_true(ts.free_slots < ts.total_slots); /* a's pages are on the host */
+    assert_int_equal(kvp_cache_seq_release(f.c, a->seq), KVP_OK);
+    assert_int_equal(kvp_tier_stats(tier, &ts), KVP_OK);
     assert_int_equal(ts.free_slots, ts.total_slots);
+    kvp_seq_info_t gone = {.struct_size = sizeof gone};
+    assert_int_equal(kvp_table_seq_info(parts_of(f.c).table, a->seq, &gone), KVP_ENOENT);
+    assert_int_equal(kvp_cache_seq_release(f.c, a->seq), KVP_ENOENT);
     assert_true(ts.swap_outs == 2 && ts.swap_ins == 1);
     free(a);
     free(b);
@@ -424,14 +457,137 @@ static void test_swap_without_tier_or_room(void **state) {
     assert_int_equal(kvp_cache_seq_create(c, 0, 0, &s), KVP_OK);
     int32_t n[1] = {40};
     assert_int_equal(kvp_cache_begin_step(c, &s, 1, n, NULL), KVP_OK);
-    kvp_pool_stats_t before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
-    kvp_pool_stats(kvp_cache_pool(c), &before);
+    kvp_pool_stats_t before = pool_stats_of(c);
     assert_int_equal(kvp_cache_seq_swap_out(c, s), KVP_EHOSTFULL);
-    kvp_pool_stats(kvp_cache_pool(c), &after);
+    kvp_pool_stats_t after = pool_stats_of(c);
     assert_int_equal(after.used_pages, before.used_pages);
-    int64_t len = 0;
-    assert_int_equal(kvp_cache_seq_length(c, s, &len), KVP_OK);
-    assert_int_equal(len, 40);
+    assert_int_equal(seq_length(c, s), 40);
+    kvp_cache_destroy(c);
+}
+
+/* kvp_cache_parts(): the cache's own pool, table, store and context, and a
+ * host tier only with host_bytes; a NULL cache or output, or a struct_size
+ * too small, is KVP_EINVAL with nothing written. */
+static void test_cache_parts(void **state) {
+    (void)state;
+    for (int tiered = 0; tiered <= 1; tiered++) {
+        kvp_cache_t *c = make_cache_tier(KVP_FORMAT_INT8, KVP_FORMAT_INT4, 20, 16, 3,
+                                         tiered ? 1 << 20 : 0);
+        kvp_cache_parts_t parts;
+        memset(&parts, 0xa5, sizeof parts);
+        parts.struct_size = sizeof parts;
+        assert_int_equal(kvp_cache_parts(c, &parts), KVP_OK);
+        assert_int_equal(parts.struct_size, sizeof parts);
+        assert_non_null(parts.pool);
+        assert_non_null(parts.table);
+        assert_non_null(parts.store);
+        assert_non_null(parts.ctx);
+        if (tiered) assert_non_null(parts.tier);
+        else assert_null(parts.tier);
+        /* the same objects every time */
+        kvp_cache_parts_t again = parts_of(c);
+        assert_ptr_equal(again.pool, parts.pool);
+        assert_ptr_equal(again.table, parts.table);
+        assert_ptr_equal(again.store, parts.store);
+        assert_ptr_equal(again.ctx, parts.ctx);
+        assert_ptr_equal(again.tier, parts.tier);
+        /* ... and they are the cache's: what it was made with, what it does */
+        kvp_pool_stats_t ps = pool_stats_of(c);
+        assert_int_equal(ps.total_pages, 20);
+        assert_int_equal(ps.total_staging, 3); /* int8 keys: one per sequence */
+        assert_int_equal(ps.page_size, 16);
+        kvp_store_info_t si = {.struct_size = sizeof si};
+        assert_int_equal(kvp_store_info(parts.store, &si), KVP_OK);
+        assert_int_equal(si.num_pages, 20);
+        assert_int_equal(si.num_staging, 3);
+        assert_int_equal(si.backend, KVP_BACKEND_CPU);
+        kvp_layout_t l = {.struct_size = sizeof l};
+        assert_int_equal(kvp_store_layout(parts.store, &l), KVP_OK);
+        assert_int_equal(l.layers, L);
+        assert_int_equal(l.kv_heads, H);
+        assert_int_equal(l.head_dim, D);
+        assert_int_equal(l.k_format, KVP_FORMAT_INT8);
+        assert_int_equal(l.v_format, KVP_FORMAT_INT4);
+        kvp_ctx_info_t ci = {.struct_size = sizeof ci};
+        assert_int_equal(kvp_ctx_info(parts.ctx, &ci), KVP_OK);
+        assert_int_equal(ci.threads, 2);
+        assert_int_equal(ci.backend, KVP_BACKEND_CPU);
+        int32_t s = -1;
+        assert_int_equal(kvp_cache_seq_create(c, 3, 0x77, &s), KVP_OK);
+        int32_t n[1] = {21};
+        assert_int_equal(kvp_cache_begin_step(c, &s, 1, n, NULL), KVP_OK);
+        kvp_seq_info_t info = {.struct_size = sizeof info};
+        assert_int_equal(kvp_table_seq_info(parts.table, s, &info), KVP_OK);
+        assert_int_equal(info.length, 21);
+        assert_int_equal(info.priority, 3);
+        assert_int_equal(info.salt, 0x77);
+        assert_int_equal(pool_stats_of(c).live_tokens, 21);
+        if (tiered) {
+            kvp_tier_stats_t ts = {.struct_size = sizeof ts};
+            assert_int_equal(kvp_tier_stats(parts.tier, &ts), KVP_OK);
+            assert_true(ts.total_slots > 0);
+            assert_int_equal(ts.free_slots, ts.total_slots);
+            assert_int_equal(kvp_cache_seq_swap_out(c, s), KVP_OK);
+            assert_int_equal(kvp_tier_stats(parts.tier, &ts), KVP_OK);
+            assert_int_equal(ts.swap_outs, 1);
+            assert_true(ts.free_slots < ts.total_slots);
+        }
+        /* bad calls: EINVAL, detail text, nothing written */
+        assert_int_equal(kvp_cache_parts(NULL, &parts), KVP_EINVAL);
+        assert_int_equal(kvp_cache_parts(c, NULL), KVP_EINVAL);
+        kvp_cache_parts_t small;
+        memset(&small, 0xa5, sizeof small);
+        small.struct_size = 0;
+        assert_int_equal(kvp_cache_parts(c, &small), KVP_EINVAL);
+        assert_non_null(strstr(kvp_cache_last_error(c), "struct_size"));
+        small.struct_size = offsetof(kvp_cache_parts_t, tier); /* an older, shorter struct */
+        assert_int_equal(kvp_cache_parts(c, &small), KVP_EINVAL);
+        assert_non_null(strstr(kvp_cache_last_error(c), "struct_size"));
+        unsigned char poison[sizeof small];
+        memset(poison, 0xa5, sizeof poison);
+        assert_memory_equal((unsigned char *)&small + offsetof(kvp_cache_parts_t, pool),
+                            poison, sizeof small - offsetof(kvp_cache_parts_t, pool));
+        kvp_cache_destroy(c);
+    }
+}
+
+/* The detail text: "" until a call fails, kept (sticky) through calls that
+ * succeed, replaced by the next failure; "NULL handle" for NULL. */
+static void test_last_error_is_sticky(void **state) {
+    (void)state;
+    assert_string_equal(kvp_cache_last_error(NULL), "NULL handle");
+    kvp_cache_t *c = make_cache(KVP_FORMAT_FP16, KVP_FORMAT_FP16, 16, 16, 4);
+    assert_string_equal(kvp_cache_last_error(c), "");
+    int32_t s = -1;
+    assert_int_equal(kvp_cache_seq_create(c, 0, 0, &s), KVP_OK);
+    assert_string_equal(kvp_cache_last_error(c), "");
+    float kv[ROW];
+    memset(kv, 0, sizeof kv);
+    assert_int_equal(kvp_cache_write(c, 0, KVP_FORMAT_FP32, kv, kv, 0, 0), KVP_ESTATE);
+    char first[KVP_ERR_SIZE];
+    snprintf(first, sizeof first, "%s", kvp_cache_last_error(c));
+    assert_true(strlen(first) > 0);
+    /* a whole step that succeeds leaves it as it was */
+    int32_t one[1] = {1}, tok[1] = {5};
+    assert_int_equal(kvp_cache_begin_step(c, &s, 1, one, tok), KVP_OK);
+    assert_int_equal(kvp_cache_write(c, 0, KVP_FORMAT_FP32, kv, kv, 0, 0), KVP_OK);
+    float q[QH * D], out[QH * D];
+    memset(q, 0, sizeof q);
+    kvp_attention_params_t ap;
+    kvp_attention_params_init(&ap);
+    ap.q_heads = QH;
+    ap.q = q;
+    ap.out = out;
+    assert_int_equal(kvp_cache_attend(c, &ap), KVP_OK);
+    (void)parts_of(c);
+    int32_t child = -1;
+    assert_int_equal(kvp_cache_seq_fork(c, s, &child), KVP_OK);
+    assert_int_equal(kvp_cache_seq_release(c, child), KVP_OK);
+    assert_string_equal(kvp_cache_last_error(c), first);
+    /* the next failure replaces it */
+    assert_int_equal(kvp_cache_seq_release(c, child), KVP_ENOENT);
+    assert_string_not_equal(kvp_cache_last_error(c), first);
+    assert_non_null(strstr(kvp_cache_last_error(c), "seq_release"));
     kvp_cache_destroy(c);
 }
 
@@ -448,6 +604,8 @@ int main(void) {
         cmocka_unit_test(test_swap_fp16),
         cmocka_unit_test(test_swap_int8_staging),
         cmocka_unit_test(test_swap_without_tier_or_room),
+        cmocka_unit_test(test_cache_parts),
+        cmocka_unit_test(test_last_error_is_sticky),
     };
     return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
 }

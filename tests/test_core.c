@@ -12,6 +12,8 @@
 
 #include "internal.h"
 #include "kvpage_cuda.h"
+#include "kvpage_ext.h"
+#include "kvpage_plan.h"
 #include "testutil.h"
 
 static void test_version(void **state) {
@@ -192,6 +194,28 @@ static void test_format_names(void **state) {
     assert_int_equal(kvp_format_parse("fp16", NULL, err, sizeof err), KVP_EINVAL);
 }
 
+/* kvp_build_has(): KVP_FEATURE_CUDA is 1 exactly when the CUDA backend is
+ * built in, which the CUDA entry points tell independently (a build without
+ * it answers KVP_ENOTSUP, "built without CUDA"); unknown features are 0. */
+static void test_build_has(void **state) {
+    (void)state;
+    char err[KVP_ERR_SIZE] = "";
+    int32_t count = -1;
+    int rc = kvp_cuda_device_count(&count, err, sizeof err);
+    int cuda_built = rc != KVP_ENOTSUP;
+    if (!cuda_built) assert_non_null(strstr(err, "without CUDA"));
+    assert_int_equal(kvp_build_has(KVP_FEATURE_CUDA), cuda_built);
+#ifdef KVP_HAVE_CUDA
+    assert_int_equal(kvp_build_has(KVP_FEATURE_CUDA), 1);
+#endif
+    assert_int_equal(KVP_FEATURE_CUDA, 1); /* part of the ABI */
+    assert_int_equal(kvp_build_has(0), 0);
+    assert_int_equal(kvp_build_has(2), 0);
+    assert_int_equal(kvp_build_has(-1), 0);
+    assert_int_equal(kvp_build_has(INT32_MAX), 0);
+    assert_int_equal(kvp_build_has(INT32_MIN), 0);
+}
+
 static void test_strcasecmp(void **state) {
     (void)state;
     assert_int_equal(kvp__strcasecmp("H100-80G", "h100-80g"), 0);
@@ -223,6 +247,7 @@ int main(void) {
         cmocka_unit_test(test_allocator_check),
         cmocka_unit_test(test_copy_out_respects_struct_size),
         cmocka_unit_test(test_format_names),
+        cmocka_unit_test(test_build_has),
         cmocka_unit_test(test_strcasecmp),
         cmocka_unit_test(test_checked_arithmetic),
     };

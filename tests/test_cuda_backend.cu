@@ -43,8 +43,10 @@ extern "C" {
 
 #include "kvpage.h"
 #include "kvpage_cuda.h"
+#include "kvpage_ext.h"
+#include "kvpage_plan.h"
+#include "kvpage_tier.h"
 #include "numeric.h"
-#include "kvtable.h"
 #include "../bench/kvdist.h"
 
 #define TOL_EXACT 2e-5
@@ -100,12 +102,33 @@ static kvp_store_params_t store_params(int32_t layers, int32_t H, int32_t D, int
     return sp;
 }
 
+static kvp_store_info_t store_info(const kvp_store_t *s) {
+    kvp_store_info_t info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    assert_int_equal(kvp_store_info(s, &info), KVP_OK);
+    return info;
+}
+
+static kvp_ctx_info_t ctx_info(const kvp_ctx_t *c) {
+    kvp_ctx_info_t info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    assert_int_equal(kvp_ctx_info(c, &info), KVP_OK);
+    return info;
+}
+
+static uint64_t nonfinite(kvp_store_t *s) {
+    uint64_t n = 0;
+    assert_int_equal(kvp_store_nonfinite_count(s, &n), KVP_OK);
+    return n;
+}
+
 /* Both arenas start with the same bytes, so unwritten bytes compare equal too. */
 static void twin_fill(twin *t, uint8_t pattern) {
-    void *cb, *gb;
-    uint64_t cn, gn;
-    assert_int_equal(kvp_store_arena(t->cpu, &cb, &cn), KVP_OK);
-    assert_int_equal(kvp_store_arena(t->gpu, &gb, &gn), KVP_OK);
+    kvp_store_info_t ci = store_info(t->cpu), gi = store_info(t->gpu);
+    void *cb = ci.arena, *gb = gi.arena;
+    uint64_t cn = ci.arena_bytes, gn = gi.arena_bytes;
     assert_true(cn == gn);
     uint64_t f = t->lay.fixed_bytes;
     memset((uint8_t *)cb + f, pattern, (size_t)(cn - f));
@@ -123,8 +146,8 @@ static void twin_make(twin *t, int32_t layers, int32_t H, int32_t D, int32_t P, 
     rc = kvp_cuda_store_create(&sp, NULL, &t->gpu, err, sizeof err);
     if (rc != KVP_OK) print_error("cuda store: %s\n", err);
     assert_int_equal(rc, KVP_OK);
-    assert_int_equal(kvp_store_backend(t->gpu), KVP_BACKEND_CUDA);
-    assert_int_equal(kvp_store_backend(t->cpu), KVP_BACKEND_CPU);
+    assert_int_equal(store_info(t->gpu).backend, KVP_BACKEND_CUDA);
+    assert_int_equal(store_info(t->cpu).backend, KVP_BACKEND_CPU);
     t->lay.struct_size = sizeof t->lay;
     assert_int_equal(kvp_store_layout(t->cpu, &t->lay), KVP_OK);
     t->layers = layers;
@@ -145,10 +168,10 @@ static void twin_free(twin *t) {
 /* Whole arenas, byte for byte; on a difference, say where. */
 static void twin_compare(twin *t, const char *what) {
     assert_int_equal(kvp_store_synchronize(t->gpu), KVP_OK);
-    void *cb, *gb;
-    uint64_t n, gn;
-    assert_int_equal(kvp_store_arena(t->cpu, &cb, &n), KVP_OK);
-    assert_int_equal(kvp_store_arena(t->gpu, &gb, &gn), KVP_OK);
+    kvp_store_info_t ci = store_info(t->cpu), gi = store_info(t->gpu);
+    void *cb = ci.arena, *gb = gi.arena;
+    uint64_t n = ci.arena_bytes;
+    assert_true(gi.arena_bytes == n);
     uint8_t *g = (uint8_t *)malloc((size_t)n);
     assert_non_null(g);
     to_host(g, gb, (size_t)n);
@@ -167,7 +190,7 @@ static void twin_compare(twin *t, const char *what) {
                     kvp_format_name(t->lay.v_format), (int)t->P, (int)t->D);
     free(g);
     assert_true(diff == 0);
-    assert_true(kvp_store_nonfinite_count(t->cpu) == kvp_store_nonfinite_count(t->gpu));
+    assert_true(nonfinite(t->cpu) == nonfinite(t->gpu));
 }
 
 /* Rows [rows][stride] of fp32 values as `dtype` bytes. */
@@ -194,8 +217,8 @@ static void twin_append(twin *t, int32_t layer, int32_t rows, int32_t dtype, con
     size_t n = (size_t)(rows > 0 ? rows : 1) * (size_t)stride, es = dtype == KVP_FORMAT_FP32 ? 4 : 2;
     uint8_t *hk = as_dtype(k, n, dtype), *hv = as_dtype(v, n, dtype);
     void *dk = dev_copy(hk, n * es), *dv = dev_copy(hv, n * es);
-    kvp_append_t a;
-    kvp_append_init(&a);
+    kvp_append_params_t a;
+    kvp_append_params_init(&a);
     a.layer = layer;
     a.rows = rows;
     a.dtype = dtype;
@@ -220,6 +243,75 @@ static void twin_append(twin *t, int32_t layer, int32_t rows, int32_t dtype, con
     free(hv);
 }
 
+/* ---- pages: the real page table (kvp_pool_t + kvp_table_t) chooses the slots and seals ------ */
+
+typedef struct {
+    kvp_pool_t *pool;
+    kvp_table_t *table;
+    int32_t P;
+} paging;
+
+/* A pool of `pages` pages (and `staging` staging pages when the twin's
+ * layout needs them), no prefix cache, and a table on it. */
+static void paging_make(paging *g, const twin *t, int32_t pages, int32_t staging) {
+    kvp_pool_params_t pp;
+    kvp_pool_params_init(&pp);
+    pp.page_size = t->P;
+    pp.num_pages = pages;
+    pp.num_staging = t->lay.needs_staging ? staging : 0;
+    pp.prefix_cache = 0;
+    char err[KVP_ERR_SIZE] = "";
+    int rc = kvp_pool_create(&pp, &g->pool, err, sizeof err);
+    if (rc != KVP_OK) print_error("pool: %s\n", err);
+    assert_int_equal(rc, KVP_OK);
+    rc = kvp_table_create(g->pool, 0, &g->table, err, sizeof err);
+    if (rc != KVP_OK) print_error("table: %s\n", err);
+    assert_int_equal(rc, KVP_OK);
+    g->P = t->P;
+}
+
+static void paging_free(paging *g) {
+    kvp_table_destroy(g->table);
+    kvp_pool_destroy(g->pool);
+    g->table = nullptr;
+    g->pool = nullptr;
+}
+
+static int32_t paging_seq(paging *g) {
+    int32_t id = -1;
+    assert_int_equal(kvp_table_seq_create(g->table, 0, 0, &id), KVP_OK);
+    return id;
+}
+
+/* Append `n` tokens to `seq`, which are rows row_base.. of the step's batch:
+ * writes their n slots and appends the sequence's operations (SEALs) at
+ * ops[*nops..] (room for ops_capacity in all), their rows counted in the
+ * batch (the table counts them from the sequence's first row). */
+static void paging_append(paging *g, int32_t seq, int32_t n, int32_t row_base, int64_t *slots,
+                          kvp_page_op_t *ops, int32_t ops_capacity, int32_t *nops) {
+    int32_t k = 0;
+    int rc = kvp_table_append(g->table, seq, n, NULL, slots, ops + *nops, ops_capacity - *nops, &k);
+    if (rc != KVP_OK) print_error("table append: %s\n", kvp_table_last_error(g->table));
+    assert_int_equal(rc, KVP_OK);
+    for (int32_t i = 0; i < k; i++) {
+        assert_int_equal(ops[*nops + i].kind, KVP_OP_SEAL); /* no forks, no truncations */
+        ops[*nops + i].row += row_base;
+    }
+    *nops += k;
+}
+
+/* A sequence's pages as the batch export lists them (a partial staging page
+ * last), and its description. */
+static kvp_seq_info_t paging_pages(paging *g, int32_t seq, int32_t *pages, int32_t capacity) {
+    kvp_seq_info_t info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    assert_int_equal(kvp_table_seq_info(g->table, seq, &info), KVP_OK);
+    assert_true(info.num_pages <= capacity);
+    assert_int_equal(kvp_table_seq_pages(g->table, seq, pages, capacity), KVP_OK);
+    return info;
+}
+
 /* ---- bytes: append, seal, staging, every format ---------------------------------------------- */
 
 /* Several sequences grown in uneven batched steps (prefill chunks, decode
@@ -231,10 +323,10 @@ static void run_append_case(int32_t kf, int32_t vf, int32_t order, int32_t P, in
     const int32_t pages = 64 / P + 12;
     twin t;
     twin_make(&t, layers, H, D, P, kf, vf, order, pages * nseq, nseq);
-    kvt_pool pool;
-    kvt_pool_init(&pool, P, pages * nseq, nseq, t.lay.needs_staging);
-    kvt_seq seqs[3];
-    for (int i = 0; i < nseq; i++) kvt_seq_init(&seqs[i]);
+    paging pg;
+    paging_make(&pg, &t, pages * nseq, nseq);
+    int32_t seqs[3];
+    for (int i = 0; i < nseq; i++) seqs[i] = paging_seq(&pg);
     kvd_rng rng;
     kvd_seed(&rng, seed);
     const int64_t stride = (int64_t)H * D + (seed % 2 ? 8 : 0); /* strided rows on odd seeds */
@@ -254,7 +346,7 @@ static void run_append_case(int32_t kf, int32_t vf, int32_t order, int32_t P, in
         for (int64_t i = 0; i < (int64_t)rows * stride; i++) k[i] = 3.0f * k[i] + (float)(i % 7) - 3.0f;
         int32_t nops = 0, row = 0;
         for (int i = 0; i < nseq; i++) {
-            assert_int_equal(kvt_plan_append(&pool, &seqs[i], want[i], row, slots + row, ops, &nops), 0);
+            paging_append(&pg, seqs[i], want[i], row, slots + row, ops, rows + 1, &nops);
             row += want[i];
             slots[row++] = -1; /* padding */
         }
@@ -276,7 +368,7 @@ static void run_append_case(int32_t kf, int32_t vf, int32_t order, int32_t P, in
         free(k);
         free(v);
     }
-    for (int i = 0; i < nseq; i++) kvt_seq_free(&seqs[i]);
+    paging_free(&pg);
     twin_free(&t);
 }
 
@@ -307,7 +399,7 @@ static void test_append_bytes(void **state) {
 
 /* ---- bytes: page operations, reads, swap copies ------------------------------------------------ */
 
-static void fill_sequence(twin *t, kvt_pool *pool, kvt_seq *s, int32_t tokens, kvd_rng *rng) {
+static void fill_sequence(twin *t, paging *pg, int32_t seq, int32_t tokens, kvd_rng *rng) {
     int64_t stride = (int64_t)t->H * t->D;
     float *k = (float *)malloc((size_t)tokens * (size_t)stride * 4);
     float *v = (float *)malloc((size_t)tokens * (size_t)stride * 4);
@@ -317,7 +409,7 @@ static void fill_sequence(twin *t, kvt_pool *pool, kvt_seq *s, int32_t tokens, k
     kvd_fill_normal(rng, (size_t)tokens * (size_t)stride, k);
     kvd_fill_normal(rng, (size_t)tokens * (size_t)stride, v);
     int32_t nops = 0;
-    assert_int_equal(kvt_plan_append(pool, s, tokens, 0, slots, ops, &nops), 0);
+    paging_append(pg, seq, tokens, 0, slots, ops, tokens + 1, &nops);
     for (int32_t layer = 0; layer < t->layers; layer++)
         twin_append(t, layer, tokens, KVP_FORMAT_FP32, k, v, stride, slots, ops, nops);
     free(k);
@@ -344,36 +436,42 @@ static void test_ops_read_and_swap(void **state) {
         twin t;
         const int32_t P = fmts[f][2], D = 32, H = 3;
         twin_make(&t, 3, H, D, P, fmts[f][0], fmts[f][1], (int32_t)(f % 2), 24, 4);
-        kvt_pool pool;
-        kvt_pool_init(&pool, P, 24, 4, t.lay.needs_staging);
-        kvt_seq a, b;
-        kvt_seq_init(&a);
-        kvt_seq_init(&b);
+        paging pg;
+        paging_make(&pg, &t, 24, 4);
+        int32_t seq_a = paging_seq(&pg), seq_b = paging_seq(&pg);
         kvd_rng rng;
         kvd_seed(&rng, 77 + f);
-        fill_sequence(&t, &pool, &a, 3 * P + P / 2 + 1, &rng);
-        fill_sequence(&t, &pool, &b, 2 * P, &rng);
+        fill_sequence(&t, &pg, seq_a, 3 * P + P / 2 + 1, &rng);
+        fill_sequence(&t, &pg, seq_b, 2 * P, &rng);
         twin_compare(&t, "before ops");
+        int32_t a[8], b[8];
+        kvp_seq_info_t ai = paging_pages(&pg, seq_a, a, 8);
+        paging_pages(&pg, seq_b, b, 8);
+        if (t.lay.needs_staging) assert_int_equal(a[3], ai.staging_page); /* partial: staging */
+        /* pages no sequence uses, held by the test: two pool pages and (with
+         * staging) two staging pages */
+        int32_t free_pool[2], free_stg[2];
+        assert_int_equal(kvp_pool_alloc(pg.pool, 2, free_pool), KVP_OK);
+        if (t.lay.needs_staging) assert_int_equal(kvp_pool_alloc_staging(pg.pool, 2, free_stg), KVP_OK);
         /* COPY pool pages (one a no-op), UNSEAL a sealed page into a free
          * staging page, then a COPY of that staging page (a chain: a second
          * group), and another UNSEAL */
         kvp_page_op_t ops[6];
         int32_t n = 0;
-        int32_t free_pool = pool.next_pool, free_stg = t.num_pages + 3;
-        ops[n++] = {KVP_OP_COPY, a.pages[0], free_pool, 0, -1};
-        ops[n++] = {KVP_OP_COPY, a.pages[1], a.pages[1], 0, -1};
+        ops[n++] = {KVP_OP_COPY, a[0], free_pool[0], 0, -1};
+        ops[n++] = {KVP_OP_COPY, a[1], a[1], 0, -1};
         if (t.lay.needs_staging) {
-            ops[n++] = {KVP_OP_UNSEAL, a.pages[2], free_stg, P - 1, -1};
-            ops[n++] = {KVP_OP_COPY, free_stg, t.num_pages + 2, 0, -1};
-            ops[n++] = {KVP_OP_UNSEAL, b.pages[0], free_stg, 1, -1};
+            ops[n++] = {KVP_OP_UNSEAL, a[2], free_stg[0], P - 1, -1};
+            ops[n++] = {KVP_OP_COPY, free_stg[0], free_stg[1], 0, -1};
+            ops[n++] = {KVP_OP_UNSEAL, b[0], free_stg[0], 1, -1};
         } else {
-            ops[n++] = {KVP_OP_COPY, b.pages[1], free_pool + 1, 0, -1};
+            ops[n++] = {KVP_OP_COPY, b[1], free_pool[1], 0, -1};
         }
         twin_ops(&t, ops, n);
         twin_compare(&t, "after COPY / UNSEAL");
 
         /* kvp_store_read: the same fp32 values */
-        int32_t ids[3] = {a.pages[0], a.pages[2], t.lay.needs_staging ? a.staging : b.pages[1]};
+        int32_t ids[3] = {a[0], a[2], t.lay.needs_staging ? ai.staging_page : b[1]};
         size_t row = (size_t)H * D;
         float *ck = (float *)malloc((size_t)P * row * 4), *cv = (float *)malloc((size_t)P * row * 4);
         float *gk = (float *)malloc((size_t)P * row * 4), *gv = (float *)malloc((size_t)P * row * 4);
@@ -411,18 +509,25 @@ static void test_ops_read_and_swap(void **state) {
             /* a range that starts and ends inside blocks */
             uint64_t off = bytes / 3 + 5, len = bytes / 2;
             memset(pinned, 0, (size_t)len);
-            assert_int_equal(kvp_cuda_page_to_host(t.gpu, id, off, pinned, len, nullptr), KVP_OK);
+            assert_int_equal(kvp_store_page_to_host(t.gpu, id, off, pinned, len), KVP_OK);
             assert_int_equal(kvp_store_synchronize(t.gpu), KVP_OK);
             assert_memory_equal(cpu_buf + off, pinned, (size_t)len);
         }
-        int32_t victim = a.pages[1];
+        int32_t victim = a[1];
         assert_int_equal(kvp_store_page_to_host(t.gpu, victim, 0, pinned, pb), KVP_OK);
-        kvp_page_op_t clobber = {KVP_OP_COPY, a.pages[0], victim, 0, -1};
+        kvp_page_op_t clobber = {KVP_OP_COPY, a[0], victim, 0, -1};
         assert_int_equal(kvp_store_apply_ops(t.gpu, &clobber, 1), KVP_OK);
+        /* the second half on a stream of its own (the store's stream, set) */
+        cudaStream_t side;
+        assert_int_equal(cudaStreamCreate(&side), cudaSuccess);
         assert_int_equal(kvp_store_page_from_host(t.gpu, victim, 0, pinned, pb / 2), KVP_OK);
-        assert_int_equal(kvp_cuda_page_from_host(t.gpu, victim, pb / 2, pinned + pb / 2, pb - pb / 2,
-                                                 nullptr),
+        assert_int_equal(kvp_store_synchronize(t.gpu), KVP_OK);
+        assert_int_equal(kvp_cuda_store_set_stream(t.gpu, side), KVP_OK);
+        assert_int_equal(kvp_store_page_from_host(t.gpu, victim, pb / 2, pinned + pb / 2, pb - pb / 2),
                          KVP_OK);
+        assert_int_equal(kvp_store_synchronize(t.gpu), KVP_OK);
+        assert_int_equal(kvp_cuda_store_set_stream(t.gpu, nullptr), KVP_OK);
+        assert_int_equal(cudaStreamDestroy(side), cudaSuccess);
         twin_compare(&t, "after a swap round trip");
         /* bad ranges and ids change nothing */
         assert_int_equal(kvp_store_page_to_host(t.gpu, victim, pb - 4, pinned, 8), KVP_EINVAL);
@@ -432,8 +537,9 @@ static void test_ops_read_and_swap(void **state) {
         assert_int_equal(kvp_store_page_from_host(t.gpu, victim, 0, NULL, 8), KVP_EINVAL);
         kvp_cuda_host_free(pinned);
         free(cpu_buf);
-        kvt_seq_free(&a);
-        kvt_seq_free(&b);
+        assert_int_equal(kvp_pool_release(pg.pool, 2, free_pool), KVP_OK);
+        if (t.lay.needs_staging) assert_int_equal(kvp_pool_release(pg.pool, 2, free_stg), KVP_OK);
+        paging_free(&pg);
         twin_free(&t);
     }
 }
@@ -451,13 +557,12 @@ static void test_fp8_scales(void **state) {
     assert_int_equal(kvp_store_get_fp8_scale(t.gpu, 0, 0, 0, &s), KVP_OK);
     assert_true(s == 0.0f);
     assert_int_equal(kvp_store_set_fp8_scale(t.gpu, 0, 0, 0, -1.0f), KVP_EINVAL);
-    kvt_pool pool;
-    kvt_pool_init(&pool, 8, 8, 0, false);
-    kvt_seq a;
-    kvt_seq_init(&a);
+    paging pg;
+    paging_make(&pg, &t, 8, 0);
+    int32_t a = paging_seq(&pg);
     kvd_rng rng;
     kvd_seed(&rng, 5);
-    fill_sequence(&t, &pool, &a, 11, &rng); /* calibrates every other (layer, head, side) */
+    fill_sequence(&t, &pg, a, 11, &rng); /* calibrates every other (layer, head, side) */
     twin_compare(&t, "fp8 after calibration");
     for (int32_t layer = 0; layer < 2; layer++)
         for (int32_t h = 0; h < 2; h++)
@@ -470,9 +575,9 @@ static void test_fp8_scales(void **state) {
     /* a scale set back to 0 calibrates again on the next append */
     assert_int_equal(kvp_store_set_fp8_scale(t.cpu, 0, 1, 1, 0.0f), KVP_OK);
     assert_int_equal(kvp_store_set_fp8_scale(t.gpu, 0, 1, 1, 0.0f), KVP_OK);
-    fill_sequence(&t, &pool, &a, 9, &rng);
+    fill_sequence(&t, &pg, a, 9, &rng);
     twin_compare(&t, "fp8 after recalibration");
-    kvt_seq_free(&a);
+    paging_free(&pg);
     twin_free(&t);
 }
 
@@ -557,8 +662,8 @@ typedef struct {
 typedef struct {
     batch_spec spec;
     twin t;
-    kvt_pool pool;
-    kvt_seq *seqs;
+    paging pg;
+    int32_t *seqs; /* [batch] the table's sequence ids */
     float **k, **v;
     float *q;
     int32_t *qo, *indptr, *indices, *last;
@@ -579,15 +684,15 @@ static void batch_build(batch *bt, const batch_spec *s) {
     for (int32_t b = 0; b < s->batch; b++) pages += s->kv_len[b] / s->page_size + 1;
     twin_make(&bt->t, 2, s->kv_heads, s->head_dim, s->page_size, s->k_format, s->v_format, s->k_order,
               pages, s->batch);
-    kvt_pool_init(&bt->pool, s->page_size, pages, s->batch, bt->t.lay.needs_staging);
-    bt->seqs = (kvt_seq *)calloc((size_t)s->batch, sizeof *bt->seqs);
+    paging_make(&bt->pg, &bt->t, pages, s->batch);
+    bt->seqs = (int32_t *)calloc((size_t)s->batch, sizeof *bt->seqs);
     bt->k = (float **)calloc((size_t)s->batch, sizeof *bt->k);
     bt->v = (float **)calloc((size_t)s->batch, sizeof *bt->v);
     bt->qo = (int32_t *)malloc((size_t)(s->batch + 1) * 4);
     size_t row = (size_t)s->kv_heads * (size_t)s->head_dim;
     bt->qo[0] = 0;
     for (int32_t b = 0; b < s->batch; b++) {
-        kvt_seq_init(&bt->seqs[b]);
+        bt->seqs[b] = paging_seq(&bt->pg);
         size_t n = (size_t)(s->kv_len[b] > 0 ? s->kv_len[b] : 1) * row;
         bt->k[b] = (float *)malloc(n * 4);
         bt->v[b] = (float *)malloc(n * 4);
@@ -599,7 +704,7 @@ static void batch_build(batch *bt, const batch_spec *s) {
             int64_t *slots = (int64_t *)malloc((size_t)step * 8);
             kvp_page_op_t *ops = (kvp_page_op_t *)malloc((size_t)(step + 1) * sizeof *ops);
             int32_t nops = 0;
-            assert_int_equal(kvt_plan_append(&bt->pool, &bt->seqs[b], step, 0, slots, ops, &nops), 0);
+            paging_append(&bt->pg, bt->seqs[b], step, 0, slots, ops, step + 1, &nops);
             /* layer 1 has the data; layer 0 gets K and V swapped */
             twin_append(&bt->t, 1, step, KVP_FORMAT_FP32, bt->k[b] + (size_t)t0 * row,
                         bt->v[b] + (size_t)t0 * row, (int64_t)row, slots, ops, nops);
@@ -614,16 +719,30 @@ static void batch_build(batch *bt, const batch_spec *s) {
     size_t qn = (size_t)(bt->rows > 0 ? bt->rows : 1) * (size_t)s->q_heads * (size_t)s->head_dim;
     bt->q = (float *)malloc(qn * 4);
     kvd_fill_normal(&rng, qn, bt->q);
+    /* the batch's view: the table's export */
+    int64_t num_indices = -1, num_slots = -1;
+    assert_int_equal(kvp_table_export_size(bt->pg.table, bt->seqs, s->batch, nullptr, &num_indices,
+                                           &num_slots), KVP_OK);
+    assert_true(num_indices <= pages + s->batch);
     bt->indptr = (int32_t *)malloc((size_t)(s->batch + 1) * 4);
-    bt->indices = (int32_t *)malloc((size_t)(pages + s->batch) * 4);
+    bt->indices = (int32_t *)malloc((size_t)(num_indices > 0 ? num_indices : 1) * 4);
     bt->last = (int32_t *)malloc((size_t)s->batch * 4);
-    kvt_export(&bt->pool, bt->seqs, s->batch, bt->indptr, bt->indices, bt->last, &bt->view);
+    kvp_batch_buffers_t buf;
+    memset(&buf, 0, sizeof buf);
+    buf.struct_size = sizeof buf;
+    buf.indptr = bt->indptr;
+    buf.indices = bt->indices;
+    buf.last_page_len = bt->last;
+    buf.indices_capacity = num_indices;
+    bt->view.struct_size = sizeof bt->view;
+    int rc = kvp_table_export(bt->pg.table, bt->seqs, s->batch, nullptr, &buf, &bt->view);
+    if (rc != KVP_OK) print_error("export: %s\n", kvp_table_last_error(bt->pg.table));
+    assert_int_equal(rc, KVP_OK);
     kvd_keys_free(&keys);
 }
 
 static void batch_free(batch *bt) {
     for (int32_t b = 0; b < bt->spec.batch; b++) {
-        kvt_seq_free(&bt->seqs[b]);
         free(bt->k[b]);
         free(bt->v[b]);
     }
@@ -635,6 +754,7 @@ static void batch_free(batch *bt) {
     free(bt->indptr);
     free(bt->indices);
     free(bt->last);
+    paging_free(&bt->pg);
     twin_free(&bt->t);
 }
 
@@ -664,8 +784,9 @@ static kvp_ctx_t *gpu_ctx(uint64_t workspace) {
     int rc = kvp_cuda_ctx_create(&cp, NULL, &c, err, sizeof err);
     if (rc != KVP_OK) print_error("cuda ctx: %s\n", err);
     assert_int_equal(rc, KVP_OK);
-    assert_int_equal(kvp_ctx_backend(c), KVP_BACKEND_CUDA);
-    assert_int_equal(kvp_ctx_isa(c), -1);
+    kvp_ctx_info_t info = ctx_info(c);
+    assert_int_equal(info.backend, KVP_BACKEND_CUDA);
+    assert_int_equal(info.isa, -1);
     return c;
 }
 
@@ -978,15 +1099,21 @@ static void test_streams(void **state) {
     ap.qo_indptr = bt.qo;
     ap.q = q;
     ap.out = o;
-    assert_int_equal(kvp_cuda_attention(gc, bt.t.gpu, &bt.view, &ap, s1), KVP_OK);
+    /* the context on the store's stream s1: set, then the generic call */
+    assert_int_equal(kvp_cuda_ctx_set_stream(gc, s1), KVP_OK);
+    assert_int_equal(kvp_attention(gc, bt.t.gpu, &bt.view, &ap), KVP_OK);
     assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
     to_host(b, o, n * 4);
     assert_memory_equal(a, b, n * 4);
-    /* explicit-stream variants on a CPU store say so */
+    /* the stream setters on a CPU store or context say so */
     assert_int_equal(kvp_cuda_store_set_stream(bt.t.cpu, s1), KVP_EINVAL);
     assert_non_null(strstr(kvp_store_last_error(bt.t.cpu), "not a CUDA store"));
-    assert_int_equal(kvp_cuda_append(bt.t.cpu, NULL, s1), KVP_EINVAL);
+    kvp_ctx_t *cc = cpu_ctx();
+    assert_int_equal(kvp_cuda_ctx_set_stream(cc, s1), KVP_EINVAL);
+    assert_true(strlen(kvp_ctx_last_error(cc)) > 0);
+    kvp_ctx_destroy(cc);
     assert_int_equal(kvp_cuda_store_set_stream(bt.t.gpu, nullptr), KVP_OK);
+    assert_int_equal(kvp_cuda_ctx_set_stream(gc, nullptr), KVP_OK);
     cudaFree(q);
     cudaFree(o);
     free(a);
@@ -1047,11 +1174,11 @@ static void test_engine_memory(void **state) {
     assert_non_null(strstr(err, "aligned"));
     cp.arena = mem;
     assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_OK);
-    void *base = nullptr;
-    uint64_t bytes = 0;
-    assert_int_equal(kvp_store_arena(s, &base, &bytes), KVP_OK);
-    assert_ptr_equal(base, mem);
-    assert_true(bytes == need);
+    kvp_store_info_t info = store_info(s);
+    assert_ptr_equal(info.arena, mem);
+    assert_true(info.arena_bytes == need);
+    assert_int_equal(info.backend, KVP_BACKEND_CUDA);
+    assert_int_equal(info.device, 0);
     kvp_region_t r;
     memset(&r, 0, sizeof r);
     r.struct_size = sizeof r;
@@ -1114,8 +1241,14 @@ static kvp_cache_params_t cache_params(int32_t kf, int32_t vf, uint64_t host_byt
 static twin cache_stores(const cache_twin *t) {
     twin w;
     memset(&w, 0, sizeof w);
-    w.cpu = kvp_cache_store(t->cpu);
-    w.gpu = kvp_cache_store(t->gpu);
+    kvp_cache_parts_t cp, gp;
+    memset(&cp, 0, sizeof cp);
+    memset(&gp, 0, sizeof gp);
+    cp.struct_size = gp.struct_size = sizeof cp;
+    assert_int_equal(kvp_cache_parts(t->cpu, &cp), KVP_OK);
+    assert_int_equal(kvp_cache_parts(t->gpu, &gp), KVP_OK);
+    w.cpu = cp.store;
+    w.gpu = gp.store;
     w.lay.struct_size = sizeof w.lay;
     assert_int_equal(kvp_store_layout(w.cpu, &w.lay), KVP_OK);
     w.layers = t->layers;
@@ -1195,8 +1328,15 @@ static void test_cache_facade(void **state) {
         int rc = kvp_cuda_cache_create(&p, NULL, &t.gpu, err, sizeof err);
         if (rc != KVP_OK) print_error("kvp_cuda_cache_create: %s\n", err);
         assert_int_equal(rc, KVP_OK);
-        assert_int_equal(kvp_store_backend(kvp_cache_store(t.gpu)), KVP_BACKEND_CUDA);
-        assert_int_equal(kvp_ctx_backend(kvp_cache_ctx(t.gpu)), KVP_BACKEND_CUDA);
+        kvp_cache_parts_t cparts, gparts;
+        memset(&cparts, 0, sizeof cparts);
+        memset(&gparts, 0, sizeof gparts);
+        cparts.struct_size = gparts.struct_size = sizeof cparts;
+        assert_int_equal(kvp_cache_parts(t.cpu, &cparts), KVP_OK);
+        assert_int_equal(kvp_cache_parts(t.gpu, &gparts), KVP_OK);
+        assert_int_equal(store_info(gparts.store).backend, KVP_BACKEND_CUDA);
+        assert_int_equal(ctx_info(gparts.ctx).backend, KVP_BACKEND_CUDA);
+        assert_non_null(gparts.tier); /* host_bytes given: a (pinned) host tier */
         twin stores = cache_stores(&t);
         twin_fill(&stores, 0x5A);
         int32_t s[4], c0, c1;
@@ -1230,8 +1370,8 @@ static void test_cache_facade(void **state) {
         twin_compare(&stores, "cache");
         kvp_pool_stats_t a = {}, b = {};
         a.struct_size = b.struct_size = sizeof a;
-        assert_int_equal(kvp_pool_stats(kvp_cache_pool(t.cpu), &a), KVP_OK);
-        assert_int_equal(kvp_pool_stats(kvp_cache_pool(t.gpu), &b), KVP_OK);
+        assert_int_equal(kvp_pool_stats(cparts.pool, &a), KVP_OK);
+        assert_int_equal(kvp_pool_stats(gparts.pool, &b), KVP_OK);
         assert_int_equal(a.used_pages, b.used_pages);
         assert_int_equal(a.live_tokens, b.live_tokens);
         kvp_cache_destroy(t.cpu);
@@ -1271,7 +1411,7 @@ static void test_bad_input(void **state) {
     twin_make(&t, 1, 2, 64, 16, KVP_FORMAT_FP16, KVP_FORMAT_FP16, 0, 8, 0);
     kvp_ctx_t *cc = cpu_ctx(), *gc = gpu_ctx(0);
     int32_t indptr[2] = {0, 1}, indices[1] = {0}, last[1] = {1}, qo[2] = {0, 1};
-    kvp_kv_view_t v = {1, 16, 8, 0, indptr, indices, last};
+    kvp_kv_view_t v = {sizeof(kvp_kv_view_t), 1, 16, 8, 0, 0, indptr, indices, last};
     float qh[128] = {0}, oh[128];
     kvp_attention_params_t ap;
     kvp_attention_params_init(&ap);
@@ -1288,9 +1428,17 @@ static void test_bad_input(void **state) {
     assert_int_equal(kvp_attention(gc, t.gpu, &v, &ap), KVP_EINVAL);
     assert_non_null(strstr(kvp_ctx_last_error(gc), "not a page"));
     indices[0] = 0;
+    kvp_kv_view_t unsized = v;
+    unsized.struct_size = 0;
+    assert_int_equal(kvp_attention(gc, t.gpu, &unsized, &ap), KVP_EINVAL);
+    assert_non_null(strstr(kvp_ctx_last_error(gc), "struct_size"));
+    ap.sm_scale = -1.0f;
+    assert_int_equal(kvp_attention(gc, t.gpu, &v, &ap), KVP_EINVAL);
+    assert_non_null(strstr(kvp_ctx_last_error(gc), "sm_scale"));
+    ap.sm_scale = 0.125f;
     int64_t slot = 999;
-    kvp_append_t a;
-    kvp_append_init(&a);
+    kvp_append_params_t a;
+    kvp_append_params_init(&a);
     a.rows = 1;
     a.dtype = KVP_FORMAT_FP32;
     a.k = a.v = qh;
@@ -1313,7 +1461,7 @@ static void test_bad_input(void **state) {
     kvp_store_t *bs = nullptr;
     assert_int_equal(kvp_cuda_store_create(&bp, NULL, &bs, err, sizeof err), KVP_OK);
     for (int i = 0; i < 600; i++) big[i] = i;
-    kvp_kv_view_t bv = {1, 16, 600, 0, big_indptr, big, big_last};
+    kvp_kv_view_t bv = {sizeof(kvp_kv_view_t), 1, 16, 600, 0, 0, big_indptr, big, big_last};
     assert_int_equal(kvp_attention(small, bs, &bv, &ap), KVP_ENOMEM);
     assert_non_null(strstr(kvp_ctx_last_error(small), "staging_bytes"));
     free(big);
@@ -1325,12 +1473,124 @@ static void test_bad_input(void **state) {
     /* stores and contexts of NULL */
     assert_int_equal(kvp_cuda_store_set_stream(NULL, nullptr), KVP_EINVAL);
     assert_int_equal(kvp_cuda_ctx_set_stream(NULL, nullptr), KVP_EINVAL);
-    assert_int_equal(kvp_store_backend(NULL), -1);
-    assert_int_equal(kvp_ctx_backend(NULL), -1);
+    kvp_store_info_t si;
+    memset(&si, 0, sizeof si);
+    si.struct_size = sizeof si;
+    kvp_ctx_info_t ci;
+    memset(&ci, 0, sizeof ci);
+    ci.struct_size = sizeof ci;
+    assert_int_equal(kvp_store_info(NULL, &si), KVP_EINVAL);
+    assert_int_equal(kvp_ctx_info(NULL, &ci), KVP_EINVAL);
     assert_int_equal(kvp_store_synchronize(NULL), KVP_EINVAL);
     void *p = nullptr;
     assert_int_equal(kvp_cuda_host_alloc(0, &p, err, sizeof err), KVP_EINVAL);
     kvp_cuda_host_free(NULL);
+}
+
+/* What a CUDA build, store and context report about themselves; the
+ * conventions they share with the CPU backend: sticky detail text, the
+ * non-finite counter's status, the default softmax scale. */
+static void test_info_and_conventions(void **state) {
+    (void)state;
+    assert_int_equal(kvp_build_has(KVP_FEATURE_CUDA), 1); /* this program is the CUDA build */
+    twin t;
+    twin_make(&t, 2, 2, 64, 16, KVP_FORMAT_INT8, KVP_FORMAT_FP16, 0, 10, 3);
+    kvp_store_info_t gi = store_info(t.gpu), ci = store_info(t.cpu);
+    assert_int_equal(gi.backend, KVP_BACKEND_CUDA);
+    assert_int_equal(gi.device, 0);
+    assert_int_equal(ci.device, -1);
+    assert_int_equal(gi.num_pages, 10);
+    assert_int_equal(gi.num_staging, 3);
+    assert_int_equal(gi.k_order, KVP_K_ORDER_TOKEN_MAJOR);
+    uint64_t need = 0;
+    assert_int_equal(kvp_arena_bytes(&t.lay, 10, 3, &need, NULL, 0), KVP_OK);
+    assert_true(gi.arena_bytes == need && ci.arena_bytes == need);
+    assert_non_null(gi.arena);
+    assert_int_equal((uintptr_t)gi.arena % KVP_ARENA_ALIGN, 0);
+    kvp_store_info_t small;
+    memset(&small, 0, sizeof small);
+    assert_int_equal(kvp_store_info(t.gpu, &small), KVP_EINVAL); /* struct_size 0 */
+    assert_non_null(strstr(kvp_store_last_error(t.gpu), "struct_size"));
+    uint64_t n = 5;
+    assert_int_equal(kvp_store_nonfinite_count(t.gpu, NULL), KVP_EINVAL);
+    assert_int_equal(kvp_store_nonfinite_count(t.gpu, &n), KVP_OK);
+    assert_true(n == 0);
+    /* a fresh store's detail is "", a failure's detail stays after successes */
+    kvp_store_t *fresh = nullptr;
+    kvp_store_params_t sp = store_params(1, 2, 64, 16, KVP_FORMAT_FP16, KVP_FORMAT_FP16, 0, 4, 0);
+    char err[KVP_ERR_SIZE] = "";
+    assert_int_equal(kvp_cuda_store_create(&sp, NULL, &fresh, err, sizeof err), KVP_OK);
+    assert_string_equal(kvp_store_last_error(fresh), "");
+    float scale = 0.0f;
+    assert_int_equal(kvp_store_get_fp8_scale(fresh, 0, 0, 0, &scale), KVP_EINVAL); /* not fp8 */
+    char first[KVP_ERR_SIZE];
+    snprintf(first, sizeof first, "%s", kvp_store_last_error(fresh));
+    assert_true(strlen(first) > 0);
+    assert_int_equal(kvp_store_synchronize(fresh), KVP_OK);
+    (void)store_info(fresh);
+    assert_string_equal(kvp_store_last_error(fresh), first);
+    kvp_store_destroy(fresh);
+    twin_free(&t);
+
+    kvp_ctx_t *gc = gpu_ctx(0);
+    assert_string_equal(kvp_ctx_last_error(gc), "");
+    kvp_ctx_info_t xi = ctx_info(gc);
+    assert_int_equal(xi.backend, KVP_BACKEND_CUDA);
+    assert_int_equal(xi.device, 0);
+    assert_int_equal(xi.isa, -1);
+    assert_int_equal(xi.threads, 1);
+    assert_true(xi.workspace_bytes > 0);
+    kvp_ctx_info_t xsmall;
+    memset(&xsmall, 0, sizeof xsmall);
+    xsmall.struct_size = 4;
+    assert_int_equal(kvp_ctx_info(gc, &xsmall), KVP_EINVAL);
+    assert_non_null(strstr(kvp_ctx_last_error(gc), "struct_size"));
+
+    /* sm_scale 0 is 1/sqrt(head_dim): the same output and lse, bit for bit */
+    int32_t kv_len[] = {45, 17}, q_len[] = {2, 1};
+    batch_spec bs = {2, 4, 64, 16, KVP_FORMAT_INT8, KVP_FORMAT_FP16, 0, 2, kv_len, q_len, 950};
+    batch bt;
+    batch_build(&bt, &bs);
+    size_t qn = (size_t)bt.rows * 4 * 64, ln = (size_t)bt.rows * 4;
+    void *qd = dev_copy(bt.q, qn * 4), *o0 = dev_alloc(qn * 4), *o1 = dev_alloc(qn * 4);
+    void *l0 = dev_alloc(ln * 4), *l1 = dev_alloc(ln * 4);
+    kvp_attention_params_t ap;
+    kvp_attention_params_init(&ap);
+    assert_true(ap.sm_scale == 0.0f);
+    ap.layer = 1;
+    ap.q_heads = 4;
+    ap.qo_indptr = bt.qo;
+    ap.q = qd;
+    ap.out = o0;
+    ap.lse = (float *)l0;
+    assert_int_equal(kvp_attention(gc, bt.t.gpu, &bt.view, &ap), KVP_OK);
+    ap.sm_scale = 1.0f / sqrtf(64.0f);
+    ap.out = o1;
+    ap.lse = (float *)l1;
+    assert_int_equal(kvp_attention(gc, bt.t.gpu, &bt.view, &ap), KVP_OK);
+    float *h0 = (float *)malloc(qn * 4), *h1 = (float *)malloc(qn * 4);
+    float *hl0 = (float *)malloc(ln * 4), *hl1 = (float *)malloc(ln * 4);
+    to_host(h0, o0, qn * 4);
+    to_host(h1, o1, qn * 4);
+    to_host(hl0, l0, ln * 4);
+    to_host(hl1, l1, ln * 4);
+    assert_memory_equal(h0, h1, qn * 4);
+    assert_memory_equal(hl0, hl1, ln * 4);
+    for (size_t i = 0; i < qn; i++) assert_true(isfinite(h0[i]));
+    ap.sm_scale = NAN;
+    assert_int_equal(kvp_attention(gc, bt.t.gpu, &bt.view, &ap), KVP_EINVAL);
+    assert_non_null(strstr(kvp_ctx_last_error(gc), "sm_scale"));
+    free(h0);
+    free(h1);
+    free(hl0);
+    free(hl1);
+    cudaFree(qd);
+    cudaFree(o0);
+    cudaFree(o1);
+    cudaFree(l0);
+    cudaFree(l1);
+    batch_free(&bt);
+    kvp_ctx_destroy(gc);
 }
 
 #ifdef KVP_CUDASIM
@@ -1374,8 +1634,8 @@ static void test_injected_failures(void **state) {
     for (int i = 0; i < 256; i++) rows[i] = (float)i;
     void *d = dev_copy(rows, sizeof rows);
     int64_t slots[2] = {(int64_t)t.num_pages * 16, (int64_t)t.num_pages * 16 + 1};
-    kvp_append_t a;
-    kvp_append_init(&a);
+    kvp_append_params_t a;
+    kvp_append_params_init(&a);
     a.rows = 2;
     a.dtype = KVP_FORMAT_FP32;
     a.k = a.v = d;
@@ -1384,7 +1644,8 @@ static void test_injected_failures(void **state) {
     assert_int_equal(kvp_store_append(t.gpu, &a), KVP_ECUDA);
     assert_non_null(strstr(kvp_store_last_error(t.gpu), "append kernel"));
     assert_int_equal(kvp_store_append(t.gpu, &a), KVP_OK); /* usable again */
-    assert_string_equal(kvp_store_last_error(t.gpu), "");
+    /* the detail stays (sticky) until the next failure */
+    assert_non_null(strstr(kvp_store_last_error(t.gpu), "append kernel"));
     cudaFree(d);
     twin_free(&t);
     /* no device: create says ENODEV cleanly */
@@ -1450,6 +1711,7 @@ int main(void) {
         cmocka_unit_test(test_engine_memory),
         cmocka_unit_test(test_cache_facade),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_info_and_conventions),
 #ifdef KVP_CUDASIM
         cmocka_unit_test(test_injected_failures),
 #endif

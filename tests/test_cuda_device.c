@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "kvpage_cuda.h"
+#include "kvpage_ext.h"
+#include "kvpage_tier.h"
 
 static void test_bad_arguments(void **state) {
     (void)state;
@@ -34,7 +36,7 @@ static void test_device_discovery(void **state) {
     kvp_cuda_device_info_t info;
     memset(&info, 0, sizeof info);
     info.struct_size = sizeof info;
-    if (!kvp_build_has_cuda()) {
+    if (!kvp_build_has(KVP_FEATURE_CUDA)) {
         assert_int_equal(rc, KVP_ENOTSUP);
         assert_non_null(strstr(err, "without CUDA"));
         assert_int_equal(count, -7);
@@ -68,12 +70,12 @@ static void test_entry_points_without_gpu(void **state) {
     (void)state;
     char err[KVP_ERR_SIZE] = "";
     int32_t count = 0;
-    bool gpu = kvp_build_has_cuda() && kvp_cuda_device_count(&count, err, sizeof err) == KVP_OK;
+    bool gpu = kvp_build_has(KVP_FEATURE_CUDA) && kvp_cuda_device_count(&count, err, sizeof err) == KVP_OK;
     if (gpu) {
         print_message("a GPU is present: make test-cuda tests the backend on it\n");
         return;
     }
-    int want = kvp_build_has_cuda() ? KVP_ENODEV : KVP_ENOTSUP;
+    int want = kvp_build_has(KVP_FEATURE_CUDA) ? KVP_ENODEV : KVP_ENOTSUP;
     kvp_store_params_t sp;
     kvp_store_params_init(&sp);
     sp.layers = 1;
@@ -110,7 +112,7 @@ static void test_entry_points_without_gpu(void **state) {
     assert_true(strlen(err) > 0);
     void *p = NULL;
     int rc = kvp_cuda_host_alloc(64, &p, err, sizeof err);
-    if (kvp_build_has_cuda()) assert_true(rc == KVP_OK || rc == KVP_ENODEV || rc == KVP_ENOMEM);
+    if (kvp_build_has(KVP_FEATURE_CUDA)) assert_true(rc == KVP_OK || rc == KVP_ENODEV || rc == KVP_ENOMEM);
     else assert_int_equal(rc, KVP_ENOTSUP);
     kvp_cuda_host_free(rc == KVP_OK ? p : NULL);
     kvp_quant_desc_t q;
@@ -123,26 +125,58 @@ static void test_entry_points_without_gpu(void **state) {
     q.dtype = KVP_FORMAT_FP32;
     float x[16 * 64];
     uint8_t blk[2048];
-    if (!kvp_build_has_cuda()) {
+    if (!kvp_build_has(KVP_FEATURE_CUDA)) {
         assert_int_equal(kvp_cuda_quantize(&q, x, 1, blk, NULL, err, sizeof err), KVP_ENOTSUP);
         assert_int_equal(kvp_cuda_dequantize(&q, blk, 1, x, NULL, err, sizeof err), KVP_ENOTSUP);
     }
-    /* the CUDA-only calls on a CPU store say what is wrong */
+    /* the CUDA-only calls on a CPU store or context say what is wrong, on
+     * the object */
+    int cpu_want = kvp_build_has(KVP_FEATURE_CUDA) ? KVP_EINVAL : KVP_ENOTSUP;
     kvp_store_t *cpu = NULL;
     assert_int_equal(kvp_store_create(&sp, &cpu, err, sizeof err), KVP_OK);
-    assert_int_equal(kvp_cuda_store_set_stream(cpu, NULL), kvp_build_has_cuda() ? KVP_EINVAL : KVP_ENOTSUP);
+    assert_string_equal(kvp_store_last_error(cpu), "");
+    assert_int_equal(kvp_cuda_store_set_stream(cpu, NULL), cpu_want);
     assert_true(strlen(kvp_store_last_error(cpu)) > 0);
-    assert_int_equal(kvp_cuda_append(cpu, NULL, NULL), kvp_build_has_cuda() ? KVP_EINVAL : KVP_ENOTSUP);
-    assert_int_equal(kvp_cuda_page_to_host(cpu, 0, 0, blk, 8, NULL),
-                     kvp_build_has_cuda() ? KVP_EINVAL : KVP_ENOTSUP);
+    if (!kvp_build_has(KVP_FEATURE_CUDA))
+        assert_non_null(strstr(kvp_store_last_error(cpu), "without CUDA"));
+    /* the generic page I/O works on the CPU store */
+    assert_int_equal(kvp_store_page_to_host(cpu, 0, 0, blk, 8), KVP_OK);
     kvp_store_destroy(cpu);
+    kvp_ctx_t *cpu_ctx = NULL;
+    assert_int_equal(kvp_ctx_create(&xp, &cpu_ctx, err, sizeof err), KVP_OK);
+    assert_string_equal(kvp_ctx_last_error(cpu_ctx), "");
+    assert_int_equal(kvp_cuda_ctx_set_stream(cpu_ctx, NULL), cpu_want);
+    assert_true(strlen(kvp_ctx_last_error(cpu_ctx)) > 0);
+    kvp_ctx_destroy(cpu_ctx);
     assert_int_equal(kvp_cuda_store_set_stream(NULL, NULL), KVP_EINVAL);
     assert_int_equal(kvp_cuda_ctx_set_stream(NULL, NULL), KVP_EINVAL);
+}
+
+/* kvp_build_has(KVP_FEATURE_CUDA) agrees with what the CUDA entry points
+ * do: a build without CUDA answers KVP_ENOTSUP ("built without CUDA"), a
+ * build with it answers OK or KVP_ENODEV. Unknown features are 0. */
+static void test_build_has_cuda(void **state) {
+    (void)state;
+    char err[KVP_ERR_SIZE] = "";
+    int32_t count = -1;
+    int rc = kvp_cuda_device_count(&count, err, sizeof err);
+    if (kvp_build_has(KVP_FEATURE_CUDA)) {
+        assert_int_equal(kvp_build_has(KVP_FEATURE_CUDA), 1);
+        assert_true(rc == KVP_OK || rc == KVP_ENODEV);
+    } else {
+        assert_int_equal(kvp_build_has(KVP_FEATURE_CUDA), 0);
+        assert_int_equal(rc, KVP_ENOTSUP);
+        assert_non_null(strstr(err, "without CUDA"));
+    }
+    assert_int_equal(kvp_build_has(0), 0);
+    assert_int_equal(kvp_build_has(KVP_FEATURE_CUDA + 1), 0);
+    assert_int_equal(kvp_build_has(-1), 0);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_build_has_cuda),
         cmocka_unit_test(test_device_discovery),
         cmocka_unit_test(test_entry_points_without_gpu),
     };

@@ -1,7 +1,8 @@
 /*
  * Layer: plan — page byte counts, arena size, the planner, presets, sizes.
- * Expected numbers are computed here from DESIGN.md's definitions, not read
- * back from the library.
+ * Expected numbers are computed here from the definitions in docs/formats.md
+ * (blocks, the arena) and include/kvpage_plan.h (the planner), not read back
+ * from the library.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -13,6 +14,8 @@
 #include <stdio.h>
 
 #include "kvpage.h"
+#include "kvpage_ext.h"
+#include "kvpage_plan.h"
 #include "testutil.h"
 
 #define MIB (1024ull * 1024ull)
@@ -32,7 +35,7 @@ static kvp_layout_t layout_of(int32_t L, int32_t H, int32_t D, int32_t P, int32_
 
 static uint64_t pad16(uint64_t x) { return (x + 15) / 16 * 16; }
 
-/* Reference block sizes, written out from DESIGN.md's Formats table. */
+/* Reference block sizes, written out from docs/formats.md ("Blocks"). */
 static uint64_t ref_block(int32_t f, int is_key, uint64_t P, uint64_t D) {
     switch (f) {
     case KVP_FORMAT_FP32: return 4 * P * D;
@@ -379,31 +382,31 @@ static void test_presets(void **state) {
                                            "smollm2-135m"};
     for (size_t i = 0; i < sizeof required / sizeof *required; i++) {
         kvp_model_preset_t m = {.struct_size = sizeof m};
-        assert_int_equal(kvp_preset_find(required[i], &m, err, sizeof err), KVP_OK);
+        assert_int_equal(kvp_model_preset_find(required[i], &m, err, sizeof err), KVP_OK);
         assert_string_equal(m.name, required[i]);
     }
-    assert_true(kvp_preset_count() >= 7);
-    for (int32_t i = 0; i < kvp_preset_count(); i++) {
+    assert_true(kvp_model_preset_count() >= 7);
+    for (int32_t i = 0; i < kvp_model_preset_count(); i++) {
         kvp_model_preset_t m = {.struct_size = sizeof m};
-        assert_int_equal(kvp_preset_get(i, &m), KVP_OK);
+        assert_int_equal(kvp_model_preset_get(i, &m), KVP_OK);
         assert_true(m.layers > 0 && m.kv_heads > 0 && m.head_dim > 0 && m.params > 0);
         assert_int_equal(m.q_heads % m.kv_heads, 0);
         assert_non_null(m.source);
     }
     kvp_model_preset_t m = {.struct_size = sizeof m};
-    assert_int_equal(kvp_preset_find("SmolLM2-135M", &m, err, sizeof err), KVP_OK);
+    assert_int_equal(kvp_model_preset_find("SmolLM2-135M", &m, err, sizeof err), KVP_OK);
     assert_int_equal(m.layers, 30);
     assert_int_equal(m.kv_heads, 3);
     assert_int_equal(m.q_heads, 9);
     assert_int_equal(m.head_dim, 64);
-    assert_int_equal(kvp_preset_find("llama-9", &m, err, sizeof err), KVP_ENOENT);
+    assert_int_equal(kvp_model_preset_find("llama-9", &m, err, sizeof err), KVP_ENOENT);
     assert_non_null(strstr(err, "llama-9"));
     assert_non_null(strstr(err, "llama-3.1-8b")); /* lists what is known */
-    assert_int_equal(kvp_preset_find(NULL, &m, err, sizeof err), KVP_EINVAL);
-    assert_int_equal(kvp_preset_get(-1, &m), KVP_EINVAL);
-    assert_int_equal(kvp_preset_get(kvp_preset_count(), &m), KVP_EINVAL);
+    assert_int_equal(kvp_model_preset_find(NULL, &m, err, sizeof err), KVP_EINVAL);
+    assert_int_equal(kvp_model_preset_get(-1, &m), KVP_EINVAL);
+    assert_int_equal(kvp_model_preset_get(kvp_model_preset_count(), &m), KVP_EINVAL);
     m.struct_size = 0;
-    assert_int_equal(kvp_preset_get(0, &m), KVP_EINVAL);
+    assert_int_equal(kvp_model_preset_get(0, &m), KVP_EINVAL);
 }
 
 static void test_gpus(void **state) {
@@ -416,17 +419,17 @@ static void test_gpus(void **state) {
     };
     for (size_t i = 0; i < sizeof required / sizeof *required; i++) {
         kvp_gpu_preset_t g = {.struct_size = sizeof g};
-        assert_int_equal(kvp_gpu_find(required[i].name, &g, err, sizeof err), KVP_OK);
+        assert_int_equal(kvp_gpu_preset_find(required[i].name, &g, err, sizeof err), KVP_OK);
         assert_int_equal(g.memory_bytes, required[i].bytes);
         assert_non_null(g.description);
     }
-    assert_int_equal(kvp_gpu_count(), 7);
+    assert_int_equal(kvp_gpu_preset_count(), 7);
     kvp_gpu_preset_t g = {.struct_size = sizeof g};
-    assert_int_equal(kvp_gpu_find("H100-80G", &g, err, sizeof err), KVP_OK);
-    assert_int_equal(kvp_gpu_find("b200", &g, err, sizeof err), KVP_ENOENT);
+    assert_int_equal(kvp_gpu_preset_find("H100-80G", &g, err, sizeof err), KVP_OK);
+    assert_int_equal(kvp_gpu_preset_find("b200", &g, err, sizeof err), KVP_ENOENT);
     assert_non_null(strstr(err, "h200-141g"));
-    assert_int_equal(kvp_gpu_get(7, &g), KVP_EINVAL);
-    assert_int_equal(kvp_gpu_find("h100-80g", NULL, err, sizeof err), KVP_EINVAL);
+    assert_int_equal(kvp_gpu_preset_get(7, &g), KVP_EINVAL);
+    assert_int_equal(kvp_gpu_preset_find("h100-80g", NULL, err, sizeof err), KVP_EINVAL);
 }
 
 static void test_weight_bytes(void **state) {

@@ -1,7 +1,8 @@
 /*
  * Tool: kvpage-plan, run in-process (the same function main() calls).
- * Checks the acceptance commands, that the table's numbers are the API's,
- * and that every kind of bad input is a clear message and exit status 2.
+ * Checks the bytes per token of a known shape, that the table's numbers
+ * are the API's, and that every kind of bad input is a clear message and
+ * exit status 2.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <setjmp.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 
 #include "kvpage.h"
+#include "kvpage_plan.h"
 #include "plan_cli.h"
 #include "testutil.h"
 
@@ -48,7 +50,7 @@ static cli_result *run(const char *first, ...) {
     return &r;
 }
 
-static void test_acceptance_json_bytes_per_token(void **state) {
+static void test_json_bytes_per_token_80_layers(void **state) {
     (void)state;
     cli_result *r = run("--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--format",
                         "fp16", "--json", NULL);
@@ -69,7 +71,7 @@ static uint64_t json_u64_after(const char *text, const char *anchor, const char 
 }
 
 /* The table and the JSON carry the API's numbers for every format. */
-static void test_acceptance_table_matches_api(void **state) {
+static void test_table_matches_api(void **state) {
     (void)state;
     cli_result *r = run("--preset", "llama-3.1-8b", "--gpu", "h100-80g", "--context", "8192", NULL);
     assert_int_equal(r->rc, 0);
@@ -134,9 +136,9 @@ static void test_lists_help_version(void **state) {
     (void)state;
     cli_result *r = run("--list-presets", NULL);
     assert_int_equal(r->rc, 0);
-    for (int32_t i = 0; i < kvp_preset_count(); i++) {
+    for (int32_t i = 0; i < kvp_model_preset_count(); i++) {
         kvp_model_preset_t m = {.struct_size = sizeof m};
-        assert_int_equal(kvp_preset_get(i, &m), KVP_OK);
+        assert_int_equal(kvp_model_preset_get(i, &m), KVP_OK);
         assert_non_null(strstr(r->out, m.name));
     }
     r = run("--list-gpus", NULL);
@@ -188,6 +190,8 @@ static void test_bad_input(void **state) {
         {{"--preset"}, "needs a value"},
         {{"--preset", ""}, "needs a value"},
         {{"--bogus", "1"}, "unknown option '--bogus'"},
+        {{"--bogus"}, "unknown option '--bogus'"},
+        {{"--preset", "llama-3.1-8b", "--layers", ""}, "--layers: '' is not a whole number"},
         {{"llama"}, "unexpected argument"},
         {{"--json=yes"}, "takes no value"},
     };
@@ -222,8 +226,8 @@ static void test_equals_syntax(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_acceptance_json_bytes_per_token),
-        cmocka_unit_test(test_acceptance_table_matches_api),
+        cmocka_unit_test(test_json_bytes_per_token_80_layers),
+        cmocka_unit_test(test_table_matches_api),
         cmocka_unit_test(test_memory_sources),
         cmocka_unit_test(test_lists_help_version),
         cmocka_unit_test(test_bad_input),

@@ -11,6 +11,8 @@
 #include <cmocka.h>
 #include <stdio.h>
 
+#include "kvpage_ext.h"
+#include "kvpage_plan.h"
 #include "paging.h"
 #include "testutil.h"
 
@@ -20,7 +22,7 @@ static kvp_pool_t *make_pool(int32_t P, int32_t N, int32_t S, kvp_allocator_t *a
     p.page_size = P;
     p.num_pages = N;
     p.num_staging = S;
-    p.allocator = a;
+    if (a != NULL) p.allocator = *a;
     kvp_pool_t *pool = NULL;
     char err[KVP_ERR_SIZE] = "";
     int rc = kvp_pool_create(&p, &pool, err, sizeof err);
@@ -55,7 +57,9 @@ static void test_params_init(void **state) {
     assert_int_equal(p.num_staging, 0);
     assert_int_equal(p.prefix_cache, 1);
     assert_int_equal(p.hash_seed, 0);
-    assert_null(p.allocator);
+    assert_null(p.allocator.alloc); /* zeroed hooks: libc */
+    assert_null(p.allocator.free);
+    assert_null(p.allocator.opaque);
     kvp_pool_params_init(NULL); /* ignored */
 }
 
@@ -93,7 +97,7 @@ static void test_create_bad_input(void **state) {
     kvp_pool_params_init(&p);
     p.num_pages = 8;
     kvp_allocator_t half = {kvt_alloc, NULL, NULL};
-    p.allocator = &half;
+    p.allocator = half;
     assert_int_equal(kvp_pool_create(&p, &pool, err, sizeof err), KVP_EINVAL);
     assert_non_null(strstr(err, "allocator"));
     assert_ptr_equal(pool, sentinel);
@@ -120,7 +124,7 @@ static void test_create_huge_is_enomem(void **state) {
     p.page_size = KVP_MAX_PAGE_SIZE;
     p.num_pages = INT32_MAX - 1;
     p.num_staging = 1;
-    p.allocator = &a;
+    p.allocator = a;
     kvp_pool_t *pool = NULL;
     char err[KVP_ERR_SIZE];
     assert_int_equal(kvp_pool_create(&p, &pool, err, sizeof err), KVP_ENOMEM);
@@ -225,7 +229,7 @@ static void test_release_bad_input_changes_nothing(void **state) {
     assert_int_equal(kvp_pool_evict(NULL, 1, NULL), KVP_EINVAL);
     assert_int_equal(kvp_pool_stats(pool, NULL), KVP_EINVAL);
     assert_int_equal(kvp_pool_set_event_callback(NULL, NULL, NULL), KVP_EINVAL);
-    assert_non_null(kvp_pool_last_error(NULL));
+    assert_string_equal(kvp_pool_last_error(NULL), "NULL handle");
     after = stats_of(pool);
     assert_memory_equal(&before, &after, sizeof before);
     assert_pool_ok(pool);
@@ -296,7 +300,7 @@ static void test_create_fault_injection(void **state) {
             p.num_pages = 100;
             p.num_staging = 4;
             p.prefix_cache = cache;
-            p.allocator = &a;
+            p.allocator = a;
             kvp_pool_t *pool = NULL;
             char err[KVP_ERR_SIZE];
             int rc = kvp_pool_create(&p, &pool, err, sizeof err);
@@ -388,14 +392,12 @@ static void admit(int32_t k_format, uint64_t context) {
     kvp_pool_t *pool = NULL;
     char err[KVP_ERR_SIZE];
     assert_int_equal(kvp_pool_create_for_budget(&pp, NULL, &pool, &plan, err, sizeof err), KVP_OK);
-    kvp_table_params_t tp;
-    kvp_table_params_init(&tp);
-    tp.max_seqs = (int32_t)plan.max_seqs + 1;
     kvp_table_t *t = NULL;
-    assert_int_equal(kvp_table_create(pool, &tp, &t, err, sizeof err), KVP_OK);
+    assert_int_equal(kvp_table_create(pool, (int32_t)plan.max_seqs + 1, &t, err, sizeof err),
+                     KVP_OK);
     int32_t seq;
     for (uint64_t i = 0; i < plan.max_seqs; i++) {
-        assert_int_equal(kvp_table_seq_create(t, NULL, &seq), KVP_OK);
+        assert_int_equal(kvp_table_seq_create(t, 0, 0, &seq), KVP_OK);
         assert_int_equal(kvp_table_reserve(t, seq, (int64_t)context), KVP_OK);
         int32_t nops;
         kvp_page_op_t ops[1024];
@@ -405,7 +407,7 @@ static void admit(int32_t k_format, uint64_t context) {
     kvp_pool_stats_t s = stats_of(pool);
     assert_int_equal(s.live_tokens, (int64_t)(plan.max_seqs * context));
     assert_int_equal(s.used_pages, (int64_t)(plan.max_seqs * plan.pages_per_seq));
-    int rc = kvp_table_seq_create(t, NULL, &seq);
+    int rc = kvp_table_seq_create(t, 0, 0, &seq);
     if (plan.needs_staging) {
         assert_int_equal(rc, KVP_ENOSPC); /* no staging page left */
     } else {
@@ -433,11 +435,11 @@ static void test_stats_and_utilization(void **state) {
     assert_true(s.utilization == 0.0);
     kvp_table_t *t = NULL;
     char err[KVP_ERR_SIZE];
-    assert_int_equal(kvp_table_create(pool, NULL, &t, err, sizeof err), KVP_OK);
+    assert_int_equal(kvp_table_create(pool, 0, &t, err, sizeof err), KVP_OK);
     int32_t a, b, nops;
     kvp_page_op_t ops[4];
-    assert_int_equal(kvp_table_seq_create(t, NULL, &a), KVP_OK);
-    assert_int_equal(kvp_table_seq_create(t, NULL, &b), KVP_OK);
+    assert_int_equal(kvp_table_seq_create(t, 0, 0, &a), KVP_OK);
+    assert_int_equal(kvp_table_seq_create(t, 0, 0, &b), KVP_OK);
     assert_int_equal(kvp_table_append(t, a, 40, NULL, NULL, ops, 4, &nops), KVP_OK);
     assert_int_equal(kvp_table_append(t, b, 8, NULL, NULL, ops, 4, &nops), KVP_OK);
     s = stats_of(pool);
@@ -464,6 +466,37 @@ static void test_stats_and_utilization(void **state) {
     kvp_pool_destroy(pool);
 }
 
+/* The detail text: "" until a call fails, then the failure's explanation,
+ * kept (sticky) through later calls that succeed, replaced by the next
+ * failure; "NULL handle" for a NULL pool. */
+static void test_last_error_is_sticky(void **state) {
+    (void)state;
+    assert_string_equal(kvp_pool_last_error(NULL), "NULL handle");
+    kvp_pool_t *pool = make_pool(4, 2, 0, NULL);
+    assert_string_equal(kvp_pool_last_error(pool), "");
+    int32_t pages[3];
+    assert_int_equal(kvp_pool_alloc(pool, 1, pages), KVP_OK);
+    assert_string_equal(kvp_pool_last_error(pool), ""); /* success writes nothing */
+    assert_int_equal(kvp_pool_alloc(pool, 3, pages + 1), KVP_ENOSPC);
+    char first[KVP_ERR_SIZE];
+    snprintf(first, sizeof first, "%s", kvp_pool_last_error(pool));
+    assert_non_null(strstr(first, "3 pages wanted"));
+    /* successful calls of every kind leave it as it was */
+    assert_int_equal(kvp_pool_alloc(pool, 1, pages + 1), KVP_OK);
+    assert_int_equal(kvp_pool_retain(pool, 1, pages), KVP_OK);
+    assert_int_equal(kvp_pool_release(pool, 1, pages), KVP_OK);
+    int32_t ref;
+    assert_int_equal(kvp_pool_refcount(pool, pages[0], &ref), KVP_OK);
+    (void)stats_of(pool);
+    assert_int_equal(kvp_pool_release(pool, 2, pages), KVP_OK);
+    assert_string_equal(kvp_pool_last_error(pool), first);
+    /* the next failure replaces it */
+    assert_int_equal(kvp_pool_refcount(pool, 99, &ref), KVP_EINVAL);
+    assert_string_not_equal(kvp_pool_last_error(pool), first);
+    assert_non_null(strstr(kvp_pool_last_error(pool), "99"));
+    kvp_pool_destroy(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_params_init),
@@ -478,6 +511,7 @@ int main(void) {
         cmocka_unit_test(test_create_from_plan_and_budget),
         cmocka_unit_test(test_planner_numbers_are_admitted),
         cmocka_unit_test(test_stats_and_utilization),
+        cmocka_unit_test(test_last_error_is_sticky),
     };
     return cmocka_run_group_tests_name("pool", tests, NULL, NULL);
 }

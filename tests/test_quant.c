@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "kvpage.h"
+#include "kvpage_plan.h"
 #include "numeric.h"
 #include "testutil.h"
 #include "../bench/kvdist.h"

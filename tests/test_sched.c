@@ -25,6 +25,8 @@
 #include <stdio.h>
 
 #include "kvpage.h"
+#include "kvpage_plan.h"
+#include "kvpage_sched.h"
 #include "testutil.h"
 
 enum { M_NONE, M_WAITING, M_PREFILL, M_RUNNING, M_SWAPPED, M_GONE };
@@ -581,7 +583,7 @@ static void test_bad_input(void **state) {
     assert_int_equal(st.waiting, 2);
     kvp_sched_destroy(s);
     kvp_sched_destroy(NULL);
-    assert_string_equal(kvp_sched_last_error(NULL), "scheduler is NULL");
+    assert_string_equal(kvp_sched_last_error(NULL), "NULL handle");
 }
 
 /* Every allocation made by create can fail; nothing leaks. */
@@ -608,6 +610,43 @@ static void test_allocation_failures(void **state) {
     }
 }
 
+/* The detail text: "" until a call fails, kept (sticky) through calls that
+ * succeed, replaced by the next failure; "NULL handle" for NULL. */
+static void test_last_error_is_sticky(void **state) {
+    (void)state;
+    assert_string_equal(kvp_sched_last_error(NULL), "NULL handle");
+    kvp_sched_params_t p;
+    kvp_sched_params_init(&p);
+    p.page_size = 16;
+    p.total_pages = 100;
+    kvp_sched_t *s = NULL;
+    assert_int_equal(kvp_sched_create(&p, &s, NULL, 0), KVP_OK);
+    assert_string_equal(kvp_sched_last_error(s), "");
+    kvp_sched_request_t r = {.struct_size = sizeof r, .id = 1, .prompt_tokens = 10,
+                             .max_new_tokens = 5};
+    assert_int_equal(kvp_sched_submit(s, &r), KVP_OK);
+    assert_string_equal(kvp_sched_last_error(s), "");
+    assert_int_equal(kvp_sched_submit(s, &r), KVP_EINVAL); /* duplicate id */
+    char first[KVP_ERR_SIZE];
+    snprintf(first, sizeof first, "%s", kvp_sched_last_error(s));
+    assert_non_null(strstr(first, "already live"));
+    /* successful calls leave it as it was */
+    r.id = 2;
+    assert_int_equal(kvp_sched_submit(s, &r), KVP_OK);
+    kvp_sched_input_t in = {.struct_size = sizeof in, .free_pages = 100};
+    kvp_sched_plan_t pl = {.struct_size = sizeof pl};
+    assert_int_equal(kvp_sched_step(s, &in, &pl), KVP_OK);
+    kvp_sched_stats_t st = {.struct_size = sizeof st};
+    assert_int_equal(kvp_sched_stats(s, &st), KVP_OK);
+    assert_int_equal(kvp_sched_finish(s, 2), KVP_OK);
+    assert_string_equal(kvp_sched_last_error(s), first);
+    /* the next failure replaces it */
+    assert_int_equal(kvp_sched_finish(s, 2), KVP_ENOENT);
+    assert_true(strlen(kvp_sched_last_error(s)) > 0);
+    assert_string_not_equal(kvp_sched_last_error(s), first);
+    kvp_sched_destroy(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_traces),
@@ -617,6 +656,7 @@ int main(void) {
         cmocka_unit_test(test_deadlines_and_queue_delay),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_allocation_failures),
+        cmocka_unit_test(test_last_error_is_sticky),
     };
     return cmocka_run_group_tests_name("sched", tests, NULL, NULL);
 }

@@ -3,7 +3,7 @@
  * its engine (sim_run). Checks determinism for a seed, that the paged
  * strategies never hit an allocation failure while the library's invariants
  * hold after every step, that every request is accounted for, the
- * acceptance figures of the default mixed run, the JSON and the SVG, trace
+ * figures the default mixed run must reach, the JSON and the SVG, trace
  * files, and bad input.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kvpage.h"
+#include "kvpage_plan.h"
 #include "sim.h"
 #include "sim_cli.h"
 #include "testutil.h"
@@ -121,7 +122,7 @@ static void pressure_trace(sim_trace *t) {
 static void small_config(sim_config *c) {
     sim_config_default(c);
     kvp_model_preset_t m = {.struct_size = sizeof m};
-    assert_int_equal(kvp_preset_find("llama-3.2-1b", &m, NULL, 0), KVP_OK);
+    assert_int_equal(kvp_model_preset_find("llama-3.2-1b", &m, NULL, 0), KVP_OK);
     c->layers = m.layers;
     c->kv_heads = m.kv_heads;
     c->head_dim = m.head_dim;
@@ -218,8 +219,10 @@ static void test_presets_no_oom(void **state) {
     }
 }
 
-/* The acceptance run: build/bin/kvpage-sim --preset mixed --json. */
-static void test_acceptance_mixed(void **state) {
+/* The default run, build/bin/kvpage-sim --preset mixed --json: no OOM for
+ * the paged strategies, full at least twice static's throughput with 90%
+ * utilization, and its high priority no slower than paged's. */
+static void test_default_mixed_run(void **state) {
     (void)state;
     char svg[] = "/tmp/kvpage-sim-test-XXXXXX";
     int fd = mkstemp(svg);
@@ -336,6 +339,10 @@ static void test_bad_arguments(void **state) {
         {"--host-gbps", "0", "--host-gbps"},
         {"--full-format", "int8/int3", "--full-format"},
         {"--bogus", "1", "unknown option '--bogus'"},
+        {"--strategies", "", "--strategies"},
+        {"--strategies", "paged,,full", "empty strategy name"},
+        {"--drop-below", "x", "--drop-below: 'x'"},
+        {"--max-batch", "0", "--max-batch must be in 1..65536, got 0"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         cli_result *r = run(cases[k][0], cases[k][1], NULL);
@@ -356,6 +363,8 @@ static void test_bad_arguments(void **state) {
     r = run("--help", NULL);
     assert_int_equal(r->rc, 0);
     assert_non_null(strstr(r->out, "usage: kvpage-sim"));
+    r = run("--drop-below", "-5", "--help", NULL); /* a negative priority is a value */
+    assert_int_equal(r->rc, 0);
 }
 
 int main(void) {
@@ -363,7 +372,7 @@ int main(void) {
         cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_pressure_invariants),
         cmocka_unit_test(test_presets_no_oom),
-        cmocka_unit_test(test_acceptance_mixed),
+        cmocka_unit_test(test_default_mixed_run),
         cmocka_unit_test(test_trace_files),
         cmocka_unit_test(test_bad_arguments),
     };

@@ -13,9 +13,11 @@
 #include <stdio.h>
 
 #include "kvpage.h"
+#include "kvpage_ext.h"
+#include "kvpage_plan.h"
+#include "kvpage_tier.h"
 #include "numeric.h"
 #include "testutil.h"
-#include "kvtable.h"
 #include "../bench/kvdist.h"
 
 static kvp_store_t *make_store(int32_t layers, int32_t H, int32_t D, int32_t P, int32_t kf, int32_t vf,
@@ -39,12 +41,20 @@ static kvp_store_t *make_store(int32_t layers, int32_t H, int32_t D, int32_t P, 
     return s;
 }
 
+static kvp_store_info_t info_of(const kvp_store_t *s) {
+    kvp_store_info_t info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    assert_int_equal(kvp_store_info(s, &info), KVP_OK);
+    return info;
+}
+
 /* FNV-1a of the whole arena: "nothing was written". */
 static uint64_t arena_hash(const kvp_store_t *s) {
-    void *base;
-    uint64_t bytes, h = 1469598103934665603ull;
-    assert_int_equal(kvp_store_arena(s, &base, &bytes), KVP_OK);
-    for (uint64_t i = 0; i < bytes; i++) h = (h ^ ((const uint8_t *)base)[i]) * 1099511628211ull;
+    kvp_store_info_t info = info_of(s);
+    uint64_t h = 1469598103934665603ull;
+    for (uint64_t i = 0; i < info.arena_bytes; i++)
+        h = (h ^ ((const uint8_t *)info.arena)[i]) * 1099511628211ull;
     return h;
 }
 
@@ -55,10 +65,11 @@ static void test_create_and_sizes(void **state) {
             kvp_store_t *s = make_store(3, 2, 64, 16, kf, vf, kf % 2, 10, 4);
             kvp_layout_t l = {.struct_size = sizeof l};
             assert_int_equal(kvp_store_layout(s, &l), KVP_OK);
-            uint64_t want, bytes;
-            void *base;
+            uint64_t want;
             assert_int_equal(kvp_arena_bytes(&l, 10, 4, &want, NULL, 0), KVP_OK);
-            assert_int_equal(kvp_store_arena(s, &base, &bytes), KVP_OK);
+            kvp_store_info_t info = info_of(s);
+            void *base = info.arena;
+            uint64_t bytes = info.arena_bytes;
             assert_int_equal(bytes, want); /* exactly the planner's bytes */
             assert_int_equal((uintptr_t)base % KVP_ARENA_ALIGN, 0);
             /* regions tile the arena: pool layers, then staging layers */
@@ -77,8 +88,10 @@ static void test_create_and_sizes(void **state) {
             kvp_store_destroy(s);
         }
     kvp_store_destroy(NULL);
-    assert_string_equal(kvp_store_last_error(NULL), "");
-    assert_int_equal(kvp_store_nonfinite_count(NULL), 0);
+    assert_string_equal(kvp_store_last_error(NULL), "NULL handle");
+    uint64_t n = 77;
+    assert_int_equal(kvp_store_nonfinite_count(NULL, &n), KVP_EINVAL);
+    assert_int_equal(n, 77);
 }
 
 static void test_create_bad_params(void **state) {
@@ -147,8 +160,8 @@ static void test_region_strides_hnd(void **state) {
             v[i] = -(float)i * 0.5f;
         }
         int64_t slots[3] = {4 * P + 5, 1 * P + 0, 4 * P + 6};
-        kvp_append_t a;
-        kvp_append_init(&a);
+        kvp_append_params_t a;
+        kvp_append_params_init(&a);
         a.layer = 1;
         a.rows = 3;
         a.dtype = KVP_FORMAT_FP32;
@@ -211,19 +224,30 @@ static void test_append_seal_matches_quantize(void **state) {
         if (fmts[f][1] == KVP_FORMAT_FP8_E4M3)
             for (int32_t l = 0; l < L; l++)
                 for (int32_t h = 0; h < H; h++) assert_int_equal(kvp_store_set_fp8_scale(s, l, h, 1, 0.05f), KVP_OK);
-        kvt_pool pool;
-        kvt_pool_init(&pool, P, 8, 2, lay.needs_staging);
-        kvt_seq seq;
-        kvt_seq_init(&seq);
+        /* the page table chooses the slots and the seals */
+        kvp_pool_params_t pp;
+        kvp_pool_params_init(&pp);
+        pp.page_size = P;
+        pp.num_pages = 8;
+        pp.num_staging = lay.needs_staging ? 2 : 0;
+        kvp_pool_t *pool = NULL;
+        kvp_table_t *table = NULL;
+        char err[KVP_ERR_SIZE];
+        assert_int_equal(kvp_pool_create(&pp, &pool, err, sizeof err), KVP_OK);
+        assert_int_equal(kvp_table_create(pool, 0, &table, err, sizeof err), KVP_OK);
+        int32_t seq = -1;
+        assert_int_equal(kvp_table_seq_create(table, 0, 0, &seq), KVP_OK);
         static const int32_t steps[] = {1, 3, 1, 9, 2, 8, 5};
+        int32_t seals = 0;
         for (int32_t t0 = 0, si = 0; t0 < T; si++) {
             int32_t n = steps[si % 7] < T - t0 ? steps[si % 7] : T - t0, nops = 0;
             int64_t slots[16];
             kvp_page_op_t ops[16];
-            assert_int_equal(kvt_plan_append(&pool, &seq, n, 0, slots, ops, &nops), 0);
+            assert_int_equal(kvp_table_append(table, seq, n, NULL, slots, ops, 16, &nops), KVP_OK);
+            for (int32_t i = 0; i < nops; i++) seals += ops[i].kind == KVP_OP_SEAL;
             for (int32_t l = 0; l < L; l++) {
-                kvp_append_t a;
-                kvp_append_init(&a);
+                kvp_append_params_t a;
+                kvp_append_params_init(&a);
                 a.layer = l;
                 a.rows = n;
                 a.dtype = KVP_FORMAT_FP32;
@@ -238,6 +262,13 @@ static void test_append_seal_matches_quantize(void **state) {
             }
             t0 += n;
         }
+        assert_int_equal(seals, lay.needs_staging ? T / P : 0);
+        kvp_seq_info_t si = {.struct_size = sizeof si};
+        assert_int_equal(kvp_table_seq_info(table, seq, &si), KVP_OK);
+        assert_int_equal(si.length, T);
+        int32_t pages[8];
+        assert_int_equal(si.num_pages, T / P + (T % P != 0)); /* full pages + the partial one */
+    assert_int_equal(kvp_table_seq_pages(table, seq, pages, 8), KVP_OK);
         /* full pages: byte-identical to kvp_quantize of the page */
         for (int32_t pg = 0; pg < T / P; pg++)
             for (int32_t side = 0; side < 2; side++) {
@@ -249,21 +280,26 @@ static void test_append_seal_matches_quantize(void **state) {
                                  KVP_OK);
                 kvp_region_t r = {.struct_size = sizeof r};
                 assert_int_equal(kvp_store_region(s, 1, side ? KVP_REGION_V : KVP_REGION_K, &r), KVP_OK);
-                const uint8_t *got = (const uint8_t *)r.base + (uint64_t)seq.pages[pg] * r.page_stride;
+                assert_true(pages[pg] >= 0 && pages[pg] < 8);
+                const uint8_t *got = (const uint8_t *)r.base + (uint64_t)pages[pg] * r.page_stride;
                 for (int32_t h = 0; h < H; h++)
                     assert_memory_equal(got + h * r.head_stride, want + h * block, r.scale_offset);
                 free(want);
             }
         /* the partial last page reads back from staging (fp16 keys) */
         if (lay.needs_staging) {
-            assert_true(seq.staging >= 8);
+            assert_true(si.staging_page >= 8);
+            assert_int_equal(pages[si.num_pages - 1], si.staging_page);
             float back[5 * 2 * 64];
             int32_t tail = T % P;
-            assert_int_equal(kvp_store_read(s, 1, seq.staging, 0, tail, back, NULL), KVP_OK);
+            assert_int_equal(kvp_store_read(s, 1, si.staging_page, 0, tail, back, NULL), KVP_OK);
             for (int32_t i = 0; i < tail * H * D; i++)
                 assert_true(back[i] == k[(size_t)(T - tail) * H * D + i]);
+        } else {
+            assert_int_equal(si.staging_page, -1);
         }
-        kvt_seq_free(&seq);
+        kvp_table_destroy(table);
+        kvp_pool_destroy(pool);
         kvp_store_destroy(s);
     }
     kvd_keys_free(&keys);
@@ -279,8 +315,8 @@ static void test_append_strides_and_skips(void **state) {
     uint16_t qkv[3 * 3 * 2 * 8];
     for (int i = 0; i < 3 * W; i++) qkv[i] = kvp__f32_to_f16((float)(i % 50) * 0.125f);
     int64_t slots[3] = {5, -1, 2};
-    kvp_append_t a;
-    kvp_append_init(&a);
+    kvp_append_params_t a;
+    kvp_append_params_init(&a);
     a.rows = 3;
     a.dtype = KVP_FORMAT_FP16;
     a.k = qkv + H * D;
@@ -295,11 +331,14 @@ static void test_append_strides_and_skips(void **state) {
                          KVP_OK);
         for (int i = 0; i < H * D; i++) assert_true(kb[i] == kvp__f16_to_f32(qkv[r * W + H * D + i]));
     }
-    assert_int_equal(kvp_store_nonfinite_count(s), 0);
+    uint64_t nonfinite = 99;
+    assert_int_equal(kvp_store_nonfinite_count(s, &nonfinite), KVP_OK);
+    assert_int_equal(nonfinite, 0);
     qkv[2 * W + H * D + 3] = kvp__f32_to_f16(NAN);
     qkv[2 * W + 2 * H * D + 1] = kvp__f32_to_f16(INFINITY);
     assert_int_equal(kvp_store_append(s, &a), KVP_OK);
-    assert_int_equal(kvp_store_nonfinite_count(s), 2);
+    assert_int_equal(kvp_store_nonfinite_count(s, &nonfinite), KVP_OK);
+    assert_int_equal(nonfinite, 2);
     kvp_store_destroy(s);
 }
 
@@ -317,8 +356,8 @@ static void test_page_ops(void **state) {
     for (int i = 0; i < 8; i++) slots[i] = 2 * P + i; /* pool page 2, sealed */
     kvp_page_op_t seal = {KVP_OP_SEAL, -1, 2, 0, 0};
     for (int32_t l = 0; l < L; l++) {
-        kvp_append_t a;
-        kvp_append_init(&a);
+        kvp_append_params_t a;
+        kvp_append_params_init(&a);
         a.layer = l;
         a.rows = 8;
         a.dtype = KVP_FORMAT_FP32;
@@ -387,8 +426,8 @@ static void test_fp8_scales(void **state) {
     }
     v[3] = NAN; /* ignored by calibration */
     int64_t slots[2] = {0, 1};
-    kvp_append_t a;
-    kvp_append_init(&a);
+    kvp_append_params_t a;
+    kvp_append_params_init(&a);
     a.rows = 2;
     a.dtype = KVP_FORMAT_FP32;
     a.k = k;
@@ -415,8 +454,8 @@ static void test_append_bad_input(void **state) {
     int64_t ok_slots[4] = {3 * P, 3 * P + 1, 4 * P + 0, 4 * P + 1}; /* two staging pages */
     int64_t slots[6];
     kvp_page_op_t ops[2];
-    kvp_append_t base;
-    kvp_append_init(&base);
+    kvp_append_params_t base;
+    kvp_append_params_init(&base);
     base.rows = 4;
     base.dtype = KVP_FORMAT_FP32;
     base.k = k;
@@ -434,7 +473,7 @@ static void test_append_bad_input(void **state) {
         {8, "k_row_stride"}, {9, "rows"},      {10, "struct_size"}, {11, "dst"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        kvp_append_t a = base;
+        kvp_append_params_t a = base;
         memcpy(slots, ok_slots, sizeof ok_slots);
         a.num_ops = 0;
         switch (cases[i].what) {
@@ -465,14 +504,17 @@ static void test_append_bad_input(void **state) {
         assert_non_null(strstr(kvp_store_last_error(s), cases[i].needle));
         assert_int_equal(arena_hash(s), before);
     }
-    /* the good append still works and clears the error */
+    /* the good append still works; the detail of the last failure stays
+     * (sticky: a successful call does not clear it) */
+    char last[KVP_ERR_SIZE];
+    snprintf(last, sizeof last, "%s", kvp_store_last_error(s));
     memcpy(slots, ok_slots, sizeof ok_slots);
     assert_int_equal(kvp_store_append(s, &base), KVP_OK);
-    assert_string_equal(kvp_store_last_error(s), "");
+    assert_string_equal(kvp_store_last_error(s), last);
     assert_int_equal(kvp_store_append(NULL, &base), KVP_EINVAL);
     /* a SEAL in a layout without staging */
     kvp_store_t *f = make_store(1, 1, 64, 4, KVP_FORMAT_FP16, KVP_FORMAT_FP16, 0, 2, 0);
-    kvp_append_t a = base;
+    kvp_append_params_t a = base;
     ops[0] = (kvp_page_op_t){KVP_OP_SEAL, -1, 0, 0, 0};
     for (int i = 0; i < 4; i++) slots[i] = i;
     a.num_ops = 1;
@@ -499,12 +541,12 @@ static void test_page_io(void **state) {
     (void)state;
     const int32_t L = 3, H = 2, D = 32, P = 8;
     kvp_store_t *s = make_store(L, H, D, P, KVP_FORMAT_INT8, KVP_FORMAT_INT4, 0, 6, 3);
-    assert_int_equal(kvp_store_backend(s), KVP_BACKEND_CPU);
+    kvp_store_info_t info = info_of(s);
+    assert_int_equal(info.backend, KVP_BACKEND_CPU);
     kvp_layout_t lay = {.struct_size = sizeof lay};
     assert_int_equal(kvp_store_layout(s, &lay), KVP_OK);
-    void *base;
-    uint64_t bytes;
-    assert_int_equal(kvp_store_arena(s, &base, &bytes), KVP_OK);
+    void *base = info.arena;
+    uint64_t bytes = info.arena_bytes;
     for (uint64_t i = lay.fixed_bytes; i < bytes; i++) ((uint8_t *)base)[i] = (uint8_t)(i * 131 + 7);
     uint64_t pb = lay.page_bytes, sb = lay.staging_page_bytes;
     uint8_t *buf = malloc((size_t)(pb + sb)), *part = malloc((size_t)(pb + sb));
@@ -554,10 +596,151 @@ static void test_page_io(void **state) {
     assert_int_equal(kvp_store_page_to_host(s, 0, pb, buf, 0), KVP_OK); /* empty range */
     assert_int_equal(kvp_store_page_to_host(NULL, 0, 0, buf, 8), KVP_EINVAL);
     assert_int_equal(kvp_store_synchronize(NULL), KVP_EINVAL);
-    assert_int_equal(kvp_store_backend(NULL), -1);
+    assert_int_equal(kvp_store_info(NULL, &info), KVP_EINVAL);
     free(before);
     free(buf);
     free(part);
+    kvp_store_destroy(s);
+}
+
+/* kvp_store_info() reports what the store was created with. */
+static void test_store_info(void **state) {
+    (void)state;
+    static const struct { int32_t kf, vf, order; uint64_t pages, staging; } cases[] = {
+        {KVP_FORMAT_FP16, KVP_FORMAT_FP16, KVP_K_ORDER_TOKEN_MAJOR, 10, 0},
+        {KVP_FORMAT_FP32, KVP_FORMAT_FP8_E4M3, KVP_K_ORDER_DIM_MAJOR, 3, 0},
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT4, KVP_K_ORDER_TOKEN_MAJOR, 7, 5},
+        {KVP_FORMAT_INT4, KVP_FORMAT_BF16, KVP_K_ORDER_DIM_MAJOR, 1, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        kvp_store_t *s = make_store(2, 2, 64, 16, cases[i].kf, cases[i].vf, cases[i].order,
+                                    cases[i].pages, cases[i].staging);
+        kvp_store_info_t info;
+        memset(&info, 0xa5, sizeof info);
+        info.struct_size = sizeof info;
+        assert_int_equal(kvp_store_info(s, &info), KVP_OK);
+        assert_int_equal(info.struct_size, sizeof info);
+        assert_int_equal(info.backend, KVP_BACKEND_CPU);
+        assert_int_equal(info.device, -1);
+        assert_int_equal(info.k_order, cases[i].order);
+        assert_int_equal(info.num_pages, (int32_t)cases[i].pages);
+        kvp_layout_t lay = {.struct_size = sizeof lay};
+        assert_int_equal(kvp_layout_compute(2, 2, 64, 16, cases[i].kf, cases[i].vf, &lay, NULL, 0),
+                         KVP_OK);
+        /* staging pages exist only in layouts that need them */
+        uint64_t staging = lay.needs_staging ? cases[i].staging : 0;
+        assert_int_equal(info.num_staging, (int32_t)staging);
+        uint64_t want = 0;
+        assert_int_equal(kvp_arena_bytes(&lay, cases[i].pages, staging, &want, NULL, 0), KVP_OK);
+        assert_int_equal(info.arena_bytes, want);
+        assert_non_null(info.arena);
+        assert_int_equal((uintptr_t)info.arena % KVP_ARENA_ALIGN, 0);
+        /* the arena is the regions' memory */
+        kvp_region_t r = {.struct_size = sizeof r};
+        assert_int_equal(kvp_store_region(s, 0, KVP_REGION_K, &r), KVP_OK);
+        assert_true((uint8_t *)r.base >= (uint8_t *)info.arena &&
+                    (uint8_t *)r.base < (uint8_t *)info.arena + info.arena_bytes);
+        /* a struct_size too small (or none) is refused, nothing written */
+        kvp_store_info_t small;
+        memset(&small, 0xa5, sizeof small);
+        small.struct_size = 0;
+        assert_int_equal(kvp_store_info(s, &small), KVP_EINVAL);
+        assert_non_null(strstr(kvp_store_last_error(s), "struct_size"));
+        assert_int_equal(small.backend, (int32_t)0xa5a5a5a5);
+        small.struct_size = offsetof(kvp_store_info_t, arena_bytes);
+        assert_int_equal(kvp_store_info(s, &small), KVP_EINVAL);
+        assert_int_equal(small.backend, (int32_t)0xa5a5a5a5);
+        assert_int_equal(kvp_store_info(s, NULL), KVP_EINVAL);
+        kvp_store_destroy(s);
+    }
+    kvp_store_info_t info = {.struct_size = sizeof info};
+    assert_int_equal(kvp_store_info(NULL, &info), KVP_EINVAL);
+}
+
+/* kvp_store_nonfinite_count(): a status, the count through a pointer that
+ * must be given; it grows when a NaN or an infinity is appended. */
+static void test_nonfinite_count(void **state) {
+    (void)state;
+    const int32_t H = 2, D = 64, P = 16;
+    static const int32_t fmts[] = {KVP_FORMAT_FP16, KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8};
+    for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++) {
+        kvp_store_t *s = make_store(1, H, D, P, fmts[f], fmts[f], 0, 4, 2);
+        assert_int_equal(kvp_store_nonfinite_count(s, NULL), KVP_EINVAL);
+        assert_non_null(strstr(kvp_store_last_error(s), "count"));
+        uint64_t n = 1234;
+        assert_int_equal(kvp_store_nonfinite_count(s, &n), KVP_OK);
+        assert_int_equal(n, 0);
+        float k[2 * 2 * 64], v[2 * 2 * 64];
+        for (int i = 0; i < 2 * H * D; i++) k[i] = v[i] = (float)(i % 17) * 0.25f - 2.0f;
+        /* two rows into the staging page (int8 keys) or a pool page */
+        kvp_layout_t lay = {.struct_size = sizeof lay};
+        assert_int_equal(kvp_store_layout(s, &lay), KVP_OK);
+        int64_t base = lay.needs_staging ? 4 * P : 0;
+        int64_t slots[2] = {base, base + 1};
+        kvp_append_params_t a;
+        kvp_append_params_init(&a);
+        a.rows = 2;
+        a.dtype = KVP_FORMAT_FP32;
+        a.k = k;
+        a.v = v;
+        a.slots = slots;
+        assert_int_equal(kvp_store_append(s, &a), KVP_OK);
+        assert_int_equal(kvp_store_nonfinite_count(s, &n), KVP_OK);
+        assert_int_equal(n, 0);
+        k[5] = NAN;
+        slots[0] = base + 2;
+        slots[1] = base + 3;
+        assert_int_equal(kvp_store_append(s, &a), KVP_OK);
+        uint64_t after_nan = 0;
+        assert_int_equal(kvp_store_nonfinite_count(s, &after_nan), KVP_OK);
+        assert_true(after_nan > n);
+        v[H * D + 7] = NAN;
+        slots[0] = base + 4;
+        slots[1] = base + 5;
+        assert_int_equal(kvp_store_append(s, &a), KVP_OK);
+        uint64_t after_two = 0;
+        assert_int_equal(kvp_store_nonfinite_count(s, &after_two), KVP_OK);
+        assert_true(after_two > after_nan);
+        kvp_store_destroy(s);
+    }
+}
+
+/* The detail text: "" until a call fails, kept (sticky) through calls that
+ * succeed, replaced by the next failure; "NULL handle" for NULL. */
+static void test_last_error_is_sticky(void **state) {
+    (void)state;
+    assert_string_equal(kvp_store_last_error(NULL), "NULL handle");
+    kvp_store_t *s = make_store(2, 1, 64, 4, KVP_FORMAT_FP16, KVP_FORMAT_FP16, 0, 4, 0);
+    assert_string_equal(kvp_store_last_error(s), "");
+    float k[64] = {0}, v[64] = {0}, out[64];
+    int64_t slot = 1;
+    kvp_append_params_t a;
+    kvp_append_params_init(&a);
+    a.rows = 1;
+    a.dtype = KVP_FORMAT_FP32;
+    a.k = k;
+    a.v = v;
+    a.slots = &slot;
+    assert_int_equal(kvp_store_append(s, &a), KVP_OK);
+    assert_string_equal(kvp_store_last_error(s), "");
+    a.layer = 5;
+    assert_int_equal(kvp_store_append(s, &a), KVP_EINVAL);
+    char first[KVP_ERR_SIZE];
+    snprintf(first, sizeof first, "%s", kvp_store_last_error(s));
+    assert_non_null(strstr(first, "layer"));
+    /* successful calls leave it as it was */
+    a.layer = 1;
+    assert_int_equal(kvp_store_append(s, &a), KVP_OK);
+    assert_int_equal(kvp_store_read(s, 1, 0, 1, 1, out, NULL), KVP_OK);
+    kvp_page_op_t copy = {KVP_OP_COPY, 0, 1, 0, -1};
+    assert_int_equal(kvp_store_apply_ops(s, &copy, 1), KVP_OK);
+    (void)info_of(s);
+    assert_int_equal(kvp_store_synchronize(s), KVP_OK);
+    assert_string_equal(kvp_store_last_error(s), first);
+    /* the next failure replaces it */
+    assert_int_equal(kvp_store_read(s, 0, 9, 0, 1, out, NULL), KVP_EINVAL);
+    assert_string_not_equal(kvp_store_last_error(s), first);
+    assert_true(strlen(kvp_store_last_error(s)) > 0);
     kvp_store_destroy(s);
 }
 
@@ -572,6 +755,9 @@ int main(void) {
         cmocka_unit_test(test_fp8_scales),
         cmocka_unit_test(test_append_bad_input),
         cmocka_unit_test(test_page_io),
+        cmocka_unit_test(test_store_info),
+        cmocka_unit_test(test_nonfinite_count),
+        cmocka_unit_test(test_last_error_is_sticky),
     };
     return cmocka_run_group_tests_name("store", tests, NULL, NULL);
 }

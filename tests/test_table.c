@@ -12,6 +12,7 @@
 #include <cmocka.h>
 #include <stdio.h>
 
+#include "kvpage_ext.h"
 #include "paging.h"
 #include "testutil.h"
 
@@ -27,14 +28,10 @@ static fixture make(int32_t P, int32_t N, int32_t S, kvp_allocator_t *a) {
     p.page_size = P;
     p.num_pages = N;
     p.num_staging = S;
-    p.allocator = a;
+    if (a != NULL) p.allocator = *a; /* the table allocates through the pool's hooks */
     char err[KVP_ERR_SIZE];
     assert_int_equal(kvp_pool_create(&p, &f.pool, err, sizeof err), KVP_OK);
-    kvp_table_params_t tp;
-    kvp_table_params_init(&tp);
-    tp.max_seqs = 16;
-    tp.allocator = a;
-    assert_int_equal(kvp_table_create(f.pool, &tp, &f.t, err, sizeof err), KVP_OK);
+    assert_int_equal(kvp_table_create(f.pool, 16, &f.t, err, sizeof err), KVP_OK);
     return f;
 }
 
@@ -59,7 +56,7 @@ static void done(fixture *f) {
 
 static int32_t new_seq(fixture *f) {
     int32_t id = -1;
-    assert_int_equal(kvp_table_seq_create(f->t, NULL, &id), KVP_OK);
+    assert_int_equal(kvp_table_seq_create(f->t, 0, 0, &id), KVP_OK);
     return id;
 }
 
@@ -243,9 +240,9 @@ static void test_fork_staged_copies_staging(void **state) {
     int32_t c = new_seq(&f), d;
     assert_int_equal(kvp_table_fork(f.t, c, &d, &op, 1, &nops), KVP_ENOSPC);
     assert_non_null(strstr(kvp_table_last_error(f.t), "staging"));
-    assert_int_equal(kvp_table_seq_create(f.t, NULL, &d), KVP_ENOSPC);
+    assert_int_equal(kvp_table_seq_create(f.t, 0, 0, &d), KVP_ENOSPC);
     assert_int_equal(kvp_table_seq_release(f.t, c), KVP_OK);
-    assert_int_equal(kvp_table_seq_create(f.t, NULL, &d), KVP_OK);
+    assert_int_equal(kvp_table_seq_create(f.t, 0, 0, &d), KVP_OK);
     done(&f);
 }
 
@@ -479,11 +476,8 @@ static void test_prefix_attach(void **state) {
 static void test_prefix_salt_and_unknown_tokens(void **state) {
     (void)state;
     fixture f = make(4, 16, 0, NULL);
-    kvp_seq_params_t sp;
-    kvp_seq_params_init(&sp);
-    sp.salt = 0xabc;
     int32_t a;
-    assert_int_equal(kvp_table_seq_create(f.t, &sp, &a), KVP_OK);
+    assert_int_equal(kvp_table_seq_create(f.t, 0, 0xabc, &a), KVP_OK);
     append(&f, a, 8, toks);
     int64_t m = -1;
     assert_int_equal(kvp_table_lookup_prefix(f.t, 0, toks, 8, &m), KVP_OK);
@@ -638,7 +632,20 @@ static void test_export(void **state) {
     assert_non_null(strstr(kvp_table_last_error(f.t), "indices needs 4"));
     assert_int_equal(indptr[0], 0x7f7f7f7f); /* untouched */
     buf.indices_capacity = 8;
+    /* a view without its struct_size is refused, and nothing is written */
     kvp_kv_view_t view;
+    memset(&view, 0x5a, sizeof view);
+    view.struct_size = 0;
+    assert_int_equal(kvp_table_export(f.t, seqs, 3, num_new, &buf, &view), KVP_EINVAL);
+    assert_non_null(strstr(kvp_table_last_error(f.t), "struct_size"));
+    assert_int_equal(indptr[0], 0x7f7f7f7f);
+    assert_int_equal(view.struct_size, 0);
+    assert_int_equal(view.batch, 0x5a5a5a5a);
+    view.struct_size = offsetof(kvp_kv_view_t, indptr); /* too small as well */
+    assert_int_equal(kvp_table_export(f.t, seqs, 3, num_new, &buf, &view), KVP_EINVAL);
+    assert_int_equal(indptr[0], 0x7f7f7f7f);
+    assert_int_equal(view.batch, 0x5a5a5a5a);
+    view.struct_size = sizeof view;
     assert_int_equal(kvp_table_export(f.t, seqs, 3, num_new, &buf, &view), KVP_OK);
     int32_t want_indptr[4] = {0, 3, 4, 4}, want_indices[4] = {0, 1, 16, 2}, want_last[3] = {2, 4, 0};
     assert_memory_equal(indptr, want_indptr, sizeof want_indptr);
@@ -652,7 +659,10 @@ static void test_export(void **state) {
     assert_int_equal(view.page_size, 4);
     assert_int_equal(view.num_pages, 16);
     assert_int_equal(view.num_staging, 3);
+    assert_int_equal(view.struct_size, sizeof view);
+    assert_ptr_equal(view.indptr, indptr);
     assert_ptr_equal(view.indices, indices);
+    assert_ptr_equal(view.last_page_len, last);
     /* the lengths FlashInfer's formula gives back */
     int64_t lens[3] = {10, 4, 0};
     for (int i = 0; i < 2; i++)
@@ -728,32 +738,89 @@ static void test_bad_ids_and_arguments(void **state) {
     assert_int_equal(kvp_table_seq_pages(f.t, a, &out, 1), KVP_EINVAL); /* has 2 pages */
     assert_non_null(strstr(kvp_table_last_error(f.t), "has 2 pages"));
     assert_int_equal(kvp_table_seq_info(f.t, a, NULL), KVP_EINVAL);
-    assert_int_equal(kvp_table_seq_create(f.t, NULL, NULL), KVP_EINVAL);
-    kvp_seq_params_t sp = {.struct_size = 2};
-    assert_int_equal(kvp_table_seq_create(f.t, &sp, &out), KVP_EINVAL);
+    assert_int_equal(kvp_table_seq_create(f.t, 0, 0, NULL), KVP_EINVAL);
     /* NULL tables */
-    assert_int_equal(kvp_table_seq_create(NULL, NULL, &out), KVP_EINVAL);
+    assert_int_equal(kvp_table_seq_create(NULL, 0, 0, &out), KVP_EINVAL);
     assert_int_equal(kvp_table_append(NULL, a, 1, toks, NULL, ops, 4, &nops), KVP_EINVAL);
     assert_int_equal(kvp_table_seq_release(NULL, a), KVP_EINVAL);
-    assert_non_null(kvp_table_last_error(NULL));
-    assert_null(kvp_table_pool(NULL));
-    assert_ptr_equal(kvp_table_pool(f.t), f.pool);
+    assert_string_equal(kvp_table_last_error(NULL), "NULL handle");
     kvp_table_destroy(NULL);
     kvp_pool_stats_t after = stats(&f);
     assert_memory_equal(&before, &after, sizeof before);
     /* table creation */
     kvp_table_t *t2 = NULL;
     char err[KVP_ERR_SIZE];
-    kvp_table_params_t tp;
-    kvp_table_params_init(&tp);
-    tp.max_seqs = -1;
-    assert_int_equal(kvp_table_create(f.pool, &tp, &t2, err, sizeof err), KVP_EINVAL);
+    assert_int_equal(kvp_table_create(f.pool, -1, &t2, err, sizeof err), KVP_EINVAL);
     assert_non_null(strstr(err, "max_seqs"));
-    tp.max_seqs = (1 << 24) + 1;
-    assert_int_equal(kvp_table_create(f.pool, &tp, &t2, err, sizeof err), KVP_EINVAL);
-    assert_int_equal(kvp_table_create(NULL, NULL, &t2, err, sizeof err), KVP_EINVAL);
-    assert_int_equal(kvp_table_create(f.pool, NULL, NULL, err, sizeof err), KVP_EINVAL);
+    assert_int_equal(kvp_table_create(f.pool, (1 << 24) + 1, &t2, err, sizeof err), KVP_EINVAL);
+    assert_non_null(strstr(err, "max_seqs"));
+    assert_int_equal(kvp_table_create(NULL, 0, &t2, err, sizeof err), KVP_EINVAL);
+    assert_int_equal(kvp_table_create(f.pool, 0, NULL, err, sizeof err), KVP_EINVAL);
     assert_null(t2);
+    done(&f);
+}
+
+/* kvp_table_seq_create() takes the priority and the salt directly. */
+static void test_seq_create_priority_and_salt(void **state) {
+    (void)state;
+    fixture f = make(4, 16, 0, NULL);
+    int32_t a = -1;
+    assert_int_equal(kvp_table_seq_create(f.t, 7, 0x55, &a), KVP_OK);
+    assert_true(a >= 0);
+    kvp_seq_info_t info = {.struct_size = sizeof info};
+    assert_int_equal(kvp_table_seq_info(f.t, a, &info), KVP_OK);
+    assert_int_equal(info.priority, 7);
+    assert_int_equal(info.salt, 0x55);
+    assert_int_equal(info.length, 0);
+    int32_t b = -1;
+    assert_int_equal(kvp_table_seq_create(f.t, -3, 0, &b), KVP_OK);
+    assert_int_equal(kvp_table_seq_info(f.t, b, &info), KVP_OK);
+    assert_int_equal(info.priority, -3);
+    assert_int_equal(info.salt, 0);
+    /* a full page of `a` is cached under its salt only */
+    append(&f, a, 4, toks);
+    int64_t m = -1;
+    assert_int_equal(kvp_table_lookup_prefix(f.t, 0x55, toks, 4, &m), KVP_OK);
+    assert_int_equal(m, 4);
+    assert_int_equal(kvp_table_lookup_prefix(f.t, 0, toks, 4, &m), KVP_OK);
+    assert_int_equal(m, 0);
+    assert_int_equal(kvp_table_seq_release(f.t, a), KVP_OK);
+    assert_int_equal(kvp_table_seq_release(f.t, b), KVP_OK);
+    done(&f);
+}
+
+/* The detail text: "" until a call fails, then kept (sticky) through later
+ * calls that succeed, replaced by the next failure; "NULL handle" for NULL. */
+static void test_last_error_is_sticky(void **state) {
+    (void)state;
+    assert_string_equal(kvp_table_last_error(NULL), "NULL handle");
+    fixture f = make(4, 16, 0, NULL);
+    assert_string_equal(kvp_table_last_error(f.t), "");
+    int32_t a = new_seq(&f);
+    append(&f, a, 5, toks);
+    assert_string_equal(kvp_table_last_error(f.t), "");
+    assert_int_equal(kvp_table_truncate(f.t, a, 9, NULL, 0, &(int32_t){0}), KVP_EINVAL);
+    char first[KVP_ERR_SIZE];
+    snprintf(first, sizeof first, "%s", kvp_table_last_error(f.t));
+    assert_true(strlen(first) > 0);
+    /* successful calls leave it unchanged */
+    int32_t b = new_seq(&f);
+    append(&f, b, 3, toks + 50);
+    assert_int_equal(kvp_table_reserve(f.t, b, 4), KVP_OK);
+    kvp_seq_info_t info = {.struct_size = sizeof info};
+    assert_int_equal(kvp_table_seq_info(f.t, a, &info), KVP_OK);
+    int32_t child, nops;
+    kvp_page_op_t op;
+    assert_int_equal(kvp_table_fork(f.t, a, &child, &op, 1, &nops), KVP_OK);
+    assert_int_equal(kvp_table_seq_release(f.t, child), KVP_OK);
+    assert_string_equal(kvp_table_last_error(f.t), first);
+    /* the next failure replaces it */
+    assert_int_equal(kvp_table_seq_release(f.t, child), KVP_ENOENT);
+    assert_non_null(strstr(kvp_table_last_error(f.t), "not live"));
+    assert_string_not_equal(kvp_table_last_error(f.t), first);
+    assert_int_equal(kvp_table_seq_release(f.t, a), KVP_OK);
+    assert_int_equal(kvp_table_seq_release(f.t, b), KVP_OK);
+    assert_non_null(strstr(kvp_table_last_error(f.t), "not live"));
     done(&f);
 }
 
@@ -762,7 +829,7 @@ static void test_sequence_slots_run_out(void **state) {
     fixture f = make(4, 8, 0, NULL);
     int32_t ids[16], x;
     for (int i = 0; i < 16; i++) ids[i] = new_seq(&f);
-    assert_int_equal(kvp_table_seq_create(f.t, NULL, &x), KVP_ENOSPC);
+    assert_int_equal(kvp_table_seq_create(f.t, 0, 0, &x), KVP_ENOSPC);
     assert_non_null(strstr(kvp_table_last_error(f.t), "16 sequence slots"));
     int32_t nops;
     assert_int_equal(kvp_table_fork(f.t, ids[0], &x, NULL, 0, &nops), KVP_ENOSPC);
@@ -788,7 +855,7 @@ static int op_fork(fixture *f, int32_t seq) {
 static int op_attach(fixture *f, int32_t seq) {
     (void)seq;
     int32_t fresh;
-    int rc = kvp_table_seq_create(f->t, NULL, &fresh);
+    int rc = kvp_table_seq_create(f->t, 0, 0, &fresh);
     if (rc != KVP_OK) return rc;
     int64_t m;
     rc = kvp_table_attach_prefix(f->t, fresh, toks, 40, &m);
@@ -866,31 +933,37 @@ static void test_fault_injection_growing_ops(void **state) {
 
 static void test_table_create_fault_injection(void **state) {
     (void)state;
+    /* the table allocates through its pool's hooks: fail each of the
+     * table's allocations in turn, the pool's own stay as they are */
+    test_alloc_state st = {0, -1, 0, 0};
+    kvp_allocator_t al = test_allocator(&st);
     kvp_pool_t *pool = NULL;
     kvp_pool_params_t pp;
     kvp_pool_params_init(&pp);
     pp.num_pages = 8;
+    pp.allocator = al;
     char err[KVP_ERR_SIZE];
     assert_int_equal(kvp_pool_create(&pp, &pool, err, sizeof err), KVP_OK);
+    const long pool_live = st.live;
+    assert_true(pool_live > 0);
     for (long k = 0;; k++) {
-        test_alloc_state st = {0, k, 0, 0};
-        kvp_allocator_t al = test_allocator(&st);
-        kvp_table_params_t tp;
-        kvp_table_params_init(&tp);
-        tp.allocator = &al;
+        st.fail_at = st.calls + k;
         kvp_table_t *t = NULL;
-        int rc = kvp_table_create(pool, &tp, &t, err, sizeof err);
+        int rc = kvp_table_create(pool, 0, &t, err, sizeof err);
+        st.fail_at = -1;
         if (rc == KVP_OK) {
+            assert_true(st.live > pool_live); /* it did allocate through the pool's hooks */
             kvp_table_destroy(t);
-            assert_int_equal(st.live, 0);
+            assert_int_equal(st.live, pool_live);
             assert_true(k >= 2);
             break;
         }
         assert_int_equal(rc, KVP_ENOMEM);
         assert_null(t);
-        assert_int_equal(st.live, 0);
+        assert_int_equal(st.live, pool_live);
     }
     kvp_pool_destroy(pool);
+    assert_int_equal(st.live, 0);
 }
 
 /* ---- determinism ------------------------------------------------------------------- */
@@ -909,7 +982,7 @@ static uint64_t script(int32_t staging) {
         kvp_page_op_t ops[16];
         int64_t slots[40];
         if (nlive < 8 && (nlive == 0 || r % 5 == 0)) {
-            if (kvp_table_seq_create(f.t, NULL, &id) == KVP_OK) {
+            if (kvp_table_seq_create(f.t, 0, 0, &id) == KVP_OK) {
                 live[nlive++] = id;
                 int64_t m;
                 kvp_table_attach_prefix(f.t, id, toks, (r >> 8) % 30, &m);
@@ -969,6 +1042,8 @@ int main(void) {
         cmocka_unit_test(test_attach_respects_reservations),
         cmocka_unit_test(test_export),
         cmocka_unit_test(test_bad_ids_and_arguments),
+        cmocka_unit_test(test_seq_create_priority_and_salt),
+        cmocka_unit_test(test_last_error_is_sticky),
         cmocka_unit_test(test_sequence_slots_run_out),
         cmocka_unit_test(test_fault_injection_growing_ops),
         cmocka_unit_test(test_table_create_fault_injection),

@@ -238,7 +238,7 @@ static void take_snapshot(world *w, snapshot *sn) {
     b.qo_indptr = sn->qo;
     b.indices_capacity = ni;
     b.slots_capacity = ns;
-    kvp_kv_view_t view;
+    kvp_kv_view_t view = {.struct_size = sizeof view};
     assert_int_equal(kvp_table_export(w->t, sn->ids, sn->batch, sn->num_new, &b, &view), KVP_OK);
     assert_int_equal(sn->indptr[sn->batch], ni);
     assert_int_equal(sn->qo[sn->batch], ns);
@@ -364,12 +364,10 @@ static rseq *free_ref(world *w) {
 static void op_create(world *w) {
     rseq *s = free_ref(w);
     if (s == NULL) return;
-    kvp_seq_params_t p;
-    kvp_seq_params_init(&p);
-    p.salt = rnd(w, 4) == 0 ? 77 : 0;
-    p.priority = (int32_t)rnd(w, 3);
+    uint64_t salt = rnd(w, 4) == 0 ? 77 : 0;
+    int32_t priority = (int32_t)rnd(w, 3);
     int32_t id;
-    int rc = kvp_table_seq_create(w->t, &p, &id);
+    int rc = kvp_table_seq_create(w->t, priority, salt, &id);
     if (rc != KVP_OK) {
         assert_int_equal(rc, KVP_ENOSPC); /* staging pages all held */
         assert_true(w->staged);
@@ -378,7 +376,7 @@ static void op_create(world *w) {
     memset(s, 0, sizeof *s);
     s->live = true;
     s->id = id;
-    s->salt = p.salt;
+    s->salt = salt;
 }
 
 static void fill_tokens(world *w, int32_t *toks, int64_t from, int64_t n) {
@@ -584,10 +582,7 @@ static void run_config(int P, int N, int S, int cache, uint64_t hash_mask, uint6
     assert_int_equal(kvp_pool_create(&pp, &w.pool, err, sizeof err), KVP_OK);
     kvp__pool_set_hash_mask(w.pool, hash_mask);
     assert_int_equal(kvp_pool_set_event_callback(w.pool, on_event, &w), KVP_OK);
-    kvp_table_params_t tp;
-    kvp_table_params_init(&tp);
-    tp.max_seqs = MAX_SEQS;
-    assert_int_equal(kvp_table_create(w.pool, &tp, &w.t, err, sizeof err), KVP_OK);
+    assert_int_equal(kvp_table_create(w.pool, MAX_SEQS, &w.t, err, sizeof err), KVP_OK);
     for (long i = 0; w.ops_ok + w.ops_failed < OPS_PER_CONFIG; i++) {
         uint32_t r = rnd(&w, 100);
         op_index = i;

@@ -24,6 +24,9 @@
 #include <cmocka.h>
 #include <stdio.h>
 
+#include "kvpage_ext.h"
+#include "kvpage_plan.h"
+#include "kvpage_tier.h"
 #include "paging.h"
 #include "testutil.h"
 
@@ -190,14 +193,10 @@ static void fix_init(fix_t *f, const cfg_t *c, kvp_allocator_t *a) {
     pp.num_pages = c->pages;
     pp.num_staging = f->st.num_staging;
     pp.prefix_cache = c->prefix ? 1 : 0;
-    pp.allocator = a;
+    if (a != NULL) pp.allocator = *a; /* the table's too */
     char err[KVP_ERR_SIZE];
     assert_int_equal(kvp_pool_create(&pp, &f->pool, err, sizeof err), KVP_OK);
-    kvp_table_params_t tp;
-    kvp_table_params_init(&tp);
-    tp.max_seqs = 16;
-    tp.allocator = a;
-    assert_int_equal(kvp_table_create(f->pool, &tp, &f->t, err, sizeof err), KVP_OK);
+    assert_int_equal(kvp_table_create(f->pool, 16, &f->t, err, sizeof err), KVP_OK);
     f->io = page_io(&f->st);
     f->ops_mode = c->ops_mode;
     kvp_tier_params_t p;
@@ -205,7 +204,7 @@ static void fix_init(fix_t *f, const cfg_t *c, kvp_allocator_t *a) {
     p.layout = &f->st.l;
     p.host_bytes = (uint64_t)c->slots * kvp__round_up_u64(f->st.l.page_bytes, KVP_ARENA_ALIGN);
     p.page_io = c->ops_mode ? NULL : &f->io;
-    p.allocator = a;
+    if (a != NULL) p.allocator = *a;
     int rc = kvp_tier_create(f->t, &p, &f->tier, err, sizeof err);
     if (rc != KVP_OK) print_error("tier: %s\n", err);
     assert_int_equal(rc, KVP_OK);
@@ -349,7 +348,7 @@ static int swap_in(fix_t *f, int32_t seq) {
 
 static int32_t new_seq(fix_t *f) {
     int32_t id = -1;
-    assert_int_equal(kvp_table_seq_create(f->t, NULL, &id), KVP_OK);
+    assert_int_equal(kvp_table_seq_create(f->t, 0, 0, &id), KVP_OK);
     return id;
 }
 
@@ -856,7 +855,7 @@ static void test_bad_input(void **state) {
     assert_int_equal(kvp_tier_stats(f.tier, NULL), KVP_EINVAL);
     assert_int_equal(kvp_tier_stats(NULL, NULL), KVP_EINVAL);
     assert_int_equal(kvp_tier_host_memory(f.tier, NULL, NULL), KVP_EINVAL);
-    assert_string_equal(kvp_tier_last_error(NULL), "tier is NULL");
+    assert_string_equal(kvp_tier_last_error(NULL), "NULL handle");
     fix_check(&f);
 
     assert_int_equal(swap_out(&f, s), KVP_OK);
@@ -966,7 +965,7 @@ static void test_create_errors(void **state) {
     assert_int_equal(kvp_tier_create(f.t, &bad, &t2, err, sizeof err), KVP_EINVAL);
     kvp_allocator_t half = {kvt_alloc, NULL, NULL};
     bad = p;
-    bad.host_allocator = &half;
+    bad.host_allocator = half;
     assert_int_equal(kvp_tier_create(f.t, &bad, &t2, err, sizeof err), KVP_EINVAL);
     assert_null(t2);
     assert_int_equal(kvp_tier_create(f.t, &p, &f.tier, err, sizeof err), KVP_OK);
@@ -990,7 +989,7 @@ static void test_allocation_failures(void **state) {
     kvp_tier_params_init(&p);
     p.layout = &f.st.l;
     p.host_bytes = 1 << 20;
-    p.allocator = &a;
+    p.allocator = a;
     long base = as.calls;
     assert_int_equal(kvp_tier_create(f.t, &p, &f.tier, NULL, 0), KVP_OK);
     long calls = as.calls - base;
@@ -1120,8 +1119,8 @@ static void store_rows(kvp_store_t *s, kvp_table_t *t, int32_t seq, int32_t laye
             k[i] = (float)((int64_t)(xs(rng) % 2001) - 1000) / 250.0f;
             v[i] = (float)((int64_t)(xs(rng) % 2001) - 1000) / 500.0f;
         }
-        kvp_append_t a;
-        kvp_append_init(&a);
+        kvp_append_params_t a;
+        kvp_append_params_init(&a);
         a.layer = l;
         a.rows = n;
         a.dtype = KVP_FORMAT_FP32;
@@ -1229,7 +1228,7 @@ static void test_real_store_round_trip(void **state) {
         kvp_table_t *t;
         kvp_tier_t *tier;
         assert_int_equal(kvp_pool_create(&pp, &pool, NULL, 0), KVP_OK);
-        assert_int_equal(kvp_table_create(pool, NULL, &t, NULL, 0), KVP_OK);
+        assert_int_equal(kvp_table_create(pool, 0, &t, NULL, 0), KVP_OK);
         kvp_page_io_t io = {.struct_size = sizeof io};
         io.copy_to_host = store_out;
         io.copy_from_host = store_in;
@@ -1251,7 +1250,7 @@ static void test_real_store_round_trip(void **state) {
         assert_int_equal(covered, l.page_bytes);
 
         int32_t a, b, c, nops;
-        assert_int_equal(kvp_table_seq_create(t, NULL, &a), KVP_OK);
+        assert_int_equal(kvp_table_seq_create(t, 0, 0, &a), KVP_OK);
         store_rows(x.s, t, a, L, H * D, toks, 5, &rng);
         store_rows(x.s, t, a, L, H * D, toks + 5, 9, &rng);
         store_rows(x.s, t, a, L, H * D, toks + 14, 7, &rng); /* 21: 2 pages + 5 in the tail */
@@ -1264,7 +1263,7 @@ static void test_real_store_round_trip(void **state) {
         store_snapshot(&x, t, b, &l, &sb);
         assert_int_equal(kvp_tier_swap_out(tier, a, NULL, 0, &nops), KVP_OK);
         /* other work overwrites the pages a gave back */
-        assert_int_equal(kvp_table_seq_create(t, NULL, &c), KVP_OK);
+        assert_int_equal(kvp_table_seq_create(t, 0, 0, &c), KVP_OK);
         for (int k = 0; k < 4; k++) store_rows(x.s, t, c, L, H * D, toks + 400 + 10 * k, 10, &rng);
         assert_int_equal(kvp_table_seq_release(t, c), KVP_OK);
         assert_int_equal(kvp_pool_evict(pool, INT32_MAX, &nops), KVP_OK);
@@ -1310,7 +1309,7 @@ static void random_run(const cfg_t *c, uint64_t seed, int ops_n) {
         rseq_t *x = &q[k];
         int what = (int)rnd(&r, 10);
         if (x->state == R_FREE) {
-            if (kvp_table_seq_create(f.t, NULL, &x->id) != KVP_OK) continue;
+            if (kvp_table_seq_create(f.t, 0, 0, &x->id) != KVP_OK) continue;
             x->state = R_RES;
             x->len = 0;
             int64_t n = 1 + rnd(&r, 3 * P + 3);
@@ -1415,6 +1414,96 @@ static void test_random(void **state) {
             }
 }
 
+/* The allocators are given by value: the metadata through `allocator`, the
+ * host memory through `host_allocator`, or through `allocator` when
+ * host_allocator's hooks are zeroed. */
+static void test_allocators_by_value(void **state) {
+    (void)state;
+    cfg_t c = {KVP_FORMAT_FP16, KVP_FORMAT_FP16, 4, 8, 0, 8, false, true};
+    fix_t f;
+    fix_init(&f, &c, NULL);
+    kvp_tier_destroy(f.tier);
+    f.tier = NULL;
+    kvp_tier_params_t p;
+    memset(&p, 0x5a, sizeof p);
+    kvp_tier_params_init(&p);
+    assert_null(p.allocator.alloc); /* zeroed hooks: libc */
+    assert_null(p.allocator.free);
+    assert_null(p.allocator.opaque);
+    assert_null(p.host_allocator.alloc);
+    assert_null(p.host_allocator.free);
+    assert_null(p.host_allocator.opaque);
+    p.layout = &f.st.l;
+    p.host_bytes = 1 << 16;
+    for (int separate = 0; separate <= 1; separate++) {
+        test_alloc_state meta = {0, -1, 0, 0}, host = {0, -1, 0, 0};
+        p.allocator = test_allocator(&meta);
+        if (separate) p.host_allocator = test_allocator(&host);
+        else memset(&p.host_allocator, 0, sizeof p.host_allocator);
+        kvp_tier_t *t = NULL;
+        char err[KVP_ERR_SIZE];
+        assert_int_equal(kvp_tier_create(f.t, &p, &t, err, sizeof err), KVP_OK);
+        kvp_tier_stats_t ts = {.struct_size = sizeof ts};
+        assert_int_equal(kvp_tier_stats(t, &ts), KVP_OK);
+        assert_true(ts.host_bytes > 0);
+        assert_true(meta.live > 0); /* metadata */
+        if (separate) {
+            assert_int_equal(host.live, 1); /* one block of host memory */
+            assert_true(host.live_bytes >= ts.host_bytes);
+            assert_true(meta.live_bytes < ts.host_bytes);
+        } else {
+            assert_int_equal(host.calls, 0);
+            assert_true(meta.live_bytes >= ts.host_bytes);
+        }
+        kvp_tier_destroy(t);
+        assert_int_equal(meta.live, 0);
+        assert_int_equal(host.live, 0);
+    }
+    kvp_tier_params_init(&p);
+    p.layout = &f.st.l;
+    p.host_bytes = 1 << 16;
+    assert_int_equal(kvp_tier_create(f.t, &p, &f.tier, NULL, 0), KVP_OK);
+    fix_done(&f);
+}
+
+/* The detail text: "" until a call fails, kept (sticky) through calls that
+ * succeed, replaced by the next failure; "NULL handle" for NULL. */
+static void test_last_error_is_sticky(void **state) {
+    (void)state;
+    setup_tokens();
+    assert_string_equal(kvp_tier_last_error(NULL), "NULL handle");
+    cfg_t c = {KVP_FORMAT_FP16, KVP_FORMAT_FP16, 4, 16, 0, 8, false, true};
+    fix_t f;
+    fix_init(&f, &c, NULL);
+    assert_string_equal(kvp_tier_last_error(f.tier), "");
+    static uint32_t v[64];
+    int32_t s = new_seq(&f);
+    assert_int_equal(append(&f, s, 0, toks, 6, v), KVP_OK);
+    assert_int_equal(swap_out(&f, s), KVP_OK);
+    assert_string_equal(kvp_tier_last_error(f.tier), "");
+    assert_int_equal(kvp_tier_drop(f.tier, 12345), KVP_ENOENT);
+    char first[KVP_ERR_SIZE];
+    snprintf(first, sizeof first, "%s", kvp_tier_last_error(f.tier));
+    assert_true(strlen(first) > 0);
+    /* successful calls leave it as it was */
+    assert_int_equal(swap_in(&f, s), KVP_OK);
+    check_values(&f, s, v, 6);
+    (void)tstats(&f);
+    kvp_tier_seq_info_t ti = {.struct_size = sizeof ti};
+    assert_int_equal(kvp_tier_seq_info(f.tier, s, &ti), KVP_OK);
+    assert_int_equal(swap_out(&f, s), KVP_OK);
+    assert_int_equal(kvp_tier_drop(f.tier, s), KVP_OK);
+    assert_string_equal(kvp_tier_last_error(f.tier), first);
+    /* the next failure replaces it */
+    int32_t n = 0;
+    int32_t r = new_seq(&f);
+    assert_int_equal(kvp_tier_swap_in(f.tier, r, NULL, 0, &n), KVP_ESTATE); /* resident */
+    assert_non_null(strstr(kvp_tier_last_error(f.tier), "resident"));
+    assert_string_not_equal(kvp_tier_last_error(f.tier), first);
+    assert_int_equal(kvp_table_seq_release(f.t, r), KVP_OK);
+    fix_done(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_every_format),
@@ -1431,6 +1520,8 @@ int main(void) {
         cmocka_unit_test(test_destroy_with_swapped),
         cmocka_unit_test(test_real_store_round_trip),
         cmocka_unit_test(test_random),
+        cmocka_unit_test(test_allocators_by_value),
+        cmocka_unit_test(test_last_error_is_sticky),
     };
     return cmocka_run_group_tests_name("tier", tests, NULL, NULL);
 }

@@ -2,58 +2,89 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- numbers ------------------------------------------------------------- */
+
 bool cli_parse_i64(const char *tool, const char *option, const char *text,
                    int64_t min, int64_t max, bool allow_k, int64_t *out, FILE *errf) {
-    if (text == NULL || *text == '\0') {
+    if (text == NULL) {
         fprintf(errf, "%s: %s needs a value\n", tool, option);
         return false;
     }
-    errno = 0;
-    char *end = NULL;
-    long long v = strtoll(text, &end, 10);
-    bool k = false;
-    if (allow_k && end != text && (*end == 'k' || *end == 'K')) {
-        k = true;
-        end++;
-    }
-    if (end == text || *end != '\0' || errno == ERANGE || (text[0] < '0' || text[0] > '9')) {
-        if (text[0] == '-' && end != text && *end == '\0')
-            fprintf(errf, "%s: %s must be at least %lld, got %s\n", tool, option,
-                    (long long)min, text);
-        else
-            fprintf(errf, "%s: %s: '%s' is not a whole number\n", tool, option, text);
+    /* By hand rather than strtoll, which skips leading spaces and takes '+'. */
+    const char *p = text;
+    bool neg = *p == '-';
+    if (neg) p++;
+    if (*p < '0' || *p > '9') {
+        fprintf(errf, "%s: %s: '%s' is not a whole number\n", tool, option, text);
         return false;
     }
-    if (k) {
-        if (v > INT64_MAX / 1024) {
-            fprintf(errf, "%s: %s: '%s' is too large\n", tool, option, text);
-            return false;
-        }
-        v *= 1024;
+    uint64_t mag = 0;
+    bool overflow = false;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (mag > (UINT64_MAX - d) / 10) overflow = true;
+        else mag = mag * 10 + d;
+    }
+    if (allow_k && (*p == 'k' || *p == 'K')) {
+        if (mag > UINT64_MAX / 1024) overflow = true;
+        else mag *= 1024;
+        p++;
+    }
+    if (*p != '\0') {
+        fprintf(errf, "%s: %s: '%s' is not a whole number\n", tool, option, text);
+        return false;
+    }
+    /* |INT64_MIN| = INT64_MAX + 1 */
+    if (overflow || mag > (uint64_t)INT64_MAX + (neg ? 1u : 0u)) {
+        fprintf(errf, "%s: %s must be in %lld..%lld, got %s (out of range)\n", tool, option,
+                (long long)min, (long long)max, text);
+        return false;
+    }
+    int64_t v = neg ? (mag == (uint64_t)INT64_MAX + 1u ? INT64_MIN : -(int64_t)mag) : (int64_t)mag;
+    if (v < min && v < 0 && min >= 0) {
+        fprintf(errf, "%s: %s must be at least %lld, got %s\n", tool, option, (long long)min,
+                text);
+        return false;
     }
     if (v < min || v > max) {
-        fprintf(errf, "%s: %s must be in %lld..%lld, got %s\n", tool, option,
-                (long long)min, (long long)max, text);
+        fprintf(errf, "%s: %s must be in %lld..%lld, got %s\n", tool, option, (long long)min,
+                (long long)max, text);
         return false;
     }
     *out = v;
     return true;
 }
 
+bool cli_parse_int(const char *tool, const char *option, const char *text, int min, int max,
+                   int *out, FILE *errf) {
+    int64_t v;
+    if (!cli_parse_i64(tool, option, text, min, max, false, &v, errf)) return false;
+    *out = (int)v;
+    return true;
+}
+
 bool cli_parse_double(const char *tool, const char *option, const char *text,
                       double min, double max, double *out, FILE *errf) {
-    if (text == NULL || *text == '\0') {
+    if (text == NULL) {
         fprintf(errf, "%s: %s needs a value\n", tool, option);
         return false;
     }
+    /* strtod also reads leading spaces, "inf", "nan" and hex: not numbers here */
+    bool starts = (*text >= '0' && *text <= '9') || *text == '-' || *text == '+' || *text == '.';
     errno = 0;
     char *end = NULL;
-    double v = strtod(text, &end);
-    if (end == text || *end != '\0' || errno == ERANGE || !isfinite(v)) {
+    double v = starts ? strtod(text, &end) : 0.0;
+    if (!starts || end == text || *end != '\0' || strpbrk(text, "xXnNiI") != NULL) {
         fprintf(errf, "%s: %s: '%s' is not a number\n", tool, option, text);
+        return false;
+    }
+    if (errno == ERANGE || !isfinite(v)) {
+        fprintf(errf, "%s: %s must be in [%g, %g], got %s (out of range)\n", tool, option, min,
+                max, text);
         return false;
     }
     if (v < min || v > max) {
@@ -63,6 +94,71 @@ bool cli_parse_double(const char *tool, const char *option, const char *text,
     *out = v;
     return true;
 }
+
+/* ---- options in argv ----------------------------------------------------- */
+
+const char *cli_opt_value(const char *tool, int argc, char **argv, int *i, FILE *errf) {
+    if (*i + 1 >= argc) {
+        fprintf(errf, "%s: %s needs a value\n", tool, argv[*i]);
+        return NULL;
+    }
+    (*i)++;
+    return argv[*i];
+}
+
+bool cli_opt_int(const char *tool, int argc, char **argv, int *i, int min, int max, int *out,
+                 FILE *errf) {
+    const char *option = argv[*i], *v = cli_opt_value(tool, argc, argv, i, errf);
+    return v != NULL && cli_parse_int(tool, option, v, min, max, out, errf);
+}
+
+bool cli_opt_i64(const char *tool, int argc, char **argv, int *i, int64_t min, int64_t max,
+                 bool allow_k, int64_t *out, FILE *errf) {
+    const char *option = argv[*i], *v = cli_opt_value(tool, argc, argv, i, errf);
+    return v != NULL && cli_parse_i64(tool, option, v, min, max, allow_k, out, errf);
+}
+
+bool cli_opt_double(const char *tool, int argc, char **argv, int *i, double min, double max,
+                    double *out, FILE *errf) {
+    const char *option = argv[*i], *v = cli_opt_value(tool, argc, argv, i, errf);
+    return v != NULL && cli_parse_double(tool, option, v, min, max, out, errf);
+}
+
+bool cli_opt_choice(const char *tool, int argc, char **argv, int *i, const char *const *names,
+                    int n, int *out, FILE *errf) {
+    const char *option = argv[*i], *v = cli_opt_value(tool, argc, argv, i, errf);
+    if (v == NULL) return false;
+    for (int k = 0; k < n; k++)
+        if (names[k] != NULL && !strcmp(v, names[k])) {
+            *out = k;
+            return true;
+        }
+    fprintf(errf, "%s: %s: '%s' is not one of", tool, option, v);
+    for (int k = 0; k < n; k++)
+        if (names[k] != NULL) fprintf(errf, " %s", names[k]);
+    fputc('\n', errf);
+    return false;
+}
+
+int cli_unknown_option(const char *tool, const char *arg, FILE *errf) {
+    if (arg[0] == '-')
+        fprintf(errf, "%s: unknown option '%s' (see --help)\n", tool, arg);
+    else
+        fprintf(errf, "%s: unexpected argument '%s' (see --help)\n", tool, arg);
+    return CLI_USAGE;
+}
+
+int cli_error(FILE *errf, const char *tool, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(errf, "%s: ", tool);
+    vfprintf(errf, fmt, ap);
+    fputc('\n', errf);
+    va_end(ap);
+    return CLI_USAGE;
+}
+
+/* ---- formatting ----------------------------------------------------------- */
 
 const char *cli_bytes(char *buf, size_t size, uint64_t bytes) {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};

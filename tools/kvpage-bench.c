@@ -1,6 +1,8 @@
 /*
  * kvpage-bench: benchmark programs (never timed assertions in tests).
- * Each subcommand prints a readable table and, last, one JSON object.
+ * Each subcommand prints a readable table and, last, one JSON object. A bad
+ * option or value is a message and exit status 2, before anything runs
+ * (every numeric option goes through tools/cli.c's strict parsers).
  */
 #include "../bench/bench.h"
 
@@ -22,7 +24,8 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kvpage-bench BENCH [options]\n\nbenchmarks:\n");
+    fprintf(f, "usage: kvpage-bench BENCH [options]   (kvpage-bench BENCH --help: its options)\n\n"
+               "benchmarks:\n");
     for (size_t i = 0; i < sizeof benches / sizeof benches[0]; i++)
         fprintf(f, "  %-12s %s\n", benches[i].name, benches[i].what);
 }

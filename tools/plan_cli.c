@@ -8,6 +8,8 @@
 #include "cli.h"
 #include "kvpage.h"
 #include "kvpage_cuda.h"
+#include "kvpage_ext.h"
+#include "kvpage_plan.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +55,7 @@ static void usage(FILE *f) {
         f);
 }
 
-/* Returns 1 if consumed a value, 0 for a flag, -1 on error. */
+/* Returns 0, or -1 after a message. */
 static int parse_args(int argc, char **argv, options *o, FILE *errf) {
     memset(o, 0, sizeof *o);
     o->page_size = 16;
@@ -85,20 +87,14 @@ static int parse_args(int argc, char **argv, options *o, FILE *errf) {
             *flag = true;
             continue;
         }
-        if (strncmp(name, "--", 2) != 0) {
+        if (name[0] != '-') {
             fprintf(errf, "%s: unexpected argument '%s' (see --help)\n", TOOL, arg);
             return -1;
         }
-        if (value == NULL) {
-            if (i + 1 >= argc) {
-                fprintf(errf, "%s: %s needs a value\n", TOOL, name);
-                return -1;
-            }
-            value = argv[++i];
-        }
+        /* which option, before its value: an unknown one is named as such */
         const char **str = NULL;
         int64_t *num = NULL, lo = 1, hi = INT32_MAX;
-        bool allow_k = false;
+        bool allow_k = false, real = false;
         if (!strcmp(name, "--preset")) str = &o->preset;
         else if (!strcmp(name, "--gpu")) str = &o->gpu;
         else if (!strcmp(name, "--vram")) str = &o->vram;
@@ -119,15 +115,23 @@ static int parse_args(int argc, char **argv, options *o, FILE *errf) {
             hi = INT64_MAX;
             allow_k = true;
         } else if (!strcmp(name, "--utilization")) {
-            if (!cli_parse_double(TOOL, name, value, 1e-9, 1.0, &o->utilization, errf))
-                return -1;
-            o->utilization_set = true;
-            continue;
+            real = true;
         } else {
-            fprintf(errf, "%s: unknown option '%s' (see --help)\n", TOOL, name);
+            int len = eq != NULL ? (int)(eq - arg) : (int)strlen(arg);
+            fprintf(errf, "%s: unknown option '%.*s' (see --help)\n", TOOL, len, arg);
             return -1;
         }
-        if (str != NULL) {
+        if (value == NULL) {
+            if (i + 1 >= argc) {
+                fprintf(errf, "%s: %s needs a value\n", TOOL, name);
+                return -1;
+            }
+            value = argv[++i];
+        }
+        if (real) {
+            if (!cli_parse_double(TOOL, name, value, 1e-9, 1.0, &o->utilization, errf)) return -1;
+            o->utilization_set = true;
+        } else if (str != NULL) {
             if (*value == '\0') {
                 fprintf(errf, "%s: %s needs a value\n", TOOL, name);
                 return -1;
@@ -161,10 +165,10 @@ static bool parse_format_opt(const char *option, const char *text, int32_t *out,
 static void list_presets(FILE *out) {
     fprintf(out, "%-14s %7s %8s %9s %9s %12s %15s  %s\n", "preset", "layers", "q_heads",
             "kv_heads", "head_dim", "max_context", "params", "source");
-    for (int32_t i = 0; i < kvp_preset_count(); i++) {
+    for (int32_t i = 0; i < kvp_model_preset_count(); i++) {
         kvp_model_preset_t m = {.struct_size = sizeof m};
         char buf[32];
-        if (kvp_preset_get(i, &m) != KVP_OK) continue;
+        if (kvp_model_preset_get(i, &m) != KVP_OK) continue;
         fprintf(out, "%-14s %7d %8d %9d %9d %12d %15s  %s\n", m.name, m.layers, m.q_heads,
                 m.kv_heads, m.head_dim, m.max_context, cli_thousands(buf, sizeof buf, m.params),
                 m.source);
@@ -173,10 +177,10 @@ static void list_presets(FILE *out) {
 
 static void list_gpus(FILE *out) {
     fprintf(out, "%-16s %12s  %s\n", "gpu", "memory", "what");
-    for (int32_t i = 0; i < kvp_gpu_count(); i++) {
+    for (int32_t i = 0; i < kvp_gpu_preset_count(); i++) {
         kvp_gpu_preset_t g = {.struct_size = sizeof g};
         char buf[32];
-        if (kvp_gpu_get(i, &g) != KVP_OK) continue;
+        if (kvp_gpu_preset_get(i, &g) != KVP_OK) continue;
         fprintf(out, "%-16s %12s  %s\n", g.name, cli_bytes(buf, sizeof buf, g.memory_bytes),
                 g.description);
     }
@@ -200,7 +204,7 @@ static int resolve(const options *o, request *r, FILE *errf) {
     kvp_plan_params_init(&r->p);
     r->preset.struct_size = sizeof r->preset;
     if (o->preset != NULL) {
-        if (kvp_preset_find(o->preset, &r->preset, err, sizeof err) != KVP_OK) {
+        if (kvp_model_preset_find(o->preset, &r->preset, err, sizeof err) != KVP_OK) {
             fprintf(errf, "%s: --preset: %s\n", TOOL, err);
             return -1;
         }
@@ -285,7 +289,7 @@ static int resolve(const options *o, request *r, FILE *errf) {
         r->memory_source = r->device_name;
     } else if (o->gpu != NULL) {
         kvp_gpu_preset_t g = {.struct_size = sizeof g};
-        if (kvp_gpu_find(o->gpu, &g, err, sizeof err) != KVP_OK) {
+        if (kvp_gpu_preset_find(o->gpu, &g, err, sizeof err) != KVP_OK) {
             fprintf(errf, "%s: --gpu: %s\n", TOOL, err);
             return -1;
         }

@@ -19,6 +19,9 @@
 #include "sim.h"
 
 #include "kvpage.h"
+#include "kvpage_plan.h"
+#include "kvpage_sched.h"
+#include "kvpage_tier.h"
 #include "paging.h"
 
 #include <errno.h>
@@ -661,10 +664,8 @@ static int setup(eng_t *e, int strategy) {
     pp.prefix_cache = 0;
     if (kvp_pool_create(&pp, &e->pool, msg, sizeof msg) != KVP_OK)
         return errf(e->err, e->err_size, "pool: %s", msg);
-    kvp_table_params_t tp;
-    kvp_table_params_init(&tp);
-    tp.max_seqs = (int32_t)(e->tr->n < (1 << 22) ? e->tr->n : (1 << 22));
-    if (kvp_table_create(e->pool, &tp, &e->table, msg, sizeof msg) != KVP_OK)
+    int32_t max_seqs = (int32_t)(e->tr->n < (1 << 22) ? e->tr->n : (1 << 22));
+    if (kvp_table_create(e->pool, max_seqs, &e->table, msg, sizeof msg) != KVP_OK)
         return errf(e->err, e->err_size, "table: %s", msg);
     int64_t most = longest(e->tr);
     e->ops_cap = (int32_t)(most / c->page_size + c->prefill_chunk / c->page_size + 16);
@@ -704,7 +705,7 @@ static int setup_tier(eng_t *e, mapping *m) {
     p.layout = &e->L;
     p.host_bytes = c->host_bytes;
     kvp_allocator_t host = {reserve_only, unreserve, m};
-    p.host_allocator = &host;
+    p.host_allocator = host;
     if (kvp_tier_create(e->table, &p, &e->tier, msg, sizeof msg) != KVP_OK)
         return errf(e->err, e->err_size, "host tier: %s", msg);
     kvp_tier_stats_t ts = {.struct_size = sizeof ts};
@@ -742,7 +743,7 @@ static int run_static(eng_t *e) {
                 end_request(e, i, RQ_FAILED, e->now);
                 continue;
             }
-            if (kvp_table_seq_create(e->table, NULL, &q->seq) != KVP_OK ||
+            if (kvp_table_seq_create(e->table, 0, 0, &q->seq) != KVP_OK ||
                 kvp_table_reserve(e->table, q->seq, slot_len) != KVP_OK) {
                 oom(e, i);
                 continue;
@@ -884,7 +885,7 @@ static void execute(eng_t *e, const kvp_sched_plan_t *pl, double *t_end_out) {
         rq_t *q = &e->rq[i];
         if (q->state >= RQ_DONE) continue;
         if (q->seq < 0) { /* admitted, or back for recompute */
-            if (kvp_table_seq_create(e->table, NULL, &q->seq) != KVP_OK) {
+            if (kvp_table_seq_create(e->table, 0, 0, &q->seq) != KVP_OK) {
                 oom(e, i);
                 continue;
             }

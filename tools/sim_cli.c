@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "kvpage.h"
+#include "kvpage_plan.h"
 #include "sim.h"
 
 #include <math.h>
@@ -90,15 +91,6 @@ static void usage(FILE *f) {
         f);
 }
 
-static bool want(const char *tool, int argc, char **argv, int *i, FILE *errf) {
-    if (*i + 1 >= argc) {
-        fprintf(errf, "%s: %s needs a value\n", tool, argv[*i]);
-        return false;
-    }
-    (*i)++;
-    return true;
-}
-
 static int parse_args(int argc, char **argv, options *o, FILE *errf) {
     memset(o, 0, sizeof *o);
     o->preset = NULL;
@@ -121,6 +113,7 @@ static int parse_args(int argc, char **argv, options *o, FILE *errf) {
         const char *a = argv[i];
         const char **str = NULL;
         int64_t *num = NULL, lo = 0, hi = 0;
+        bool allow_k = false; /* token counts take a k suffix (x1024) */
         double *real = NULL, rlo = 0, rhi = 0;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) o->help = true;
         else if (!strcmp(a, "--json")) o->json = true;
@@ -139,14 +132,17 @@ static int parse_args(int argc, char **argv, options *o, FILE *errf) {
         else if (!strcmp(a, "--seed")) num = &o->seed, lo = 0, hi = INT64_MAX;
         else if (!strcmp(a, "--page-size")) num = &o->page_size, lo = 2, hi = KVP_MAX_PAGE_SIZE;
         else if (!strcmp(a, "--max-batch")) num = &o->max_batch, lo = 1, hi = 65536;
-        else if (!strcmp(a, "--token-budget")) num = &o->token_budget, lo = 1, hi = 1 << 24;
-        else if (!strcmp(a, "--prefill-chunk")) num = &o->prefill_chunk, lo = 1, hi = 1 << 24;
+        else if (!strcmp(a, "--token-budget"))
+            num = &o->token_budget, lo = 1, hi = 1 << 24, allow_k = true;
+        else if (!strcmp(a, "--prefill-chunk"))
+            num = &o->prefill_chunk, lo = 1, hi = 1 << 24, allow_k = true;
         else if (!strcmp(a, "--horizon")) num = &o->horizon, lo = 0, hi = 1 << 20;
         else if (!strcmp(a, "--hysteresis")) num = &o->hysteresis, lo = 0, hi = 1 << 20;
         else if (!strcmp(a, "--drop-below")) {
             num = &o->drop_below, lo = INT32_MIN, hi = INT32_MAX;
             o->drop_below_set = true;
-        } else if (!strcmp(a, "--static-max-len")) num = &o->static_max_len, lo = 1, hi = 1 << 30;
+        } else if (!strcmp(a, "--static-max-len"))
+            num = &o->static_max_len, lo = 1, hi = 1 << 30, allow_k = true;
         else if (!strcmp(a, "--scale")) real = &o->scale, rlo = 1e-3, rhi = 1e3;
         else if (!strcmp(a, "--load")) real = &o->load, rlo = 1e-3, rhi = 1e3;
         else if (!strcmp(a, "--device-gbps")) real = &o->device_gbps, rlo = 1e-3, rhi = 1e6;
@@ -154,16 +150,15 @@ static int parse_args(int argc, char **argv, options *o, FILE *errf) {
         else if (!strcmp(a, "--tflops")) real = &o->tflops, rlo = 1e-3, rhi = 1e6;
         else if (!strcmp(a, "--step-overhead-ms")) real = &o->overhead_ms, rlo = 0, rhi = 1e4;
         else if (!strcmp(a, "--drain")) real = &o->drain, rlo = 0, rhi = 1e9;
-        else {
-            fprintf(errf, "%s: unknown option '%s' (see --help)\n", TOOL, a);
+        else return cli_unknown_option(TOOL, a, errf);
+        if (str != NULL) {
+            if ((*str = cli_opt_value(TOOL, argc, argv, &i, errf)) == NULL) return 2;
+            if (**str == '\0') return cli_error(errf, TOOL, "%s: the value is empty ('')", a);
+        }
+        if (num != NULL && !cli_opt_i64(TOOL, argc, argv, &i, lo, hi, allow_k, num, errf))
             return 2;
-        }
-        if (str || num || real) {
-            if (!want(TOOL, argc, argv, &i, errf)) return 2;
-            if (str) *str = argv[i];
-            if (num && !cli_parse_i64(TOOL, a, argv[i], lo, hi, true, num, errf)) return 2;
-            if (real && !cli_parse_double(TOOL, a, argv[i], rlo, rhi, real, errf)) return 2;
-        }
+        if (real != NULL && !cli_opt_double(TOOL, argc, argv, &i, rlo, rhi, real, errf))
+            return 2;
     }
     if (o->preset && o->trace) {
         fprintf(errf, "%s: --preset and --trace are exclusive\n", TOOL);
@@ -176,20 +171,27 @@ static int parse_args(int argc, char **argv, options *o, FILE *errf) {
 static int strategy_list(const char *text, bool on[SIM_NSTRATEGIES], FILE *errf) {
     for (int s = 0; s < SIM_NSTRATEGIES; s++) on[s] = text == NULL;
     if (text == NULL) return 0;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", text);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    /* comma-separated names, each one known; no empty item, not empty */
+    int count = 0;
+    for (const char *p = text;; p++) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
         int found = -1;
         for (int s = 0; s < SIM_NSTRATEGIES; s++)
-            if (!strcmp(tok, sim_strategy_names[s])) found = s;
+            if (strlen(sim_strategy_names[s]) == len && !strncmp(p, sim_strategy_names[s], len))
+                found = s;
         if (found < 0) {
-            fprintf(errf, "%s: --strategies: unknown strategy '%s' (static, paged, paged-int8, "
-                    "paged-int4, full)\n", TOOL, tok);
+            fprintf(errf, "%s: --strategies '%s': %s '%.*s' (static, paged, paged-int8, "
+                    "paged-int4, full)\n", TOOL, text,
+                    len == 0 ? "empty strategy name" : "unknown strategy", (int)len, p);
             return 2;
         }
         on[found] = true;
+        count++;
+        if (comma == NULL) break;
+        p = comma;
     }
-    return 0;
+    return count > 0 ? 0 : 2;
 }
 
 /* Model, budget and cost model from the options. */
@@ -197,7 +199,7 @@ static int configure(const options *o, sim_config *c, FILE *errf) {
     char err[KVP_ERR_SIZE];
     sim_config_default(c);
     kvp_model_preset_t m = {.struct_size = sizeof m};
-    if (kvp_preset_find(o->model, &m, err, sizeof err) != KVP_OK) {
+    if (kvp_model_preset_find(o->model, &m, err, sizeof err) != KVP_OK) {
         fprintf(errf, "%s: --model: %s\n", TOOL, err);
         return 2;
     }
@@ -214,7 +216,7 @@ static int configure(const options *o, sim_config *c, FILE *errf) {
     for (size_t k = 0; k < sizeof cards / sizeof cards[0]; k++)
         if (!strcmp(cards[k].name, o->gpu)) card = (int)k;
     kvp_gpu_preset_t g = {.struct_size = sizeof g};
-    if (kvp_gpu_find(o->gpu, &g, err, sizeof err) != KVP_OK || card < 0) {
+    if (kvp_gpu_preset_find(o->gpu, &g, err, sizeof err) != KVP_OK || card < 0) {
         fprintf(errf, "%s: --gpu: %s\n", TOOL,
                 card < 0 ? "unknown card (h100-80g h200-141g a100-40g a100-80g l4-24g "
                            "rtx4090-24g jetson-orin-8g)" : err);
@@ -262,6 +264,10 @@ static int configure(const options *o, sim_config *c, FILE *errf) {
     c->check = o->check;
     if (o->full_format) {
         char buf[64];
+        if (strlen(o->full_format) >= sizeof buf) {
+            fprintf(errf, "%s: --full-format: '%.64s...' is not K[/V]\n", TOOL, o->full_format);
+            return 2;
+        }
         snprintf(buf, sizeof buf, "%s", o->full_format);
         char *slash = strchr(buf, '/');
         if (slash) *slash = 0;

@@ -3,7 +3,7 @@
  * engine uses it (only <kvpage.h>, linked through pkg-config).
  *
  *   seq_open / seq_fork / seq_close  kvp_cache_seq_create / _fork / _release
- *   seq_len                          kvp_cache_seq_length
+ *   seq_len                          kvp_table_seq_info on the cache's table
  *   seq_attach_prefix                kvp_cache_seq_attach_prefix with n - 1 tokens,
  *                                    so the prompt's last token is always computed
  *   begin_step                       kvp_cache_begin_step: reserve + append in the
@@ -33,12 +33,15 @@
 #include <string.h>
 
 #include <kvpage.h>
+#include <kvpage_ext.h>  /* kvp_table_seq_info, kvp_store_info, kvp_status_name */
+#include <kvpage_plan.h> /* kvp_layout_compute, kvp_format_parse */
 
 #include "kv.h"
 
 typedef struct {
     kv_cache_t base;
     kvp_cache_t *c;
+    kvp_cache_parts_t parts; /* its pool, table, store (owned by the cache) */
     kv_paged_opts_t opts;
     kvp_layout_t layout;
     uint64_t arena_bytes;
@@ -113,8 +116,10 @@ static void paged_close(kv_cache_t *kv, int32_t seq_id) {
 }
 
 static int32_t paged_len(const kv_cache_t *kv, int32_t seq_id) {
-    int64_t len = -1;
-    return kvp_cache_seq_length(as_paged_c(kv)->c, seq_id, &len) == KVP_OK ? (int32_t)len : -1;
+    kvp_seq_info_t info = {.struct_size = sizeof info};
+    return kvp_table_seq_info(as_paged_c(kv)->parts.table, seq_id, &info) == KVP_OK
+               ? (int32_t)info.length
+               : -1;
 }
 
 static int32_t paged_attach_prefix(kv_cache_t *kv, int32_t seq_id, const int32_t *tokens, int32_t n) {
@@ -133,7 +138,7 @@ static int32_t paged_attach_prefix(kv_cache_t *kv, int32_t seq_id, const int32_t
 
 static void sample_peaks(paged_kv *p) {
     kvp_pool_stats_t st = {.struct_size = sizeof st};
-    if (kvp_pool_stats(kvp_cache_pool(p->c), &st) != KVP_OK) return;
+    if (kvp_pool_stats(p->parts.pool, &st) != KVP_OK) return;
     uint64_t bytes = (uint64_t)st.used_pages * p->layout.page_bytes +
                      (uint64_t)st.used_staging * p->layout.staging_page_bytes;
     if (st.used_pages > p->peak_pages) p->peak_pages = st.used_pages;
@@ -186,9 +191,9 @@ static int paged_attend(kv_cache_t *kv, int32_t layer, const float *q, float *ou
     ap.q = q;
     ap.out = out;
     if (p->decode_step && p->decode_ctx) { /* short calls: the decode context */
-        kvp_kv_view_t view;
+        kvp_kv_view_t view = {.struct_size = sizeof view};
         int rc = kvp_cache_step_view(p->c, &view, NULL, &ap.qo_indptr, NULL);
-        if (rc == KVP_OK) rc = kvp_attention(p->decode_ctx, kvp_cache_store(p->c), &view, &ap);
+        if (rc == KVP_OK) rc = kvp_attention(p->decode_ctx, p->parts.store, &view, &ap);
         if (rc == KVP_OK) return KV_OK;
         snprintf(p->err, sizeof p->err, "attend (decode context): %s: %s", kvp_status_name(rc),
                  kvp_ctx_last_error(p->decode_ctx));
@@ -212,7 +217,7 @@ static void paged_stats(const kv_cache_t *kv, kv_stats_t *out) {
     out->k_format = kvp_format_name(p->opts.k_format);
     out->v_format = kvp_format_name(p->opts.v_format);
     kvp_pool_stats_t st = {.struct_size = sizeof st};
-    if (kvp_pool_stats(kvp_cache_pool(p->c), &st) != KVP_OK) return;
+    if (kvp_pool_stats(p->parts.pool, &st) != KVP_OK) return;
     out->live_seqs = (int32_t)st.live_seqs;
     out->live_tokens = st.live_tokens;
     out->bytes_reserved = p->arena_bytes;
@@ -280,8 +285,11 @@ kv_cache_t *kv_paged_create(const kv_shape_t *shape, pool_t *pool, const kv_page
         cp.isa = o->isa;
         rc = kvp_cache_create(&cp, &p->c, e, sizeof e);
     }
-    void *base;
-    if (rc == KVP_OK) rc = kvp_store_arena(kvp_cache_store(p->c), &base, &p->arena_bytes);
+    p->parts.struct_size = sizeof p->parts;
+    if (rc == KVP_OK) rc = kvp_cache_parts(p->c, &p->parts);
+    kvp_store_info_t si = {.struct_size = sizeof si};
+    if (rc == KVP_OK) rc = kvp_store_info(p->parts.store, &si);
+    if (rc == KVP_OK) p->arena_bytes = si.arena_bytes;
     int32_t decode_threads = o->decode_threads > 0 ? o->decode_threads : 1;
     if (rc == KVP_OK && decode_threads != p->threads) {
         kvp_ctx_params_t xp;

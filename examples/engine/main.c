@@ -12,6 +12,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <kvpage.h>
+#include <kvpage_ext.h>  /* kvp_version_string */
+#include <kvpage_plan.h> /* kvp_layout_compute */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -38,13 +38,9 @@ typedef struct {
 
 typedef struct {
     kvp_ctx_t *ctx;
-    /* paged input (NULL for the contiguous baseline) */
     const kvp_store_t *store;
     const kvp_kv_view_t *view;
     const kvp_attention_params_t *params;
-    const kvp__contig *contig;
-    const float *contig_q;
-    float *contig_out;
     int32_t batch, kv_heads, group, q_heads, D, P, layer;
     float sm_scale;
     stage_set pool_stages, staging_stages;
@@ -69,16 +65,13 @@ typedef struct {
 /* ---- sequence geometry ------------------------------------------------------------ */
 
 static int32_t seq_pages(const attn_job *j, int32_t b) {
-    if (j->contig != NULL) return j->contig->pages;
     return j->view->indptr[b + 1] - j->view->indptr[b];
 }
 static int32_t seq_kv_len(const attn_job *j, int32_t b) {
-    if (j->contig != NULL) return j->contig->kv_len;
     int32_t n = seq_pages(j, b);
     return n == 0 ? 0 : (n - 1) * j->P + j->view->last_page_len[b];
 }
 static int32_t seq_q_len(const attn_job *j, int32_t b) {
-    if (j->contig != NULL) return 1;
     return j->params->qo_indptr[b + 1] - j->params->qo_indptr[b];
 }
 /* How a sequence's query rows are grouped into items: the rows of one kv
@@ -121,7 +114,7 @@ static int plan_schedule(attn_job *j) {
     size_t need = align_up((size_t)(B + 1) * 4) + 2 * align_up((size_t)B * 4) +
                   align_up((size_t)B * 8);
     if (need > c->workspace_bytes)
-        return kvp__errf(c->error, sizeof c->error, KVP_ENOMEM,
+        return kvp__errf(c->error, KVP_ERR_SIZE, KVP_ENOMEM,
                          "a batch of %d sequences needs %zu bytes of schedule; the context's "
                          "workspace has %llu (raise kvp_ctx_params_t::workspace_bytes)",
                          (int)B, need, (unsigned long long)c->workspace_bytes);
@@ -226,19 +219,13 @@ static void scale_in_place(float *x, float w, int32_t D) {
 
 static void load_q_row(const attn_job *j, int32_t b, int32_t i, int32_t qh, float *dst) {
     size_t D = (size_t)j->D;
-    if (j->contig != NULL) {
-        memcpy(dst, j->contig_q + ((size_t)b * (size_t)j->q_heads + (size_t)qh) * D,
-               D * sizeof(float));
-    } else {
-        const kvp_attention_params_t *p = j->params;
-        size_t row = ((size_t)(p->qo_indptr[b] + i) * (size_t)j->q_heads + (size_t)qh) * D;
-        kvp__load_f32(p->dtype, (const uint8_t *)p->q + row * kvp__dtype_size(p->dtype), D, dst);
-    }
+    const kvp_attention_params_t *p = j->params;
+    size_t row = ((size_t)(p->qo_indptr[b] + i) * (size_t)j->q_heads + (size_t)qh) * D;
+    kvp__load_f32(p->dtype, (const uint8_t *)p->q + row * kvp__dtype_size(p->dtype), D, dst);
     scale_in_place(dst, j->sm_scale, j->D);
 }
 
 static float fp8_scale_of(const attn_job *j, int side, int32_t h) {
-    if (j->store == NULL) return 0.0f;
     float *s = kvp__fp8_scale(j->store, side, j->layer, h);
     return s != NULL ? *s : 0.0f;
 }
@@ -246,8 +233,8 @@ static float fp8_scale_of(const attn_job *j, int side, int32_t h) {
 /* The positions [lo, hi] that query i of sequence b may attend. */
 static void row_bounds(const attn_job *j, int32_t b, int32_t i, int32_t *lo, int32_t *hi) {
     int32_t q_len = seq_q_len(j, b), kv_len = seq_kv_len(j, b);
-    int32_t causal = j->contig != NULL ? 1 : j->params->causal;
-    int32_t window = j->contig != NULL ? -1 : j->params->window_left;
+    int32_t causal = j->params->causal;
+    int32_t window = j->params->window_left;
     int32_t pos = kv_len - q_len + i;
     *hi = causal ? pos : kv_len - 1;
     *lo = window >= 0 && pos - window > 0 ? pos - window : 0;
@@ -269,7 +256,7 @@ static int setup_tiles(const attn_job *j, const item_id *id, kvp__tile *tiles, f
         tl->D = j->D;
         tl->P = j->P;
         tl->o = o + (size_t)t * KVP__TILE_ROWS * (size_t)j->D;
-        tl->soft_cap = j->contig != NULL ? 0.0f : j->params->logit_soft_cap;
+        tl->soft_cap = j->params->logit_soft_cap;
         tl->fp8_k = fp8_scale_of(j, 0, h);
         tl->fp8_v = fp8_scale_of(j, 1, h);
         tl->k4valid = 0; /* new q */
@@ -289,15 +276,6 @@ static int setup_tiles(const attn_job *j, const item_id *id, kvp__tile *tiles, f
 
 static void resolve_page(const attn_job *j, int32_t b, int32_t h, int32_t page,
                          const uint8_t **kb, const uint8_t **vb, const stage_set **st) {
-    if (j->contig != NULL) {
-        const kvp__contig *c = j->contig;
-        uint64_t at = ((uint64_t)b * (uint64_t)c->kv_heads + (uint64_t)h) * (uint64_t)c->pages +
-                      (uint64_t)page;
-        *kb = c->k + at * c->k_block;
-        *vb = c->v + at * c->v_block;
-        *st = &j->pool_stages;
-        return;
-    }
     int32_t id = j->view->indices[j->view->indptr[b] + page];
     *kb = kvp__block_k(j->store, j->layer, id, h);
     *vb = kvp__block_v(j->store, j->layer, id, h);
@@ -407,11 +385,6 @@ static void store_out_row(const attn_job *j, int32_t b, int32_t i, int32_t qh, c
                           float m, float l, float *tmp) {
     size_t D = (size_t)j->D;
     scale_row(tmp, o, l > 0.0f ? 1.0f / l : 0.0f, j->D);
-    if (j->contig != NULL) {
-        memcpy(j->contig_out + ((size_t)b * (size_t)j->q_heads + (size_t)qh) * D, tmp,
-               D * sizeof(float));
-        return;
-    }
     const kvp_attention_params_t *p = j->params;
     size_t row = (size_t)(p->qo_indptr[b] + i) * (size_t)j->q_heads + (size_t)qh;
     kvp__store_f32(p->dtype, tmp, D, (uint8_t *)p->out + row * D * kvp__dtype_size(p->dtype));
@@ -703,23 +676,21 @@ static void pick_stages(attn_job *j, const kvp__blockfmt *kf, const kvp__blockfm
     j->pool_stages.vacc2 = kvp__pick_vacc2(isa, vf->format);
     j->pool_stages.vacc4 = kvp__pick_vacc4(isa, vf->format);
     set_sizes(&j->pool_stages);
-    if (skf != NULL) {
-        j->staging_stages.kf = skf;
-        j->staging_stages.vf = svf;
-        j->staging_stages.kprep = kvp__pick_kprep(isa, skf->format);
-        j->staging_stages.klogits = kvp__pick_klogits(isa, skf->format, kvp__blockfmt_dim_major(skf));
-        j->staging_stages.vacc = kvp__pick_vacc(isa, svf->format);
-        j->staging_stages.vacc2 = NULL; /* staging pages go one by one */
-        j->staging_stages.vacc4 = NULL;
-        set_sizes(&j->staging_stages);
-    }
+    j->staging_stages.kf = skf;
+    j->staging_stages.vf = svf;
+    j->staging_stages.kprep = kvp__pick_kprep(isa, skf->format);
+    j->staging_stages.klogits = kvp__pick_klogits(isa, skf->format, kvp__blockfmt_dim_major(skf));
+    j->staging_stages.vacc = kvp__pick_vacc(isa, svf->format);
+    j->staging_stages.vacc2 = NULL; /* staging pages go one by one */
+    j->staging_stages.vacc4 = NULL;
+    set_sizes(&j->staging_stages);
 }
 
 static int run_job(attn_job *j) {
     int rc = plan_schedule(j);
     if (rc != KVP_OK) return rc;
     atomic_init(&j->next_item, 0);
-    kvp__pool_run(j->ctx->pool, attn_worker, j);
+    kvp__workers_run(j->ctx->workers, attn_worker, j);
     return KVP_OK;
 }
 
@@ -743,50 +714,6 @@ int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
     return run_job(&j);
 }
 
-int kvp__cpu_attention_contig(kvp_ctx_t *c, const kvp__contig *kv, int32_t q_heads,
-                              const float *q, float *out, float sm_scale) {
-    attn_job j;
-    memset(&j, 0, sizeof j);
-    j.ctx = c;
-    j.contig = kv;
-    j.contig_q = q;
-    j.contig_out = out;
-    j.batch = kv->batch;
-    j.kv_heads = kv->kv_heads;
-    j.group = q_heads / kv->kv_heads;
-    j.q_heads = q_heads;
-    j.D = kv->kf.head_dim;
-    j.P = kv->kf.page_size;
-    j.sm_scale = sm_scale;
-    pick_stages(&j, &kv->kf, &kv->vf, NULL, NULL);
-    return run_job(&j);
-}
-
 /* ---- context resources ------------------------------------------------------------------------ */
 
-int kvp__cpu_ctx_init(kvp_ctx_t *c, const void *bparams, char *err, size_t err_size) {
-    (void)bparams;
-    c->scratch_stride = (sizeof(thread_scratch) + 63) & ~(uint64_t)63;
-    c->scratch = (uint8_t *)kvp__malloc(&c->allocator, (size_t)(c->scratch_stride * (uint64_t)c->threads), 64);
-    c->workspace = (uint8_t *)kvp__malloc(&c->allocator, (size_t)c->workspace_bytes, 64);
-    if (c->scratch == NULL || c->workspace == NULL) {
-        kvp__cpu_ctx_fini(c);
-        return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate %llu bytes of workspace",
-                         (unsigned long long)c->workspace_bytes);
-    }
-    if (kvp__pool_create(&c->allocator, c->threads, &c->pool) != KVP_OK) {
-        kvp__cpu_ctx_fini(c);
-        return kvp__errf(err, err_size, KVP_ENOMEM, "cannot start %d worker threads",
-                         (int)c->threads - 1);
-    }
-    return KVP_OK;
-}
-
-void kvp__cpu_ctx_fini(kvp_ctx_t *c) {
-    kvp__pool_destroy(c->pool);
-    c->pool = NULL;
-    kvp__free(&c->allocator, c->scratch);
-    kvp__free(&c->allocator, c->workspace);
-    c->scratch = NULL;
-    c->workspace = NULL;
-}
+uint64_t kvp__cpu_thread_scratch_bytes(void) { return sizeof(thread_scratch); }

@@ -1,6 +1,9 @@
 /*
- * CPU backend, storage half: the arena in host memory, append (with seals),
- * page operations and reads. Arguments arrive validated (lib/store.c).
+ * The CPU backend: the arena in host memory, append (with seals), page
+ * operations, reads and page I/O; the context's resources (worker threads,
+ * workspace, per-thread scratch); and the function table that lib/store.c
+ * and lib/ctx.c call through. Arguments arrive validated. The attention
+ * driver is lib/cpu/attn.c, its kernels lib/cpu/kern_*.c.
  */
 #define _DEFAULT_SOURCE /* madvise(MADV_HUGEPAGE) */
 #include "../backend.h"
@@ -92,7 +95,7 @@ typedef struct {
     int32_t dtype;
 } row_source;
 
-static row_source source_of(const kvp_store_t *s, const kvp_append_t *a, bool value) {
+static row_source source_of(const kvp_store_t *s, const kvp_append_params_t *a, bool value) {
     row_source r;
     r.base = (const uint8_t *)(value ? a->v : a->k);
     int64_t st = value ? a->v_row_stride : a->k_row_stride;
@@ -110,7 +113,7 @@ static void load_head(const row_source *src, int64_t r, int32_t h, int32_t D, fl
 }
 
 /* Calibrate still-unset fp8 scales of this layer from this call's rows. */
-static void calibrate_fp8(kvp_store_t *s, const kvp_append_t *a, const row_source *src,
+static void calibrate_fp8(kvp_store_t *s, const kvp_append_params_t *a, const row_source *src,
                           int side) {
     int32_t H = s->layout.kv_heads, D = s->layout.head_dim;
     for (int32_t h = 0; h < H; h++) {
@@ -130,9 +133,18 @@ static void calibrate_fp8(kvp_store_t *s, const kvp_append_t *a, const row_sourc
     }
 }
 
-/* Quantize pool page op->dst of this layer, one side, from staging + rows. */
-static void seal_side(kvp_store_t *s, const kvp_append_t *a, const kvp_page_op_t *op,
-                      const row_source *src, bool value) {
+static uint64_t nonfinite_in(const float *x, size_t n) {
+    uint64_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]);
+    return bad;
+}
+
+/* Quantize pool page op->dst of this layer, one side, from staging + rows.
+ * Returns the non-finite inputs among the appended rows (the staged tokens
+ * were counted when they were appended). */
+static uint64_t seal_side(kvp_store_t *s, const kvp_append_params_t *a, const kvp_page_op_t *op,
+                          const row_source *src, bool value) {
+    uint64_t bad = 0;
     int32_t H = s->layout.kv_heads, D = s->layout.head_dim, P = s->layout.page_size;
     const kvp__blockfmt *pf = value ? &s->vfmt : &s->kfmt;
     const kvp__blockfmt *sf = value ? &s->svfmt : &s->skfmt;
@@ -147,11 +159,13 @@ static void seal_side(kvp_store_t *s, const kvp_append_t *a, const kvp_page_op_t
             load_head(src, op->row + (t - op->count), h, D, rows + (size_t)t * (size_t)D);
         uint8_t *db = value ? kvp__block_v(s, a->layer, op->dst, h)
                             : kvp__block_k(s, a->layer, op->dst, h);
-        kvp__block_encode(pf, db, 0, P, rows, (size_t)D, block_fp8_scale(s, pf, a->layer, h));
+        bad += kvp__block_encode(pf, db, 0, P, rows, (size_t)D, block_fp8_scale(s, pf, a->layer, h)) -
+               nonfinite_in(rows, (size_t)op->count * (size_t)D);
     }
+    return bad;
 }
 
-static bool in_seal(const kvp_append_t *a, int64_t r, int32_t P) {
+static bool in_seal(const kvp_append_params_t *a, int64_t r, int32_t P) {
     for (int i = 0; i < a->num_ops; i++) {
         const kvp_page_op_t *op = &a->ops[i];
         if (op->kind == KVP_OP_SEAL && r >= op->row && r < (int64_t)op->row + (P - op->count))
@@ -160,22 +174,12 @@ static bool in_seal(const kvp_append_t *a, int64_t r, int32_t P) {
     return false;
 }
 
-static uint64_t count_nonfinite_rows(const kvp_store_t *s, const kvp_append_t *a,
-                                     const row_source *src) {
-    int32_t H = s->layout.kv_heads, D = s->layout.head_dim;
-    uint64_t bad = 0;
-    for (int64_t r = 0; r < a->rows; r++) {
-        if (a->slots[r] < 0) continue;
-        for (int32_t h = 0; h < H; h++) {
-            load_head(src, r, h, D, s->scratch2);
-            for (int32_t d = 0; d < D; d++) bad += !isfinite(s->scratch2[d]);
-        }
-    }
-    return bad;
-}
-
-static void write_rows(kvp_store_t *s, const kvp_append_t *a, const row_source *src, bool value) {
+/* Write the rows no seal took; returns their non-finite inputs (the encoder
+ * counts them as it converts). */
+static uint64_t write_rows(kvp_store_t *s, const kvp_append_params_t *a, const row_source *src,
+                           bool value) {
     int32_t H = s->layout.kv_heads, D = s->layout.head_dim, P = s->layout.page_size;
+    uint64_t bad = 0;
     for (int64_t r = 0; r < a->rows; r++) {
         int64_t slot = a->slots[r];
         if (slot < 0 || in_seal(a, r, P)) continue;
@@ -185,27 +189,29 @@ static void write_rows(kvp_store_t *s, const kvp_append_t *a, const row_source *
             load_head(src, r, h, D, s->scratch2);
             uint8_t *b = value ? kvp__block_v(s, a->layer, page, h)
                                : kvp__block_k(s, a->layer, page, h);
-            kvp__block_encode(f, b, t, 1, s->scratch2, (size_t)D,
-                              block_fp8_scale(s, f, a->layer, h));
+            bad += kvp__block_encode(f, b, t, 1, s->scratch2, (size_t)D,
+                                     block_fp8_scale(s, f, a->layer, h));
         }
     }
+    return bad;
 }
 
-static int cpu_append(kvp_store_t *s, const kvp_append_t *a, char *err, size_t err_size) {
+static int cpu_append(kvp_store_t *s, const kvp_append_params_t *a, char *err, size_t err_size) {
     (void)err;
     (void)err_size;
     row_source ks = source_of(s, a, false), vs = source_of(s, a, true);
     if (s->layout.k_format == KVP_FORMAT_FP8_E4M3) calibrate_fp8(s, a, &ks, 0);
     if (s->layout.v_format == KVP_FORMAT_FP8_E4M3) calibrate_fp8(s, a, &vs, 1);
-    s->nonfinite += count_nonfinite_rows(s, a, &ks) + count_nonfinite_rows(s, a, &vs);
     /* Seals first: a seal's staging page may receive this step's later rows. */
+    uint64_t bad = 0;
     for (int i = 0; i < a->num_ops; i++) {
         if (a->ops[i].kind != KVP_OP_SEAL) continue;
-        seal_side(s, a, &a->ops[i], &ks, false);
-        seal_side(s, a, &a->ops[i], &vs, true);
+        bad += seal_side(s, a, &a->ops[i], &ks, false);
+        bad += seal_side(s, a, &a->ops[i], &vs, true);
     }
-    write_rows(s, a, &ks, false);
-    write_rows(s, a, &vs, true);
+    bad += write_rows(s, a, &ks, false);
+    bad += write_rows(s, a, &vs, true);
+    s->nonfinite += bad;
     return KVP_OK;
 }
 
@@ -298,6 +304,40 @@ static int cpu_synchronize(kvp_store_t *s, char *err, size_t err_size) {
     return KVP_OK;
 }
 
+/* ---- the context: threads, workspace, scratch --------------------------------------- */
+
+static void cpu_ctx_fini(kvp_ctx_t *c) {
+    kvp__workers_destroy(c->workers);
+    c->workers = NULL;
+    kvp__free(&c->allocator, c->scratch);
+    kvp__free(&c->allocator, c->workspace);
+    c->scratch = NULL;
+    c->workspace = NULL;
+}
+
+/* Everything attention needs, allocated and started once, so that a call
+ * neither allocates nor spawns. */
+static int cpu_ctx_init(kvp_ctx_t *c, const void *bparams, char *err, size_t err_size) {
+    (void)bparams;
+    c->scratch_stride = (kvp__cpu_thread_scratch_bytes() + 63) & ~(uint64_t)63;
+    c->scratch = (uint8_t *)kvp__malloc(&c->allocator,
+                                        (size_t)(c->scratch_stride * (uint64_t)c->threads), 64);
+    c->workspace = (uint8_t *)kvp__malloc(&c->allocator, (size_t)c->workspace_bytes, 64);
+    if (c->scratch == NULL || c->workspace == NULL) {
+        cpu_ctx_fini(c);
+        return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate %llu bytes of workspace",
+                         (unsigned long long)c->workspace_bytes);
+    }
+    if (kvp__workers_create(&c->allocator, c->threads, &c->workers) != KVP_OK) {
+        cpu_ctx_fini(c);
+        return kvp__errf(err, err_size, KVP_ENOMEM, "cannot start %d worker threads",
+                         (int)c->threads - 1);
+    }
+    return KVP_OK;
+}
+
+/* ---- the function table ------------------------------------------------------------ */
+
 const kvp__backend kvp__cpu_backend = {
     "cpu",
     KVP_BACKEND_CPU,
@@ -311,7 +351,7 @@ const kvp__backend kvp__cpu_backend = {
     cpu_nonfinite,
     cpu_page_io,
     cpu_synchronize,
-    kvp__cpu_ctx_init,
-    kvp__cpu_ctx_fini,
+    cpu_ctx_init,
+    cpu_ctx_fini,
     kvp__cpu_attention,
 };

@@ -152,11 +152,11 @@ void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f);
 /* ---- threads ------------------------------------------------------------------ */
 
 typedef void (*kvp__job_fn)(void *arg, int32_t thread);
-/* Start threads-1 workers; the caller is thread 0 during kvp__pool_run. */
-int kvp__pool_create(const kvp_allocator_t *a, int32_t threads, kvp__pool **out);
-void kvp__pool_destroy(kvp__pool *p);
+/* Start threads-1 workers; the caller is thread 0 during kvp__workers_run. */
+int kvp__workers_create(const kvp_allocator_t *a, int32_t threads, kvp__workers **out);
+void kvp__workers_destroy(kvp__workers *p);
 /* Run fn(arg, thread) on every thread and wait for all. No allocation. */
-void kvp__pool_run(kvp__pool *p, kvp__job_fn fn, void *arg);
+void kvp__workers_run(kvp__workers *p, kvp__job_fn fn, void *arg);
 /* One pause of a wait loop on another thread's progress (spins: how many
  * came before): a spin-wait hint, and after a while a yield, so a waiter
  * does not hold a core the thread it waits for may need. */
@@ -164,20 +164,9 @@ void kvp__cpu_wait(int spins);
 
 /* ---- backend entry points ------------------------------------------------------ */
 
-int kvp__cpu_ctx_init(kvp_ctx_t *c, const void *bparams, char *err, size_t err_size);
-void kvp__cpu_ctx_fini(kvp_ctx_t *c);
+/* Paged attention (lib/cpu/attn.c), and the bytes of one thread's scratch
+ * the context sets aside for it (lib/cpu/backend.c allocates them). */
 int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a);
-
-/* Contiguous-layout attention for the benchmark's baseline: the same kernels
- * with page blocks laid end to end per (sequence, kv head). */
-typedef struct {
-    const uint8_t *k, *v;     /* [batch][kv_heads][pages] blocks */
-    uint64_t k_block, v_block;
-    kvp__blockfmt kf, vf;
-    int32_t batch, kv_heads, pages, kv_len;
-} kvp__contig;
-/* q and out: [batch][q_heads][head_dim] fp32, one decode row per sequence. */
-int kvp__cpu_attention_contig(kvp_ctx_t *c, const kvp__contig *kv, int32_t q_heads,
-                              const float *q, float *out, float sm_scale);
+uint64_t kvp__cpu_thread_scratch_bytes(void);
 
 #endif

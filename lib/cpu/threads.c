@@ -2,7 +2,7 @@
  * Worker threads, started once per context. A run publishes (fn, arg) with a
  * generation counter; workers spin briefly (decode steps come back to back)
  * and then sleep on a condition variable, so an idle context costs nothing.
- * kvp__pool_run neither allocates nor creates threads.
+ * kvp__workers_run neither allocates nor creates threads.
  *
  * Jobs hand out their work dynamically (an atomic item counter), so the
  * caller never waits for a worker that has not started: when the caller's
@@ -29,7 +29,7 @@
 
 #define SPIN_ITERS 20000
 
-struct kvp__pool {
+struct kvp__workers {
     kvp_allocator_t alloc;
     int32_t threads;
     int32_t started;
@@ -46,11 +46,11 @@ struct kvp__pool {
 };
 
 typedef struct worker_arg {
-    kvp__pool *pool;
+    kvp__workers *pool;
     int32_t index;
 } worker_arg;
 
-static uint64_t wait_for_generation(kvp__pool *p, uint64_t seen) {
+static uint64_t wait_for_generation(kvp__workers *p, uint64_t seen) {
     for (int i = 0; i < SPIN_ITERS; i++) {
         uint64_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen || atomic_load(&p->stop)) return g;
@@ -64,7 +64,7 @@ static uint64_t wait_for_generation(kvp__pool *p, uint64_t seen) {
     return g;
 }
 
-static void leave_run(kvp__pool *p) {
+static void leave_run(kvp__workers *p) {
     if (atomic_fetch_sub(&p->entered, 1) == 1) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_signal(&p->cv_done);
@@ -74,7 +74,7 @@ static void leave_run(kvp__pool *p) {
 
 static void *worker_main(void *varg) {
     worker_arg *w = (worker_arg *)varg;
-    kvp__pool *p = w->pool;
+    kvp__workers *p = w->pool;
     int32_t index = w->index;
     uint64_t seen = 0;
     for (;;) {
@@ -87,7 +87,7 @@ static void *worker_main(void *varg) {
     return NULL;
 }
 
-static void stop_workers(kvp__pool *p) {
+static void stop_workers(kvp__workers *p) {
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->cv_start);
@@ -95,8 +95,8 @@ static void stop_workers(kvp__pool *p) {
     for (int32_t i = 0; i < p->started; i++) pthread_join(p->tids[i], NULL);
 }
 
-int kvp__pool_create(const kvp_allocator_t *a, int32_t threads, kvp__pool **out) {
-    kvp__pool *p = (kvp__pool *)kvp__calloc(a, 1, sizeof *p, 64);
+int kvp__workers_create(const kvp_allocator_t *a, int32_t threads, kvp__workers **out) {
+    kvp__workers *p = (kvp__workers *)kvp__calloc(a, 1, sizeof *p, 64);
     if (p == NULL) return KVP_ENOMEM;
     p->alloc = *a;
     p->threads = threads;
@@ -127,14 +127,14 @@ int kvp__pool_create(const kvp_allocator_t *a, int32_t threads, kvp__pool **out)
     }
     p->wargs = args;
     if (p->started != workers) {
-        kvp__pool_destroy(p);
+        kvp__workers_destroy(p);
         return KVP_ENOMEM;
     }
     *out = p;
     return KVP_OK;
 }
 
-void kvp__pool_run(kvp__pool *p, kvp__job_fn fn, void *arg) {
+void kvp__workers_run(kvp__workers *p, kvp__job_fn fn, void *arg) {
     if (p->threads == 1) {
         fn(arg, 0);
         return;
@@ -162,7 +162,7 @@ void kvp__cpu_wait(int spins) {
     else sched_yield();
 }
 
-void kvp__pool_destroy(kvp__pool *p) {
+void kvp__workers_destroy(kvp__workers *p) {
     if (p == NULL) return;
     if (p->started > 0 && !atomic_load(&p->stop)) stop_workers(p);
     pthread_mutex_destroy(&p->mu);

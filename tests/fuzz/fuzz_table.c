@@ -184,19 +184,17 @@ static void do_create(fz_world *w, fz_bytes *in) {
     fz_seq *s = free_slot(w);
     uint32_t a = take(in);
     if (s == NULL) return;
-    kvp_seq_params_t p;
-    kvp_seq_params_init(&p);
-    p.priority = (int32_t)(a & 7) - 2;
-    p.salt = a >> 7;
+    int32_t priority = (int32_t)(a & 7) - 2;
+    uint64_t salt = a >> 7;
     int32_t id;
-    int rc = kvp_table_seq_create(w->t, &p, &id);
+    int rc = kvp_table_seq_create(w->t, priority, salt, &id);
     FZ_ASSERT(rc == KVP_OK || rc == KVP_ENOSPC);
     if (rc != KVP_OK) return;
     s->live = true;
     s->swapped = false;
     s->id = id;
     s->len = 0;
-    s->salt = p.salt;
+    s->salt = salt;
 }
 
 static void do_append(fz_world *w, fz_bytes *in) {
@@ -411,15 +409,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pp.num_pages = w.N;
     pp.num_staging = w.S;
     pp.prefix_cache = (int32_t)(flags & 1);
-    pp.allocator = &hooks;
-    kvp_table_params_t tp;
-    kvp_table_params_init(&tp);
-    tp.max_seqs = FZ_SEQS;
-    tp.allocator = &hooks;
+    pp.allocator = hooks; /* the table allocates through the pool's hooks */
     char err[KVP_ERR_SIZE];
     FZ_ASSERT(kvp_pool_create(&pp, &w.pool, err, sizeof err) == KVP_OK);
     if (flags & 2) kvp__pool_set_hash_mask(w.pool, flags >> 6); /* 0..3: collisions */
-    FZ_ASSERT(kvp_table_create(w.pool, &tp, &w.t, err, sizeof err) == KVP_OK);
+    FZ_ASSERT(kvp_table_create(w.pool, FZ_SEQS, &w.t, err, sizeof err) == KVP_OK);
     for (int i = 0; i < 4; i++) w.stale[i] = -1;
     if (flags & 4) { /* a host tier of 2..23 slots; int8 keys need staging pages */
         w.layout.struct_size = sizeof w.layout;
@@ -428,7 +422,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kvp_tier_params_t tp2;
         kvp_tier_params_init(&tp2);
         tp2.layout = &w.layout;
-        tp2.allocator = &hooks;
+        tp2.allocator = hooks;
         uint64_t slot = (w.layout.page_bytes + KVP_ARENA_ALIGN - 1) / KVP_ARENA_ALIGN * KVP_ARENA_ALIGN;
         tp2.host_bytes = slot * (2 + 3 * ((flags >> 3) & 7));
         FZ_ASSERT(kvp_tier_create(w.t, &tp2, &w.tier, err, sizeof err) == KVP_OK);
