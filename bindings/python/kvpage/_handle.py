@@ -18,6 +18,8 @@ class Handle:
     """
 
     _destroy: Callable[[ctypes.c_void_p], None]
+    #: For an object owned by another (a cache's parts): the owner, kept alive.
+    _owner: object = None
 
     def __init__(self, ptr: ctypes.c_void_p, destroy: Callable[[ctypes.c_void_p], None]):
         self._ptr = ptr

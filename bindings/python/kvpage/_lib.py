@@ -1,13 +1,20 @@
 """Loading libkvpage through ctypes, and the C structs mirrored field by field.
 
-The library is found, in order, through:
+The shared library is looked for, in this order:
 
-1. the ``KVPAGE_LIBRARY`` environment variable (a path to libkvpage.so);
-2. a build tree: ``build/libkvpage.so`` next to this package's source checkout,
-   then under the current directory and its parents;
-3. the system's loader path (``libkvpage.so.<major>``, then ``ctypes.util``).
+1. ``KVPAGE_LIBRARY``: the path of a libkvpage shared library (a build
+   tree's ``build/libkvpage.so.0.x.y``, a sanitized build, ...). When it is
+   set, nothing else is tried: an explicit choice that fails is an error;
+2. the copy inside this package (``kvpage/libkvpage.so.0``), which
+   ``pip install ./bindings/python`` builds from the repository's C sources;
+3. the system's ``libkvpage.so.0`` through the dynamic loader (``make
+   install``, ``LD_LIBRARY_PATH``), then whatever
+   ``ctypes.util.find_library("kvpage")`` names.
 
-When none works, :class:`LibraryNotFound` lists every place that was tried.
+The current directory and its parents are never searched, so a stale or
+planted ``build/`` cannot shadow the real library. When nothing loads,
+:class:`LibraryNotFound` lists every place that was tried; a library of
+another version raises :class:`LibraryMismatch`.
 """
 
 from __future__ import annotations
@@ -17,60 +24,114 @@ import ctypes.util
 import os
 from pathlib import Path
 
-#: The library version these bindings were written for. The major version must
-#: match exactly (ABI); the library's minor version must be at least this one.
-EXPECTED_VERSION = (0, 1, 0)
+#: The library version these bindings were written for (``kvp_version_number``).
+#: Before 1.0 the layered headers may change in a minor release, so the major
+#: and minor versions must match exactly; from 1.0 on the same major version
+#: with at least this minor version is accepted. The patch level is not checked.
+EXPECTED_VERSION = (0, 2, 0)
 
 _SONAME = f"libkvpage.so.{EXPECTED_VERSION[0]}"
+
+#: File name of the copy installed inside the package.
+BUNDLED_NAME = _SONAME
 
 
 class LibraryNotFound(ImportError):
     """libkvpage could not be loaded; the message lists what was tried."""
 
 
+class LibraryMismatch(ImportError):
+    """The library that loaded is not the version these bindings need."""
+
+
+def bundled_path() -> Path:
+    """Where ``pip install`` puts the package's own copy of the library."""
+    return Path(__file__).resolve().parent / BUNDLED_NAME
+
+
 def _candidates() -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
     env = os.environ.get("KVPAGE_LIBRARY")
     if env:
-        out.append(("KVPAGE_LIBRARY", env))
-    here = Path(__file__).resolve()
-    seen = set()
-    # bindings/python/kvpage/_lib.py -> repository root is three levels up
-    roots = [here.parents[3]] if len(here.parents) > 3 else []
-    cwd = Path.cwd().resolve()
-    roots += [cwd, *cwd.parents]
-    for root in roots:
-        lib = root / "build" / "libkvpage.so"
-        if lib not in seen:
-            seen.add(lib)
-            out.append(("build tree", str(lib)))
-    out.append(("system loader", _SONAME))
+        return [("KVPAGE_LIBRARY", env)]
+    out = [("installed with the package", str(bundled_path())),
+           ("system loader", _SONAME)]
     found = ctypes.util.find_library("kvpage")
-    if found:
+    if found and found != _SONAME:
         out.append(("ctypes.util.find_library", found))
     return out
 
 
 def _load() -> tuple[ctypes.CDLL, str]:
     tried = []
-    for how, path in _candidates():
-        if how == "build tree" and not os.path.exists(path):
-            tried.append(f"  {how}: {path} (no such file)")
+    for how, where in _candidates():
+        if how == "installed with the package" and not os.path.exists(where):
+            tried.append(f"  {how}: {where} (no such file)")
             continue
         try:
-            return ctypes.CDLL(path), path
+            return ctypes.CDLL(where), where
         except OSError as e:
-            tried.append(f"  {how}: {path} ({e})")
-        if how == "KVPAGE_LIBRARY":
-            break  # an explicit choice that fails must not silently fall back
+            tried.append(f"  {how}: {where} ({e})")
     raise LibraryNotFound(
-        "kvpage: could not load libkvpage. Build it (`make` at the repository root), "
-        "install it (`make install`), or set KVPAGE_LIBRARY=/path/to/libkvpage.so. Tried:\n"
+        "kvpage: could not load libkvpage. Install the bindings with "
+        "`pip install ./bindings/python` (it builds the library), install the library "
+        "(`make install`), or set KVPAGE_LIBRARY=/path/to/libkvpage.so. Tried:\n"
         + "\n".join(tried)
     )
 
 
-lib, path = _load()
+def _loaded_path(cdll: ctypes.CDLL, where: str) -> str:
+    """The file a library was loaded from (the loader resolves a bare soname)."""
+    if os.sep in where:
+        return os.path.abspath(where)
+    try:
+        info = _DlInfo()
+        libdl = ctypes.CDLL(None)
+        libdl.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        addr = ctypes.cast(cdll.kvp_version_number, ctypes.c_void_p)
+        if libdl.dladdr(addr, ctypes.byref(info)) and info.dli_fname:
+            return os.path.abspath(info.dli_fname.decode())
+    except (AttributeError, OSError):
+        pass
+    return where
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def version_ok(number: int, want: tuple[int, int, int] = EXPECTED_VERSION) -> bool:
+    """Whether a ``kvp_version_number()`` value suits bindings written for ``want``."""
+    major, minor = number // 10000, number // 100 % 100
+    if major != want[0]:
+        return False
+    return minor == want[1] if major == 0 else minor >= want[1]
+
+
+def _check_version(cdll: ctypes.CDLL, where: str) -> None:
+    try:
+        fn = cdll.kvp_version_number
+    except AttributeError:
+        raise LibraryMismatch(f"kvpage: {where} is not libkvpage (no kvp_version_number)") \
+            from None
+    fn.restype, fn.argtypes = ctypes.c_uint, []
+    n = fn()
+    if not version_ok(n):
+        want = EXPECTED_VERSION
+        need = (f"{want[0]}.{want[1]}.x" if want[0] == 0 else
+                f"{want[0]}.{want[1]} or a later {want[0]}.x")
+        raise LibraryMismatch(
+            f"kvpage: {where} is libkvpage {n // 10000}.{n // 100 % 100}.{n % 100}, but these "
+            f"bindings (kvpage {'.'.join(map(str, want))}) need libkvpage {need}. Reinstall "
+            "the bindings from the same checkout as the library (`pip install "
+            "./bindings/python`), or point KVPAGE_LIBRARY at a matching build."
+        )
+
+
+lib, _where = _load()
+#: The file the library was loaded from.
+path = _loaded_path(lib, _where)
+_check_version(lib, path)
 
 # ---- structs (must match include/kvpage.h field for field) --------------------
 
@@ -193,10 +254,12 @@ class CudaDeviceInfoC(ctypes.Structure):
 
 class KvViewC(ctypes.Structure):
     _fields_ = [
+        ("struct_size", c_u32),
         ("batch", c_i32),
         ("page_size", c_i32),
         ("num_pages", c_i32),
         ("num_staging", c_i32),
+        ("reserved_", c_i32),
         ("indptr", ctypes.POINTER(c_i32)),
         ("indices", ctypes.POINTER(c_i32)),
         ("last_page_len", ctypes.POINTER(c_i32)),
@@ -227,8 +290,19 @@ _vp = ctypes.c_void_p
 ERR_SIZE = 256
 
 
+#: Every function the bindings call, in declaration order (a test checks that
+#: the headers declare each of them).
+DECLARED: list[str] = []
+_MISSING: list[str] = []
+
+
 def _sig(name, restype, *argtypes):
-    fn = getattr(lib, name)
+    DECLARED.append(name)
+    try:
+        fn = getattr(lib, name)
+    except AttributeError:  # reported all together at the end of this module
+        _MISSING.append(name)
+        return None
     fn.restype = restype
     fn.argtypes = list(argtypes)
     return fn
@@ -247,32 +321,19 @@ _sig("kvp_arena_bytes", ctypes.c_int, ctypes.POINTER(LayoutC), c_u64, c_u64,
 _sig("kvp_plan_params_init", None, ctypes.POINTER(PlanParamsC))
 _sig("kvp_plan_compute", ctypes.c_int, ctypes.POINTER(PlanParamsC), ctypes.POINTER(PlanC),
      c_char_p, _sz)
-_sig("kvp_preset_count", c_i32)
-_sig("kvp_preset_get", ctypes.c_int, c_i32, ctypes.POINTER(ModelPresetC))
-_sig("kvp_preset_find", ctypes.c_int, c_char_p, ctypes.POINTER(ModelPresetC), c_char_p, _sz)
-_sig("kvp_gpu_count", c_i32)
-_sig("kvp_gpu_get", ctypes.c_int, c_i32, ctypes.POINTER(GpuPresetC))
-_sig("kvp_gpu_find", ctypes.c_int, c_char_p, ctypes.POINTER(GpuPresetC), c_char_p, _sz)
+_sig("kvp_model_preset_count", c_i32)
+_sig("kvp_model_preset_get", ctypes.c_int, c_i32, ctypes.POINTER(ModelPresetC))
+_sig("kvp_model_preset_find", ctypes.c_int, c_char_p, ctypes.POINTER(ModelPresetC), c_char_p, _sz)
+_sig("kvp_gpu_preset_count", c_i32)
+_sig("kvp_gpu_preset_get", ctypes.c_int, c_i32, ctypes.POINTER(GpuPresetC))
+_sig("kvp_gpu_preset_find", ctypes.c_int, c_char_p, ctypes.POINTER(GpuPresetC), c_char_p, _sz)
 _sig("kvp_weight_bytes", ctypes.c_int, c_u64, c_char_p, ctypes.POINTER(c_u64), c_char_p, _sz)
 _sig("kvp_parse_size", ctypes.c_int, c_char_p, ctypes.POINTER(c_u64), c_char_p, _sz)
-_sig("kvp_build_has_cuda", ctypes.c_int)
+_sig("kvp_build_has", ctypes.c_int, c_i32)
 _sig("kvp_cuda_device_count", ctypes.c_int, ctypes.POINTER(c_i32), c_char_p, _sz)
 _sig("kvp_cuda_device_query", ctypes.c_int, c_i32, ctypes.POINTER(CudaDeviceInfoC), c_char_p, _sz)
 
 
-def _check_version() -> None:
-    n = lib.kvp_version_number()
-    have = (n // 10000, n // 100 % 100, n % 100)
-    want = EXPECTED_VERSION
-    if have[0] != want[0] or have[1] < want[1]:
-        raise ImportError(
-            f"kvpage: {path} is libkvpage {have[0]}.{have[1]}.{have[2]}, but these bindings "
-            f"need {want[0]}.{want[1]}.x or a later minor version of {want[0]}.x "
-            "(rebuild the library or reinstall the bindings from the same checkout)"
-        )
-
-
-_check_version()
 
 
 def new_struct(cls):
@@ -400,7 +461,7 @@ class PoolParamsC(ctypes.Structure):
         ("prefix_cache", c_i32),
         ("reserved_", c_i32),
         ("hash_seed", c_u64),
-        ("allocator", ctypes.POINTER(Allocator)),
+        ("allocator", Allocator),
     ]
 
 
@@ -442,15 +503,6 @@ class PoolEventC(ctypes.Structure):
 PoolEventFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(PoolEventC))
 
 
-class TableParamsC(ctypes.Structure):
-    _fields_ = [("struct_size", c_u32), ("max_seqs", c_i32),
-                ("allocator", ctypes.POINTER(Allocator))]
-
-
-class SeqParamsC(ctypes.Structure):
-    _fields_ = [("struct_size", c_u32), ("priority", c_i32), ("salt", c_u64)]
-
-
 class SeqInfoC(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_u32),
@@ -485,8 +537,6 @@ MIRRORED.update({
     "kvp_pool_params_t": PoolParamsC,
     "kvp_pool_stats_t": PoolStatsC,
     "kvp_pool_event_t": PoolEventC,
-    "kvp_table_params_t": TableParamsC,
-    "kvp_seq_params_t": SeqParamsC,
     "kvp_seq_info_t": SeqInfoC,
     "kvp_batch_buffers_t": BatchBuffersC,
 })
@@ -507,12 +557,10 @@ _sig("kvp_pool_refcount", ctypes.c_int, _vp, c_i32, _i32p)
 _sig("kvp_pool_evict", ctypes.c_int, _vp, c_i32, _i32p)
 _sig("kvp_pool_stats", ctypes.c_int, _vp, _P(PoolStatsC))
 _sig("kvp_pool_set_event_callback", ctypes.c_int, _vp, PoolEventFn, _vp)
-_sig("kvp_table_params_init", None, _P(TableParamsC))
-_sig("kvp_table_create", ctypes.c_int, _vp, _P(TableParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_table_create", ctypes.c_int, _vp, c_i32, _P(_vp), c_char_p, _sz)
 _sig("kvp_table_destroy", None, _vp)
 _sig("kvp_table_last_error", c_char_p, _vp)
-_sig("kvp_seq_params_init", None, _P(SeqParamsC))
-_sig("kvp_table_seq_create", ctypes.c_int, _vp, _P(SeqParamsC), _i32p)
+_sig("kvp_table_seq_create", ctypes.c_int, _vp, c_i32, c_u64, _i32p)
 _sig("kvp_table_seq_release", ctypes.c_int, _vp, c_i32)
 _sig("kvp_table_reserve", ctypes.c_int, _vp, c_i32, ctypes.c_int64)
 _sig("kvp_table_append", ctypes.c_int, _vp, c_i32, ctypes.c_int64, _i32p, _i64p, _P(PageOpC),
@@ -566,6 +614,19 @@ class RegionC(ctypes.Structure):
     ]
 
 
+class StoreInfoC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("backend", c_i32),
+        ("device", c_i32),
+        ("k_order", c_i32),
+        ("num_pages", c_i32),
+        ("num_staging", c_i32),
+        ("arena", _vp),
+        ("arena_bytes", c_u64),
+    ]
+
+
 class AppendC(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_u32),
@@ -609,6 +670,18 @@ class CtxParamsC(ctypes.Structure):
     ]
 
 
+class CtxInfoC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("backend", c_i32),
+        ("device", c_i32),
+        ("isa", c_i32),
+        ("threads", c_i32),
+        ("reserved_", c_i32),
+        ("workspace_bytes", c_u64),
+    ]
+
+
 class AttentionParamsC(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_u32),
@@ -649,10 +722,25 @@ class CacheParamsC(ctypes.Structure):
     ]
 
 
+class CachePartsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("pool", _vp),
+        ("table", _vp),
+        ("store", _vp),
+        ("ctx", _vp),
+        ("tier", _vp),
+    ]
+
+
 MIRRORED.update({
     "kvp_store_params_t": StoreParamsC,
+    "kvp_store_info_t": StoreInfoC,
+    "kvp_ctx_info_t": CtxInfoC,
+    "kvp_cache_parts_t": CachePartsC,
     "kvp_region_t": RegionC,
-    "kvp_append_t": AppendC,
+    "kvp_append_params_t": AppendC,
     "kvp_quant_desc_t": QuantDescC,
     "kvp_ctx_params_t": CtxParamsC,
     "kvp_attention_params_t": AttentionParamsC,
@@ -664,16 +752,16 @@ _sig("kvp_store_create", ctypes.c_int, _P(StoreParamsC), _P(_vp), c_char_p, _sz)
 _sig("kvp_store_destroy", None, _vp)
 _sig("kvp_store_last_error", c_char_p, _vp)
 _sig("kvp_store_layout", ctypes.c_int, _vp, _P(LayoutC))
-_sig("kvp_store_arena", ctypes.c_int, _vp, _P(_vp), _P(c_u64))
+_sig("kvp_store_info", ctypes.c_int, _vp, _P(StoreInfoC))
 _sig("kvp_store_region", ctypes.c_int, _vp, c_i32, c_i32, _P(RegionC))
 _sig("kvp_store_set_fp8_scale", ctypes.c_int, _vp, c_i32, c_i32, c_i32, ctypes.c_float)
 _sig("kvp_store_get_fp8_scale", ctypes.c_int, _vp, c_i32, c_i32, c_i32, _P(ctypes.c_float))
-_sig("kvp_append_init", None, _P(AppendC))
+_sig("kvp_append_params_init", None, _P(AppendC))
 _sig("kvp_store_append", ctypes.c_int, _vp, _P(AppendC))
 _sig("kvp_store_apply_ops", ctypes.c_int, _vp, _P(PageOpC), c_i32)
 _sig("kvp_store_read", ctypes.c_int, _vp, c_i32, c_i32, c_i32, c_i32, _P(ctypes.c_float),
      _P(ctypes.c_float))
-_sig("kvp_store_nonfinite_count", c_u64, _vp)
+_sig("kvp_store_nonfinite_count", ctypes.c_int, _vp, _P(c_u64))
 _sig("kvp_quant_block_bytes", ctypes.c_int, _P(QuantDescC), _P(c_u64), c_char_p, _sz)
 _sig("kvp_quantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, c_char_p, _sz)
 _sig("kvp_dequantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, c_char_p, _sz)
@@ -681,7 +769,7 @@ _sig("kvp_ctx_params_init", None, _P(CtxParamsC))
 _sig("kvp_ctx_create", ctypes.c_int, _P(CtxParamsC), _P(_vp), c_char_p, _sz)
 _sig("kvp_ctx_destroy", None, _vp)
 _sig("kvp_ctx_last_error", c_char_p, _vp)
-_sig("kvp_ctx_isa", c_i32, _vp)
+_sig("kvp_ctx_info", ctypes.c_int, _vp, _P(CtxInfoC))
 _sig("kvp_isa_name", c_char_p, c_i32)
 _sig("kvp_isa_supported", ctypes.c_int, c_i32)
 _sig("kvp_attention_params_init", None, _P(AttentionParamsC))
@@ -690,14 +778,12 @@ _sig("kvp_cache_params_init", None, _P(CacheParamsC))
 _sig("kvp_cache_create", ctypes.c_int, _P(CacheParamsC), _P(_vp), c_char_p, _sz)
 _sig("kvp_cache_destroy", None, _vp)
 _sig("kvp_cache_last_error", c_char_p, _vp)
-_sig("kvp_cache_pool", _vp, _vp)
-_sig("kvp_cache_store", _vp, _vp)
+_sig("kvp_cache_parts", ctypes.c_int, _vp, _P(CachePartsC))
 _sig("kvp_cache_seq_create", ctypes.c_int, _vp, c_i32, c_u64, _i32p)
 _sig("kvp_cache_seq_release", ctypes.c_int, _vp, c_i32)
 _sig("kvp_cache_seq_attach_prefix", ctypes.c_int, _vp, c_i32, _i32p, ctypes.c_int64, _i64p)
 _sig("kvp_cache_seq_fork", ctypes.c_int, _vp, c_i32, _i32p)
 _sig("kvp_cache_seq_truncate", ctypes.c_int, _vp, c_i32, ctypes.c_int64)
-_sig("kvp_cache_seq_length", ctypes.c_int, _vp, c_i32, _i64p)
 _sig("kvp_cache_begin_step", ctypes.c_int, _vp, _i32p, c_i32, _i32p, _i32p)
 _sig("kvp_cache_write", ctypes.c_int, _vp, c_i32, c_i32, _vp, _vp, ctypes.c_int64,
      ctypes.c_int64)
@@ -729,8 +815,8 @@ class TierParamsC(ctypes.Structure):
         ("host_bytes", c_u64),
         ("layout", ctypes.POINTER(LayoutC)),
         ("page_io", ctypes.POINTER(PageIoC)),
-        ("allocator", ctypes.POINTER(Allocator)),
-        ("host_allocator", ctypes.POINTER(Allocator)),
+        ("allocator", Allocator),
+        ("host_allocator", Allocator),
     ]
 
 
@@ -811,11 +897,6 @@ _sig("kvp_cuda_store_create", ctypes.c_int, _P(StoreParamsC), _P(CudaParamsC), _
 _sig("kvp_cuda_ctx_create", ctypes.c_int, _P(CtxParamsC), _P(CudaParamsC), _P(_vp), c_char_p, _sz)
 _sig("kvp_cuda_store_set_stream", ctypes.c_int, _vp, _vp)
 _sig("kvp_cuda_ctx_set_stream", ctypes.c_int, _vp, _vp)
-_sig("kvp_cuda_append", ctypes.c_int, _vp, _P(AppendC), _vp)
-_sig("kvp_cuda_apply_ops", ctypes.c_int, _vp, _P(PageOpC), c_i32, _vp)
-_sig("kvp_cuda_attention", ctypes.c_int, _vp, _vp, _P(KvViewC), _P(AttentionParamsC), _vp)
-_sig("kvp_cuda_page_to_host", ctypes.c_int, _vp, c_i32, c_u64, _vp, c_u64, _vp)
-_sig("kvp_cuda_page_from_host", ctypes.c_int, _vp, c_i32, c_u64, _vp, c_u64, _vp)
 _sig("kvp_cuda_quantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, _vp, c_char_p,
      _sz)
 _sig("kvp_cuda_dequantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, _vp,
@@ -823,3 +904,10 @@ _sig("kvp_cuda_dequantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _
 _sig("kvp_cuda_host_alloc", ctypes.c_int, c_u64, _P(_vp), c_char_p, _sz)
 _sig("kvp_cuda_host_free", None, _vp)
 _sig("kvp_cuda_cache_create", ctypes.c_int, _P(CacheParamsC), _P(CudaParamsC), _P(_vp), c_char_p, _sz)
+
+
+if _MISSING:
+    raise LibraryMismatch(
+        f"kvpage: {path} lacks functions these bindings call: {', '.join(_MISSING)}. It "
+        "is not the libkvpage these bindings were written for; reinstall the bindings from "
+        "the same checkout as the library, or point KVPAGE_LIBRARY at a matching build.")

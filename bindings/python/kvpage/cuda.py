@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _lib
-from .errors import check, errbuf, error_for
-from .kernels import (_DTYPES, Cache, Context, Store, _ops_array, _quant_desc, append_struct,
-                      attention_struct, slots_of)
+from .errors import check, errbuf
+from ._arrays import DTYPE_CODES, slots_of
+from .cache import Cache
+from .context import Context, attention_struct
 from .paging import Export, PageOp
+from .store import FormatLike, Store, append_struct, ops_array, quant_desc
 from .plan import Format
 
 L = _lib.lib
@@ -61,7 +63,7 @@ def _dtype_code(dtype: Any, what: str) -> tuple[int, int]:
         dt = np.dtype(dtype)
     except TypeError:
         raise ValueError(f"{what}: unknown dtype {dtype!r}") from None
-    code = _DTYPES.get(dt)
+    code = DTYPE_CODES.get(dt)
     if code is None:
         raise ValueError(f"{what} must be float32, float16 or bfloat16, got {dt}")
     return code, dt.itemsize
@@ -186,8 +188,7 @@ def _device_attention(layer, q, out, q_heads, head_dim, rows, sm_scale, causal, 
         raise ValueError("q and out must be C-contiguous")
     if oc != qc:
         raise ValueError("out must have q's dtype")
-    return attention_struct(layer, q_heads, head_dim, qc, sm_scale, causal, window_left, soft_cap,
-                            qp, op)
+    return attention_struct(layer, q_heads, qc, sm_scale, causal, window_left, soft_cap, qp, op)
 
 
 class CudaStore(Store):
@@ -198,18 +199,24 @@ class CudaStore(Store):
     layout's arena bytes, ``arena_bytes``, 256-byte aligned); it must outlive
     the store, which keeps a reference to it. ``stream`` becomes the store's
     stream. :meth:`read`, :meth:`page_to_host` and the tier's swaps work as on
-    the CPU store (page copies are asynchronous on the stream)."""
+    the CPU store (page copies are asynchronous on the stream).
+
+    The shape and format arguments and their defaults are :class:`kvpage.Store`'s
+    (page_size 16, fp16 keys and values, token-major keys). ``device``
+    defaults to 0, ``stream`` to None (the default stream), ``arena`` to None
+    (the store allocates its arena), ``staging_bytes`` to 0 (4 MiB of pinned
+    and device memory for the metadata uploaded per call)."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, num_pages: int,
-                 page_size: int = 16, k_format=Format.FP16, v_format=Format.FP16,
-                 num_staging: int = 0, dim_major_keys: bool = False, device: int = 0,
+                 page_size: int = 16, k_format: FormatLike = Format.FP16,
+                 v_format: FormatLike = Format.FP16, num_staging: int = 0,
+                 dim_major_keys: bool = False, device: int = 0,
                  stream: Any = None, arena: Any = None, arena_bytes: int = 0,
                  staging_bytes: int = 0):
         self._cuda_c = _cuda_params(device, stream, arena, arena_bytes, staging_bytes)
         super().__init__(layers, kv_heads, head_dim, num_pages, page_size=page_size,
                          k_format=k_format, v_format=v_format, num_staging=num_staging,
                          dim_major_keys=dim_major_keys)
-        self.device = device
         self._arena_owner = arena  # engine memory stays alive as long as the store
 
     def _create_c(self, p, ptr, err) -> int:
@@ -224,25 +231,25 @@ class CudaStore(Store):
                dtype: Any = None) -> None:
         """Write device rows of K/V at their slots (host int64 array, from
         ``Table.append``); SEAL ops quantize the pages they name. Enqueued on
-        ``stream`` if given (it becomes the store's stream)."""
+        the store's stream; ``stream``, if given, becomes the store's stream
+        first (:meth:`set_stream`)."""
         s = slots_of(slots)
         kp, kc, ks = device_rows(k, "k", self.kv_heads, self.head_dim, s.size, dtype)
         vp, vc, vs = device_rows(v, "v", self.kv_heads, self.head_dim, s.size, dtype)
         if kc != vc:
             raise ValueError("k and v must have the same dtype")
         a, _ops_keep = append_struct(layer, s, kp, vp, kc, ks, vs, ops)
-        if stream is None:
-            self._check(L.kvp_store_append(self._p(), ctypes.byref(a)))
-        else:
-            self._check(L.kvp_cuda_append(self._p(), ctypes.byref(a), stream_handle(stream)))
+        if stream is not None:
+            self.set_stream(stream)
+        self._check(L.kvp_store_append(self._p(), ctypes.byref(a)))
 
     def apply_ops(self, ops: Sequence[PageOp], stream: Any = None) -> None:
-        """Run COPY and UNSEAL ops on the device (on ``stream`` if given)."""
-        arr = _ops_array(ops)
-        if stream is None:
-            self._check(L.kvp_store_apply_ops(self._p(), arr, len(ops)))
-        else:
-            self._check(L.kvp_cuda_apply_ops(self._p(), arr, len(ops), stream_handle(stream)))
+        """Run COPY and UNSEAL ops on the device, on the store's stream
+        (``stream``, if given, becomes the store's stream first)."""
+        arr = ops_array(ops)
+        if stream is not None:
+            self.set_stream(stream)
+        self._check(L.kvp_store_apply_ops(self._p(), arr, len(ops)))
 
 
 class CudaContext(Context):
@@ -253,7 +260,6 @@ class CudaContext(Context):
                  staging_bytes: int = 0):
         self._cuda_c = _cuda_params(device, stream, staging_bytes=staging_bytes)
         super().__init__(workspace_bytes=workspace_bytes)
-        self.device = device
 
     def _create_c(self, p, ptr, err) -> int:
         return L.kvp_cuda_ctx_create(ctypes.byref(p), ctypes.byref(self._cuda_c),
@@ -263,10 +269,6 @@ class CudaContext(Context):
         """Make ``stream`` the context's stream (ordered after earlier work)."""
         self._check(L.kvp_cuda_ctx_set_stream(self._p(), stream_handle(stream)))
 
-    def _check(self, rc: int) -> None:
-        if rc != 0:
-            raise error_for(rc, L.kvp_ctx_last_error(self._p()).decode())
-
     def attention(self, store: Store, batch: Export, layer: int, q, out=None,
                   q_heads: Optional[int] = None, sm_scale: Optional[float] = None,
                   causal: bool = True, window_left: int = -1, soft_cap: float = 0.0,
@@ -274,19 +276,18 @@ class CudaContext(Context):
         """Paged attention of device ``q``'s rows (``batch.qo_indptr``) over
         ``batch``'s pages into device ``out`` (required: nothing is allocated
         on the device here). ``lse``, if given, is a device float32 array of
-        ``rows * q_heads`` log-sum-exp values. Returns ``out``."""
+        ``rows * q_heads`` log-sum-exp values. ``stream``, if given, becomes
+        the context's stream first (:meth:`set_stream`). Returns ``out``."""
         rows = int(batch.qo_indptr[-1])
         p = _device_attention(layer, q, out, q_heads, store.head_dim, rows, sm_scale, causal,
                               window_left, soft_cap, dtype)
         if lse is not None:
             p.lse = _device_bytes(lse, "lse", 4 * rows * p.q_heads, writable=True)
         p.qo_indptr = batch.qo_indptr.ctypes.data
-        if stream is None:
-            rc = L.kvp_attention(self._p(), store._p(), ctypes.byref(batch.view), ctypes.byref(p))
-        else:
-            rc = L.kvp_cuda_attention(self._p(), store._p(), ctypes.byref(batch.view),
-                                      ctypes.byref(p), stream_handle(stream))
-        self._check(rc)
+        if stream is not None:
+            self.set_stream(stream)
+        self._check(L.kvp_attention(self._p(), store._p(), ctypes.byref(batch.view),
+                                    ctypes.byref(p)))
         return out
 
 
@@ -297,12 +298,23 @@ class CudaCache(Cache):
     asynchronous copies on that stream. :meth:`write` takes device K/V rows,
     :meth:`attend` device queries and a device ``out``; sequences and the
     step's metadata stay on the host. ``cache.store.synchronize()`` waits
-    for the stream."""
+    for the stream; ``cache.store.set_stream()`` and
+    ``cache.context.set_stream()`` change it.
+
+    The arguments and their defaults are :class:`kvpage.Cache`'s (page_size
+    16, fp16, max_seqs 256, prefix cache on, no host tier), plus
+    :class:`CudaStore`'s ``device`` (0), ``stream`` (None: the default
+    stream), ``arena`` and ``staging_bytes``. ``sm_scale`` of :meth:`attend`
+    defaults to 1/sqrt(head_dim)."""
+
+    _store_class = CudaStore
+    _context_class = CudaContext
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, num_pages: int = 0,
-                 kv_budget=None, page_size: int = 16, k_format=Format.FP16,
-                 v_format=Format.FP16, max_seqs: int = 256, prefix_cache: bool = True,
-                 dim_major_keys: bool = False, host_bytes=None, device: int = 0,
+                 kv_budget: Union[int, str, None] = None, page_size: int = 16,
+                 k_format: FormatLike = Format.FP16, v_format: FormatLike = Format.FP16,
+                 max_seqs: int = 256, prefix_cache: bool = True, dim_major_keys: bool = False,
+                 host_bytes: Union[int, str, None] = None, device: int = 0,
                  stream: Any = None, arena: Any = None, arena_bytes: int = 0,
                  staging_bytes: int = 0):
         self._cuda_c = _cuda_params(device, stream, arena, arena_bytes, staging_bytes)
@@ -339,8 +351,8 @@ class CudaCache(Cache):
 def _device_quant(fn, src, pages, dst, format, heads, head_dim, dtype, is_value, page_size,
                   fp8_scale, dim_major_keys, stream, src_is_blocks):
     code, item = _dtype_code(dtype, "dtype")
-    d = _quant_desc(format, is_value, page_size, heads, head_dim, code, fp8_scale,
-                    dim_major_keys)
+    d = quant_desc(format, is_value, page_size, heads, head_dim, code, fp8_scale,
+                   dim_major_keys)
     bb = ctypes.c_uint64()
     err = errbuf()
     check(L.kvp_quant_block_bytes(ctypes.byref(d), ctypes.byref(bb), err, len(err)), err)

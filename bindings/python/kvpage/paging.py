@@ -11,11 +11,13 @@ import ctypes
 import enum
 import weakref
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence, Union
+from typing import Optional, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _lib
+from ._arrays import IntArray
 from ._handle import Handle
 from .errors import check, errbuf, error_for
 from .plan import Plan
@@ -66,13 +68,13 @@ class PoolEvent:
     hash: int
 
 
-def as_i32(values, what: str) -> np.ndarray:
+def as_i32(values: IntArray, what: str) -> npt.NDArray[np.int32]:
     """A C-contiguous int32 array: an int32 NumPy array is used as is (no copy);
     other NumPy arrays must be integer and are refused if they would lose bits;
     lists are converted once."""
     if isinstance(values, np.ndarray):
         if values.dtype == np.int32 and values.flags.c_contiguous and values.ndim == 1:
-            return values
+            return cast("npt.NDArray[np.int32]", values)
         if values.ndim != 1:
             raise ValueError(f"{what} must be one-dimensional, got shape {values.shape}")
         if values.dtype.kind not in "iu":
@@ -142,6 +144,16 @@ class Pool(_Owner):
     Create it from a page count (``Pool(num_pages=4096)``) or from a plan
     (``Pool.from_plan(kvpage.plan(...))``) so it holds exactly the pages the
     planner promised.
+
+    Args:
+        num_pages: pool pages (required, >= 1; ids 0 .. num_pages-1).
+        page_size: tokens per page; default 16.
+        num_staging: fp16 staging pages (layouts with int8/int4 keys; ids from
+            num_pages on); default 0.
+        prefix_cache: keep full pages for prefix reuse after their sequences
+            end; default True.
+        hash_seed: prefix hash seed; default 0 (set it from a secret when
+            prompts come from untrusted users).
     """
 
     def __init__(self, num_pages: int = 0, page_size: int = 16, num_staging: int = 0,
@@ -170,6 +182,18 @@ class Pool(_Owner):
         self._event_fn = None
 
     @classmethod
+    def _borrow(cls, ptr: int, owner) -> "Pool":
+        """A pool owned by ``owner`` (a cache): never destroyed from here."""
+        p = cls.__new__(cls)
+        _Owner.__init__(p, ctypes.c_void_p(ptr), lambda _p: None)
+        p._owner = owner
+        p._events, p._event_fn = [], None
+        st = p.stats()
+        p.page_size, p.num_pages = st["page_size"], st["total_pages"]
+        p.num_staging = st["total_staging"]
+        return p
+
+    @classmethod
     def from_plan(cls, plan: Plan, prefix_cache: bool = True, hash_seed: int = 0) -> "Pool":
         """A pool with exactly the plan's pool and staging pages."""
         return cls(page_size=plan.page_size, prefix_cache=prefix_cache, hash_seed=hash_seed,
@@ -179,24 +203,24 @@ class Pool(_Owner):
         if rc != 0:
             raise error_for(rc, L.kvp_pool_last_error(self._p()).decode())
 
-    def alloc(self, n: int) -> np.ndarray:
+    def alloc(self, n: int) -> npt.NDArray[np.int32]:
         """Allocate n pages, all or none (NoSpace, pool unchanged)."""
         out = np.empty(n, dtype=np.int32)
         self._check(L.kvp_pool_alloc(self._p(), n, _ptr(out, ctypes.c_int32)))
         return out
 
-    def alloc_staging(self, n: int) -> np.ndarray:
+    def alloc_staging(self, n: int) -> npt.NDArray[np.int32]:
         """Allocate n staging pages (engines with their own page table)."""
         out = np.empty(n, dtype=np.int32)
         self._check(L.kvp_pool_alloc_staging(self._p(), n, _ptr(out, ctypes.c_int32)))
         return out
 
-    def retain(self, pages) -> None:
+    def retain(self, pages: IntArray) -> None:
         """Add one engine reference to each page."""
         a = as_i32(pages, "pages")
         self._check(L.kvp_pool_retain(self._p(), a.size, _ptr(a, ctypes.c_int32)))
 
-    def release(self, pages) -> None:
+    def release(self, pages: IntArray) -> None:
         """Drop one engine reference from each page."""
         a = as_i32(pages, "pages")
         self._check(L.kvp_pool_release(self._p(), a.size, _ptr(a, ctypes.c_int32)))
@@ -253,44 +277,57 @@ class Export:
     """A batch exported for kernels: NumPy arrays the library filled in place,
     and ``view`` (a ``kvp_kv_view_t``) pointing at them."""
 
-    indptr: np.ndarray
-    indices: np.ndarray
-    last_page_len: np.ndarray
-    slot_mapping: np.ndarray
-    qo_indptr: np.ndarray
+    indptr: npt.NDArray[np.int32]         #: ``[batch+1]`` CSR offsets
+    indices: npt.NDArray[np.int32]        #: page ids
+    last_page_len: npt.NDArray[np.int32]  #: ``[batch]``
+    slot_mapping: npt.NDArray[np.int64]   #: slots of each sequence's last ``num_new`` rows
+    qo_indptr: npt.NDArray[np.int32]      #: ``[batch+1]`` offsets into slot_mapping
     view: _lib.KvViewC
 
 
 class Table(_Owner):
     """``kvp_table_t``: sequences (integer ids) mapped onto a pool's pages.
 
+    ``max_seqs`` is the number of sequence slots; 0 (the default) means the
+    pool's staging page count in layouts with staging, else 4096.
+
     The table keeps its pool alive; closing the pool closes its tables, and
     closing a table closes its host tier (:class:`kvpage.Tier`) first.
     """
 
     def __init__(self, pool: Pool, max_seqs: int = 0):
-        p = _lib.new_struct(_lib.TableParamsC)
-        L.kvp_table_params_init(ctypes.byref(p))
-        p.max_seqs = max_seqs
         ptr = ctypes.c_void_p()
         err = errbuf()
-        check(L.kvp_table_create(pool._p(), ctypes.byref(p), ctypes.byref(ptr), err, len(err)),
-              err)
+        check(L.kvp_table_create(pool._p(), max_seqs, ctypes.byref(ptr), err, len(err)), err)
         super().__init__(ptr, L.kvp_table_destroy, parent=pool)
         self.pool = pool  # keeps the pool alive while the table is
         self.page_size = pool.page_size
+
+    @classmethod
+    def _borrow(cls, ptr: int, pool: Pool, owner) -> "Table":
+        """A table owned by ``owner`` (a cache): never destroyed from here."""
+        t = cls.__new__(cls)
+        _Owner.__init__(t, ctypes.c_void_p(ptr), lambda _p: None)
+        t._owner = owner
+        t.pool = pool
+        t.page_size = pool.page_size
+        return t
 
     def _check(self, rc: int) -> None:
         if rc != 0:
             raise error_for(rc, L.kvp_table_last_error(self._p()).decode())
 
     def create(self, priority: int = 0, salt: int = 0) -> int:
-        """A new, empty sequence; returns its id."""
-        p = _lib.new_struct(_lib.SeqParamsC)
-        L.kvp_seq_params_init(ctypes.byref(p))
-        p.priority, p.salt = priority, salt
+        """A new, empty sequence; returns its id.
+
+        Args:
+            priority: eviction priority of the pages it fills (higher is kept
+                longer once they are only cached); default 0.
+            salt: prefix-cache namespace: sequences with different salts never
+                share cached pages; default 0.
+        """
         out = ctypes.c_int32()
-        self._check(L.kvp_table_seq_create(self._p(), ctypes.byref(p), ctypes.byref(out)))
+        self._check(L.kvp_table_seq_create(self._p(), priority, salt, ctypes.byref(out)))
         return out.value
 
     def release(self, seq: int) -> None:
@@ -305,7 +342,7 @@ class Table(_Owner):
         cap = int(n) // max(self.page_size, 1) + 4
         return (_lib.PageOpC * cap)(), cap
 
-    def append(self, seq: int, tokens) -> tuple[np.ndarray, list[PageOp]]:
+    def append(self, seq: int, tokens: IntArray) -> tuple[npt.NDArray[np.int64], list[PageOp]]:
         """Append tokens (their ids feed the prefix cache); returns the new rows'
         slots (int64, page * page_size + offset) and the page ops to execute."""
         t = as_i32(tokens, "tokens")
@@ -333,7 +370,7 @@ class Table(_Owner):
                                      ctypes.byref(n_ops)))
         return child.value, _ops(ops, n_ops.value)
 
-    def attach_prefix(self, seq: int, tokens) -> int:
+    def attach_prefix(self, seq: int, tokens: IntArray) -> int:
         """Attach the longest cached prefix of `tokens`; returns the tokens matched."""
         t = as_i32(tokens, "tokens")
         out = ctypes.c_int64()
@@ -341,7 +378,7 @@ class Table(_Owner):
                                               ctypes.byref(out)))
         return out.value
 
-    def lookup_prefix(self, tokens, salt: int = 0) -> int:
+    def lookup_prefix(self, tokens: IntArray, salt: int = 0) -> int:
         """How many leading tokens are cached (read-only)."""
         t = as_i32(tokens, "tokens")
         out = ctypes.c_int64()
@@ -369,14 +406,14 @@ class Table(_Owner):
     def length(self, seq: int) -> int:
         return self.info(seq)["length"]
 
-    def pages(self, seq: int) -> np.ndarray:
+    def pages(self, seq: int) -> npt.NDArray[np.int32]:
         """The sequence's page ids in token order (a staging page last)."""
         n = self.info(seq)["num_pages"]
         out = np.empty(n, dtype=np.int32)
         self._check(L.kvp_table_seq_pages(self._p(), seq, _ptr(out, ctypes.c_int32), n))
         return out
 
-    def export(self, seqs, num_new=None) -> Export:
+    def export(self, seqs: IntArray, num_new: Optional[IntArray] = None) -> Export:
         """Export a batch: CSR page table plus the slot mapping of each sequence's
         last `num_new` rows, into fresh NumPy arrays the library fills in place."""
         s = as_i32(seqs, "seqs")
@@ -389,7 +426,7 @@ class Table(_Owner):
                                             ctypes.byref(n_idx), ctypes.byref(n_slots)))
         e = Export(np.empty(s.size + 1, np.int32), np.empty(n_idx.value, np.int32),
                    np.empty(s.size, np.int32), np.empty(n_slots.value, np.int64),
-                   np.empty(s.size + 1, np.int32), _lib.KvViewC())
+                   np.empty(s.size + 1, np.int32), _lib.new_struct(_lib.KvViewC))
         b = _lib.new_struct(_lib.BatchBuffersC)
         b.indptr, b.indices = e.indptr.ctypes.data, e.indices.ctypes.data
         b.last_page_len = e.last_page_len.ctypes.data

@@ -176,9 +176,9 @@ def _gpu_from_c(c) -> GpuPreset:
 def presets() -> list[ModelPreset]:
     """Every model preset, in the library's order."""
     out = []
-    for i in range(L.kvp_preset_count()):
+    for i in range(L.kvp_model_preset_count()):
         c = _lib.new_struct(_lib.ModelPresetC)
-        check(L.kvp_preset_get(i, ctypes.byref(c)))
+        check(L.kvp_model_preset_get(i, ctypes.byref(c)))
         out.append(_preset_from_c(c))
     return out
 
@@ -187,16 +187,16 @@ def preset(name: str) -> ModelPreset:
     """A model preset by name (case-insensitive); NotFound lists the known ones."""
     c = _lib.new_struct(_lib.ModelPresetC)
     err = errbuf()
-    check(L.kvp_preset_find(_text(name, "preset"), ctypes.byref(c), err, len(err)), err)
+    check(L.kvp_model_preset_find(_text(name, "preset"), ctypes.byref(c), err, len(err)), err)
     return _preset_from_c(c)
 
 
 def gpus() -> list[GpuPreset]:
     """Every GPU preset, in the library's order."""
     out = []
-    for i in range(L.kvp_gpu_count()):
+    for i in range(L.kvp_gpu_preset_count()):
         c = _lib.new_struct(_lib.GpuPresetC)
-        check(L.kvp_gpu_get(i, ctypes.byref(c)))
+        check(L.kvp_gpu_preset_get(i, ctypes.byref(c)))
         out.append(_gpu_from_c(c))
     return out
 
@@ -205,7 +205,7 @@ def gpu(name: str) -> GpuPreset:
     """A GPU preset by name (case-insensitive); NotFound lists the known ones."""
     c = _lib.new_struct(_lib.GpuPresetC)
     err = errbuf()
-    check(L.kvp_gpu_find(_text(name, "gpu"), ctypes.byref(c), err, len(err)), err)
+    check(L.kvp_gpu_preset_find(_text(name, "gpu"), ctypes.byref(c), err, len(err)), err)
     return _gpu_from_c(c)
 
 
@@ -239,9 +239,20 @@ class CudaDevice:
     driver_version: int
 
 
+class Feature(enum.IntEnum):
+    """Optional parts of a build (``kvp_feature``), for :func:`build_has`."""
+
+    CUDA = 1
+
+
+def build_has(feature: Feature) -> bool:
+    """Whether the loaded library was built with ``feature``."""
+    return bool(L.kvp_build_has(int(feature)))
+
+
 def build_has_cuda() -> bool:
     """Whether the loaded library was built with the CUDA backend."""
-    return bool(L.kvp_build_has_cuda())
+    return build_has(Feature.CUDA)
 
 
 def cuda_device_count() -> int:
@@ -304,7 +315,8 @@ class Plan:
             f"K {self.k_format} / V {self.v_format}"
         return (f"Plan({model} on {self.gpu or 'a budget'}: {kv} KV, page {self.page_size}, "
                 f"budget {self.kv_budget_bytes / 2**30:.2f} GiB -> {self.num_pages} pages, "
-                f"{self.max_tokens} tokens, {self.max_seqs} sequences of {self.context} tokens)")
+                f"{self.max_tokens} tokens, {self.max_seqs} "
+                f"sequence{'' if self.max_seqs == 1 else 's'} of {self.context} tokens)")
 
 
 def plan(preset: Optional[str] = None, gpu: Optional[str] = None, context: int = 4096, *,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
 
 from . import _lib
 from ._handle import Handle

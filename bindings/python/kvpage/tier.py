@@ -13,7 +13,7 @@ from typing import Optional, Protocol, Union
 
 from . import _lib
 from .errors import Error, check, errbuf, error_for
-from .kernels import Store
+from .store import Store
 from .paging import PageOp, Table, _ops, _Owner
 from .plan import Layout
 
@@ -103,6 +103,18 @@ class Tier(_Owner):
         super().__init__(ptr, L.kvp_tier_destroy, parent=table)
         self.table = table
         self.has_page_io = page_io is not None
+
+    @classmethod
+    def _borrow(cls, ptr: int, table: Table, owner) -> "Tier":
+        """A tier owned by ``owner`` (a cache, whose tier moves pages with its
+        store's page I/O): never destroyed from here."""
+        t = cls.__new__(cls)
+        _Owner.__init__(t, ctypes.c_void_p(ptr), lambda _p: None)
+        t._owner = owner
+        t._io_error = [None]
+        t.table = table
+        t.has_page_io = True
+        return t
 
     def _check(self, rc: int) -> None:
         io_error, self._io_error[0] = self._io_error[0], None

@@ -1,11 +1,12 @@
-"""Loading, versions, struct mirrors and the error mapping."""
+"""Loading, the library search order, versions, struct mirrors, the declared
+functions and the error mapping."""
 
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,25 @@ from kvpage import _lib
 from kvpage.errors import error_for
 
 REPO = Path(__file__).resolve().parents[3]
+PACKAGE = REPO / "bindings" / "python"
+HEADERS = ["kvpage.h", "kvpage_ext.h", "kvpage_plan.h", "kvpage_tier.h", "kvpage_sched.h",
+           "kvpage_cuda.h"]
+
+
+def _env(**changes):
+    """This process's environment with changes (None removes a variable)."""
+    env = dict(os.environ)
+    for k, v in changes.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def _python(code, cwd, **env):
+    return subprocess.run([sys.executable, "-c", code], env=_env(**env), capture_output=True,
+                          text=True, cwd=cwd, timeout=120)
 
 
 def test_versions_match():
@@ -22,6 +42,32 @@ def test_versions_match():
     n = _lib.lib.kvp_version_number()
     assert (n // 10000, n // 100 % 100, n % 100) == _lib.EXPECTED_VERSION
     assert os.path.exists(kvpage.library_path)
+
+
+def test_header_version_is_the_bindings_version():
+    text = (REPO / "include" / "kvpage.h").read_text()
+    have = tuple(int(re.search(rf"#define KVP_VERSION_{n} (\d+)", text).group(1))
+                 for n in ("MAJOR", "MINOR", "PATCH"))
+    assert have == _lib.EXPECTED_VERSION
+
+
+def test_version_rule():
+    ok = _lib.version_ok
+    assert ok(200, (0, 2, 0)) and ok(205, (0, 2, 0))
+    assert not ok(100, (0, 2, 0)) and not ok(300, (0, 2, 0))  # before 1.0: same minor
+    assert ok(10300, (1, 2, 0)) and not ok(10100, (1, 2, 0)) and not ok(20200, (1, 2, 0))
+
+
+def test_version_mismatch_is_explained():
+    class OldLibrary:
+        @staticmethod
+        def kvp_version_number():
+            return 100  # 0.1.0
+
+    with pytest.raises(_lib.LibraryMismatch, match=r"/x/libkvpage.so.0 is libkvpage 0\.1\.0"):
+        _lib._check_version(OldLibrary(), "/x/libkvpage.so.0")
+    with pytest.raises(ImportError, match="not libkvpage"):
+        _lib._check_version(object(), "/x/libc.so.6")
 
 
 @pytest.mark.parametrize("status,cls,base", [
@@ -65,8 +111,9 @@ def _c_offsets(tmp_path):
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         pytest.skip("no C compiler to compare the struct mirrors with")
-    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "kvpage.h"',
-             '#include "kvpage_cuda.h"', "int main(void) {"]
+    lines = ['#include <stdio.h>', '#include <stddef.h>']
+    lines += [f'#include "{h}"' for h in HEADERS]
+    lines.append("int main(void) {")
     for cname, cls in _lib.MIRRORED.items():
         lines.append(f'printf("{cname} size %zu\\n", sizeof({cname}));')
         for field, _ in cls._fields_:
@@ -93,23 +140,81 @@ def test_struct_mirrors_match_the_header(tmp_path):
             assert getattr(cls, field).offset == c[(cname, field)], (cname, field)
 
 
+def _declared_functions():
+    names = set()
+    for h in HEADERS:
+        text = (REPO / "include" / h).read_text()
+        names |= set(re.findall(r"\bKVP_API\b[^;(]*?\b(kvp_\w+)\s*\(", text))
+    return names
+
+
+def test_every_bound_function_is_declared_in_the_headers():
+    declared = _declared_functions()
+    assert "kvp_cache_parts" in declared and "kvp_build_has" in declared
+    missing = [n for n in _lib.DECLARED if n not in declared]
+    assert missing == [], f"bound but not in include/*.h (removed or renamed?): {missing}"
+
+
 def test_missing_library_lists_what_was_tried(tmp_path):
-    env = dict(os.environ, KVPAGE_LIBRARY=str(tmp_path / "nope.so"),
-               PYTHONPATH=str(REPO / "bindings" / "python"))
-    r = subprocess.run([sys.executable, "-c", "import kvpage"], env=env, capture_output=True,
-                       text=True, cwd=tmp_path)
+    r = _python("import kvpage", tmp_path, KVPAGE_LIBRARY=str(tmp_path / "nope.so"),
+                PYTHONPATH=str(PACKAGE))
     assert r.returncode != 0
     assert "could not load libkvpage" in r.stderr
     assert "KVPAGE_LIBRARY" in r.stderr and "nope.so" in r.stderr
+    assert "LibraryNotFound" in r.stderr
 
 
 def test_library_env_var_is_used():
-    env = dict(os.environ, KVPAGE_LIBRARY=kvpage.library_path,
-               PYTHONPATH=str(REPO / "bindings" / "python"))
-    r = subprocess.run([sys.executable, "-c", "import kvpage; print(kvpage.library_path)"],
-                       env=env, capture_output=True, text=True, cwd="/")
+    r = _python("import kvpage; print(kvpage.library_path)", "/",
+                KVPAGE_LIBRARY=kvpage.library_path, PYTHONPATH=str(PACKAGE))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == kvpage.library_path
+
+
+def _planted_build_tree(tmp_path):
+    """A directory whose build/ holds a file that is not a library: loading
+    it would fail loudly."""
+    work = tmp_path / "work" / "sub"
+    work.mkdir(parents=True)
+    for d in (tmp_path / "work", work):
+        (d / "build").mkdir()
+        for name in ("libkvpage.so", "libkvpage.so.0"):
+            (d / "build" / name).write_text("not a library")
+    return work
+
+
+def test_current_directory_is_never_searched(tmp_path):
+    work = _planted_build_tree(tmp_path)
+    r = _python("import kvpage; print(kvpage.library_path)", work, KVPAGE_LIBRARY=None,
+                PYTHONPATH=str(PACKAGE))
+    assert str(tmp_path) not in r.stdout + r.stderr
+    if r.returncode != 0:  # no library installed with this checkout's package nor on the system
+        assert "could not load libkvpage" in r.stderr
+        assert "installed with the package" in r.stderr and "system loader" in r.stderr
+
+
+def test_the_package_copy_comes_before_the_system(tmp_path):
+    """A package with its own libkvpage.so.0 (as `pip install` makes it) loads
+    that copy, from any directory, with KVPAGE_LIBRARY unset."""
+    site = tmp_path / "site"
+    shutil.copytree(PACKAGE / "kvpage", site / "kvpage",
+                    ignore=shutil.ignore_patterns("__pycache__", "libkvpage.so*"))
+    shutil.copyfile(kvpage.library_path, site / "kvpage" / _lib.BUNDLED_NAME)
+    work = _planted_build_tree(tmp_path)
+    r = _python("import kvpage; print(kvpage.library_path)", work, KVPAGE_LIBRARY=None,
+                PYTHONPATH=str(site))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(site / "kvpage" / _lib.BUNDLED_NAME)
+    # KVPAGE_LIBRARY still comes first
+    r = _python("import kvpage; print(kvpage.library_path)", work,
+                KVPAGE_LIBRARY=kvpage.library_path, PYTHONPATH=str(site))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == kvpage.library_path
+
+
+def test_build_features():
+    assert kvpage.build_has(kvpage.Feature.CUDA) == kvpage.build_has_cuda()
+    assert kvpage.build_has(12345) is False
 
 
 def test_cuda_entry_points_answer_cleanly():
@@ -150,3 +255,21 @@ def test_handle_destroys_exactly_once():
     del h3
     gc.collect()
     assert len(calls) == 3
+
+
+def test_then_the_system_library(tmp_path):
+    """Without KVPAGE_LIBRARY nor a copy in the package, the dynamic loader's
+    libkvpage.so.0 (here through LD_LIBRARY_PATH) is loaded, and
+    library_path names its file."""
+    site = tmp_path / "site"
+    shutil.copytree(PACKAGE / "kvpage", site / "kvpage",
+                    ignore=shutil.ignore_patterns("__pycache__", "libkvpage.so*"))
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    shutil.copyfile(kvpage.library_path, libdir / "libkvpage.so.0")
+    work = _planted_build_tree(tmp_path)
+    ld = os.pathsep.join(filter(None, [str(libdir), os.environ.get("LD_LIBRARY_PATH")]))
+    r = _python("import kvpage; print(kvpage.library_path)", work, KVPAGE_LIBRARY=None,
+                PYTHONPATH=str(site), LD_LIBRARY_PATH=ld)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(libdir / "libkvpage.so.0")

@@ -77,7 +77,7 @@ def test_presets_and_gpus():
     assert kvpage.weight_bytes(1000, "int4") == 532
 
 
-def test_acceptance_plan_prints():
+def test_plan_str_names_model_gpu_and_budget():
     p = kvpage.plan(preset="llama-3.1-70b", gpu="h200-141g", context=32768)
     text = str(p)
     assert "llama-3.1-70b" in text and "h200-141g" in text
