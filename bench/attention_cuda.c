@@ -19,7 +19,7 @@
 #include "bench.h"
 #include "cli.h"
 #include "cuda_bench.h"
-#include "cuda_contig.h" /* lib/: the backend's contiguous-layout attention */
+#include "contig.h"
 #include "kvdist.h"
 #include "kvpage_cuda.h"
 #include "kvpage_ext.h"
@@ -237,9 +237,8 @@ typedef struct {
     kvp_store_t *store;
     kvp_kv_view_t view;
     kvp_attention_params_t ap;
-    kvp__cuda_contig contig;
-    const float *q;
-    float *out;
+    kvp_store_t contig_store; /* a view of `store` over the contiguous cache */
+    kvp_kv_view_t contig_view;
 } attn_call;
 
 static int run_paged(void *arg) {
@@ -249,7 +248,7 @@ static int run_paged(void *arg) {
 
 static int run_contig(void *arg) {
     attn_call *c = arg;
-    return kvp__cuda_attention_contig(c->ctx, &c->contig, c->q, c->out);
+    return kvp_attention(c->ctx, &c->contig_store, &c->contig_view, &c->ap);
 }
 
 static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
@@ -260,21 +259,23 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
     kvp_store_t *s = make_store(f, P, pages, B, o->device);
     int32_t *ids = malloc((size_t)pages * sizeof *ids), *indptr = malloc((size_t)(B + 1) * 4);
     int32_t *last = malloc((size_t)B * 4), *qo = malloc((size_t)(B + 1) * 4);
+    int32_t *cids = malloc((size_t)pages * sizeof *cids), *cindptr = malloc((size_t)(B + 1) * 4);
+    int32_t *clast = malloc((size_t)B * 4);
     size_t qn = (size_t)B * Q_HEADS * HEAD_DIM;
     float *qh = malloc(qn * sizeof *qh);
-    void *q = NULL, *out = NULL, *ck = NULL, *cv = NULL;
+    void *q = NULL, *out = NULL, *cbase = NULL;
     kvp_layout_t lay;
     memset(&lay, 0, sizeof lay);
     lay.struct_size = sizeof lay;
-    if (s == NULL || !ids || !indptr || !last || !qo || !qh) goto out;
+    if (s == NULL || !ids || !indptr || !last || !qo || !qh || !cids || !cindptr || !clast) goto out;
     if (fill_pages(s, P, pages, rng, o->device) != 0) goto out;
     kvp_store_layout(s, &lay);
     uint64_t kb = lay.k_block_bytes, vb = lay.v_block_bytes;
     uint64_t run_k = (uint64_t)per * kb, run_v = (uint64_t)per * vb;
     if (bench_cuda_malloc(o->device, qn * 4, &q, g_err, sizeof g_err) ||
         bench_cuda_malloc(o->device, qn * 4, &out, g_err, sizeof g_err) ||
-        bench_cuda_malloc(o->device, (uint64_t)B * KV_HEADS * run_k, &ck, g_err, sizeof g_err) ||
-        bench_cuda_malloc(o->device, (uint64_t)B * KV_HEADS * run_v, &cv, g_err, sizeof g_err)) {
+        bench_cuda_malloc(o->device, bench_contig_copy_bytes(s, B, per), &cbase, g_err,
+                          sizeof g_err)) {
         fail("device buffers");
         goto out;
     }
@@ -292,7 +293,8 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
         goto out;
     }
     /* the contiguous cache: sequence 0, head 0's pages end to end, then that
-     * run copied to every (sequence, head) */
+     * run copied to every (sequence, head); K blocks, then V blocks */
+    uint8_t *ck = cbase, *cv = (uint8_t *)cbase + (uint64_t)B * KV_HEADS * run_k;
     {
         kvp_region_t rk, rv;
         memset(&rk, 0, sizeof rk);
@@ -319,23 +321,10 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
     c.ctx = ctx;
     c.store = s;
     kvb_decode_call(&c.ap, qo, Q_HEADS, HEAD_DIM, q, out);
-    c.q = q;
-    c.out = out;
-    c.contig.k = ck;
-    c.contig.v = cv;
-    c.contig.k_block = kb;
-    c.contig.v_block = vb;
-    c.contig.k_format = f->format;
-    c.contig.v_format = f->format;
-    c.contig.k_order = f->k_order;
-    c.contig.page_size = P;
-    c.contig.head_dim = HEAD_DIM;
-    c.contig.batch = B;
-    c.contig.kv_heads = KV_HEADS;
-    c.contig.pages = per;
-    c.contig.kv_len = r->context;
-    c.contig.q_heads = Q_HEADS;
-    c.contig.sm_scale = c.ap.sm_scale;
+    bench_contig contig = {cbase, (uint64_t)B * KV_HEADS * run_k, (uint64_t)B * KV_HEADS * run_v,
+                           B, per};
+    c.contig_view.struct_size = sizeof c.contig_view;
+    bench_contig_view(s, &contig, &c.contig_store, &c.contig_view, cindptr, cids, clast);
     r->bytes = (double)pages * (double)KV_HEADS * (double)(kb + vb);
     if (bench_cuda_time(NULL, run_paged, &c, o->reps, &r->t_paged, g_err, sizeof g_err) != KVP_OK) {
         snprintf(g_err, sizeof g_err, "%s", kvp_ctx_last_error(ctx));
@@ -353,11 +342,13 @@ out:
     free(indptr);
     free(last);
     free(qo);
+    free(cids);
+    free(cindptr);
+    free(clast);
     free(qh);
     bench_cuda_free(o->device, q);
     bench_cuda_free(o->device, out);
-    bench_cuda_free(o->device, ck);
-    bench_cuda_free(o->device, cv);
+    bench_cuda_free(o->device, cbase);
     kvp_store_destroy(s);
     return rc;
 }

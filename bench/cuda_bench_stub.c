@@ -4,7 +4,6 @@
  */
 #include "cuda_bench.h"
 
-#include "cuda_contig.h"
 #include "kvpage.h"
 
 #include <stdio.h>
@@ -53,16 +52,4 @@ int bench_cuda_time(void *stream, int (*fn)(void *), void *arg, int reps, double
     (void)reps;
     (void)seconds;
     return not_built(err, err_size);
-}
-
-/* The contiguous-layout attention lives in the library's CUDA backend
- * (cuda/attention.cu, declared in lib/cuda_contig.h); a CPU-only library has
- * none, so kvpage-bench brings its stand-in. */
-int kvp__cuda_attention_contig(kvp_ctx_t *ctx, const kvp__cuda_contig *kv, const float *q,
-                               float *out) {
-    (void)ctx;
-    (void)kv;
-    (void)q;
-    (void)out;
-    return KVP_ENOTSUP;
 }

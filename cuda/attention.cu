@@ -14,7 +14,6 @@
  * or not at all when it is identical to the last one (every layer of a step).
  */
 #include "attention.cuh"
-#include "../lib/cuda_contig.h"
 
 using namespace kvp_attn;
 
@@ -59,16 +58,14 @@ bool fast_loader(const kvp__blockfmt &f, int32_t P) {
     }
 }
 
-/* One attention call, as the host sees it (paged, or the contiguous baseline). */
+/* One attention call, as the host sees it. */
 struct call {
     kvp__geo g;
     int32_t batch, group, q_heads;
-    const int32_t *qo;      /* [B+1]; NULL: one row per sequence (contiguous) */
-    const int32_t *indptr;  /* [B+1]; NULL: cpages per sequence (contiguous) */
-    const int32_t *indices; /* NULL for contiguous */
+    const int32_t *qo;      /* [B+1] */
+    const int32_t *indptr;  /* [B+1] */
+    const int32_t *indices;
     const int32_t *last;
-    int32_t cpages, ckv_len;
-    const void *cbase[2];
     const void *q;
     void *out;
     float *lse;
@@ -90,7 +87,7 @@ int launch(kvp_ctx_t *c, const call &in) {
     /* rows per CTA */
     int32_t max_rows = 0;
     for (int32_t b = 0; b < B; b++) {
-        int32_t q_len = in.qo ? in.qo[b + 1] - in.qo[b] : 1;
+        int32_t q_len = in.qo[b + 1] - in.qo[b];
         if (q_len * in.group > max_rows) max_rows = q_len * in.group;
     }
     int R = 1, ri = 0;
@@ -100,7 +97,7 @@ int launch(kvp_ctx_t *c, const call &in) {
     }
 
     /* metadata layout: int32 arrays, then int64 part_off, then indices */
-    const int32_t nnz = in.indptr ? in.indptr[B] : 0;
+    const int32_t nnz = in.indptr[B];
     size_t o_qo = 0, o_indptr = o_qo + (size_t)(B + 1) * 4, o_last = o_indptr + (size_t)(B + 1) * 4;
     size_t o_items = o_last + (size_t)B * 4, o_splits = o_items + (size_t)(B + 1) * 4;
     size_t o_per = o_splits + (size_t)B * 4, o_merge = o_per + (size_t)B * 4;
@@ -115,8 +112,8 @@ int launch(kvp_ctx_t *c, const call &in) {
     int32_t *merge = (int32_t *)(void *)(host + o_merge);
     int64_t *part = (int64_t *)(void *)(host + o_part);
     for (int32_t b = 0; b <= B; b++) {
-        qo[b] = in.qo ? in.qo[b] : b;
-        indptr[b] = in.indptr ? in.indptr[b] : b * in.cpages;
+        qo[b] = in.qo[b];
+        indptr[b] = in.indptr[b];
     }
     for (int32_t b = 0; b < B; b++) last[b] = in.last ? in.last[b] : 0;
     if (nnz > 0) memcpy(host + o_idx, in.indices, (size_t)nnz * 4);
@@ -200,11 +197,6 @@ int launch(kvp_ctx_t *c, const call &in) {
     k.causal = in.causal;
     k.window = in.window;
     k.partials = cc->partials;
-    k.contig = in.indices == nullptr;
-    k.cpages = in.cpages;
-    k.ckv_len = in.ckv_len;
-    k.cbase[0] = (const uint8_t *)in.cbase[0];
-    k.cbase[1] = (const uint8_t *)in.cbase[1];
 
     attn_kernel ka = nullptr, km = nullptr;
     int smem = 0;
@@ -266,45 +258,6 @@ int kvp__cuda_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
         in.indices = &none;
     }
     rc = in.batch > 0 ? launch(c, in) : KVP_OK;
-    kvp__device_leave(&g);
-    return rc;
-}
-
-extern "C" int kvp__cuda_attention_contig(kvp_ctx_t *c, const kvp__cuda_contig *kv, const float *q,
-                                          float *out) {
-    if (c == nullptr || kv == nullptr || c->backend != &kvp__cuda_backend) return KVP_EINVAL;
-    kvp__cuda_ctx *cc = kvp__cctx(c);
-    kvp__device_guard g;
-    int rc = kvp__device_enter(&g, cc->o.device, c->error, KVP_ERR_SIZE);
-    if (rc != KVP_OK) return rc;
-    call in;
-    memset(&in, 0, sizeof in);
-    in.g.P = kv->page_size;
-    in.g.D = kv->head_dim;
-    in.g.H = kv->kv_heads;
-    in.g.num_pages = INT32_MAX;
-    in.g.block[0] = kv->k_block;
-    in.g.block[1] = kv->v_block;
-    in.g.fmt[0] = kvp__blockfmt_make(kv->k_format, 1, kv->k_order, kv->page_size, kv->head_dim);
-    in.g.fmt[1] = kvp__blockfmt_make(kv->v_format, 0, KVP_K_ORDER_TOKEN_MAJOR, kv->page_size,
-                                     kv->head_dim);
-    in.g.sfmt[0] = kvp__blockfmt_make(KVP_FORMAT_FP16, 1, kv->k_order, kv->page_size, kv->head_dim);
-    in.g.sfmt[1] = kvp__blockfmt_make(KVP_FORMAT_FP16, 0, KVP_K_ORDER_TOKEN_MAJOR, kv->page_size,
-                                      kv->head_dim);
-    in.batch = kv->batch;
-    in.group = kv->q_heads / kv->kv_heads;
-    in.q_heads = kv->q_heads;
-    in.cpages = kv->pages;
-    in.ckv_len = kv->kv_len;
-    in.cbase[0] = kv->k;
-    in.cbase[1] = kv->v;
-    in.q = q;
-    in.out = out;
-    in.dtype = KVP_FORMAT_FP32;
-    in.sm_scale = kv->sm_scale;
-    in.causal = 1;
-    in.window = -1;
-    rc = launch(c, in);
     kvp__device_leave(&g);
     return rc;
 }

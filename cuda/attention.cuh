@@ -79,9 +79,6 @@ struct params {
     float sm_scale, soft_cap;
     int32_t causal, window;
     float *partials;
-    /* the contiguous baseline (kvpage-bench): blocks end to end per (b, h) */
-    int32_t contig, cpages, ckv_len;
-    const uint8_t *cbase[2];
 };
 
 /* ---- shared-memory layout --------------------------------------------------------------- */
@@ -557,7 +554,7 @@ __global__ void __launch_bounds__(NT) k_attention(params p) {
     constexpr int RW = (R + NW - 1) / NW; /* softmax rows per warp */
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const kvp__geo &g = p.g;
-    const int P = g.P, H = g.H;
+    const int P = g.P;
 
     /* ---- shared memory ---- */
     KVP_DYNAMIC_SMEM(uint8_t, smem);
@@ -597,14 +594,14 @@ __global__ void __launch_bounds__(NT) k_attention(params p) {
     }
     __syncthreads();
     const int32_t b = s_item[0];
-    const int32_t q_len = p.contig ? 1 : p.qo[b + 1] - p.qo[b];
-    const int32_t npages = p.contig ? p.cpages : p.indptr[b + 1] - p.indptr[b];
-    const int32_t kv_len = p.contig ? p.ckv_len : (npages == 0 ? 0 : (npages - 1) * P + p.last[b]);
+    const int32_t q_len = p.qo[b + 1] - p.qo[b];
+    const int32_t npages = p.indptr[b + 1] - p.indptr[b];
+    const int32_t kv_len = npages == 0 ? 0 : (npages - 1) * P + p.last[b];
     const int32_t rows_per_head = q_len * p.group, RB = (rows_per_head + R - 1) / R;
     const int32_t nsplit = p.splits[b], local = item - p.item_start[b];
     const int32_t split = local % nsplit, unit = local / nsplit;
     const int32_t h = unit / RB, rb = unit % RB;
-    const int32_t qbase = p.contig ? b : p.qo[b];
+    const int32_t qbase = p.qo[b];
 
     /* ---- rows: positions, masks; q slices in registers ---- */
     if (tid < R) {
@@ -645,8 +642,7 @@ __global__ void __launch_bounds__(NT) k_attention(params p) {
     int32_t end = first + p.split_pages[b] < npages ? first + p.split_pages[b] : npages;
     while (first < end && (first + 1) * P - 1 < lo_min) first++;
     while (end > first && (end - 1) * P > hi_max) end--;
-    const bool last_staging = !p.contig && npages > 0 &&
-                              p.indices[p.indptr[b] + npages - 1] >= g.num_pages;
+    const bool last_staging = npages > 0 && p.indices[p.indptr[b] + npages - 1] >= g.num_pages;
     const float kscale_pool = g.fp8[0] != nullptr ? g.fp8[0][h] : 1.0f;
     const float vscale_pool = g.fp8[1] != nullptr ? g.fp8[1][h] : 1.0f;
 
@@ -695,21 +691,10 @@ __global__ void __launch_bounds__(NT) k_attention(params p) {
 
         /* A: page ids -> block addresses; rows -> (page, token) */
         if (tid < np) {
-            uint8_t *kb, *vb;
-            int32_t stg = 0;
-            if (p.contig) {
-                uint64_t at = ((uint64_t)b * H + h) * (uint64_t)p.cpages + (uint64_t)(cur + tid);
-                kb = const_cast<uint8_t *>(p.cbase[0]) + at * g.block[0];
-                vb = const_cast<uint8_t *>(p.cbase[1]) + at * g.block[1];
-            } else {
-                int32_t id = p.indices[p.indptr[b] + cur + tid];
-                kb = kvp__geo_block(g, 0, id, h);
-                vb = kvp__geo_block(g, 1, id, h);
-                stg = id >= g.num_pages;
-            }
-            kblk[tid] = kb;
-            vblk[tid] = vb;
-            if (tid == 0) s_tile_staging = stg;
+            const int32_t id = p.indices[p.indptr[b] + cur + tid];
+            kblk[tid] = kvp__geo_block(g, 0, id, h);
+            vblk[tid] = kvp__geo_block(g, 1, id, h);
+            if (tid == 0) s_tile_staging = id >= g.num_pages;
         }
         if (tid < ntok) {
             pj[tid] = P <= TT ? tid / P : 0;
@@ -881,10 +866,10 @@ __global__ void __launch_bounds__(NT) k_merge(params p) {
     }
     __syncthreads();
     const int32_t b = s_b, unit = m - p.merge_start[b], S = p.splits[b];
-    const int32_t q_len = p.contig ? 1 : p.qo[b + 1] - p.qo[b];
+    const int32_t q_len = p.qo[b + 1] - p.qo[b];
     const int32_t rows_per_head = q_len * p.group, RB = (rows_per_head + R - 1) / R;
     const int32_t h = unit / RB, rb = unit % RB;
-    const int32_t qbase = p.contig ? b : p.qo[b];
+    const int32_t qbase = p.qo[b];
     for (int e = threadIdx.x; e < R * D; e += NT) {
         const int r = e / D, d = e % D;
         const int32_t rr = rb * R + r;

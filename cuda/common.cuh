@@ -166,7 +166,9 @@ struct kvp__geo {
     uint64_t soff[2];      /* staging K / V region of the layer */
     uint64_t pstride[2];   /* bytes per pool page in a region */
     uint64_t sstride[2];   /* bytes per staging page */
-    uint64_t block[2];     /* bytes per pool block (head stride) */
+    uint64_t block[2];     /* bytes per pool block */
+    uint64_t hstride[2];   /* bytes from a pool block to the next kv head's (the store's
+                              head_stride_k/v: the block size, or a view's own stride) */
     uint64_t sblock;       /* bytes per staging block: P*D*2 */
     const float *fp8[2];   /* this layer's fp8 scales [kv_heads], or NULL */
     float *fp8w[2];        /* the same, writable (calibration) */
@@ -180,7 +182,7 @@ kvp__geo kvp__make_geo(const kvp_store_t *s, int32_t layer);
 __device__ __forceinline__ uint8_t *kvp__geo_block(const kvp__geo &g, int side, int32_t page,
                                                    int32_t h) {
     return g.arena + kvp__block_offset(page, h, g.num_pages, g.off[side], g.pstride[side],
-                                       g.block[side], g.soff[side], g.sstride[side], g.sblock);
+                                       g.hstride[side], g.soff[side], g.sstride[side], g.sblock);
 }
 __device__ __forceinline__ const kvp__blockfmt &kvp__geo_fmt(const kvp__geo &g, int side,
                                                              int32_t page) {

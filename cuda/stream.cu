@@ -216,6 +216,8 @@ kvp__geo kvp__make_geo(const kvp_store_t *s, int32_t layer) {
     g.sstride[1] = s->spage_stride_v;
     g.block[0] = s->layout.k_block_bytes;
     g.block[1] = s->layout.v_block_bytes;
+    g.hstride[0] = s->head_stride_k;
+    g.hstride[1] = s->head_stride_v;
     g.sblock = (uint64_t)s->layout.page_size * (uint64_t)s->layout.head_dim * 2;
     for (int side = 0; side < 2; side++) {
         float *t = side ? s->fp8_v : s->fp8_k;
