@@ -582,9 +582,7 @@ static int parse_options(int argc, char **argv, options *o) {
             usage(stdout);
             return 1;
         } else {
-            cli_unknown_option(TOOL, a, stderr);
-            usage(stderr);
-            return CLI_USAGE;
+            return cli_reject_option(TOOL, a, usage);
         }
         if (!ok) return CLI_USAGE;
     }

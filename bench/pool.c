@@ -376,9 +376,7 @@ int bench_pool(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else {
-            cli_unknown_option(TOOL, argv[i], stderr);
-            usage(stderr);
-            return CLI_USAGE;
+            return cli_reject_option(TOOL, argv[i], usage);
         }
     }
     const int32_t pages = 65536;

@@ -334,9 +334,7 @@ int bench_roofline(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else {
-            cli_unknown_option(TOOL, argv[i], stderr);
-            usage(stderr);
-            return CLI_USAGE;
+            return cli_reject_option(TOOL, argv[i], usage);
         }
         if (!ok) return CLI_USAGE;
     }

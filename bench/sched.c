@@ -117,9 +117,7 @@ int bench_sched(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else {
-            cli_unknown_option(TOOL, argv[i], stderr);
-            usage(stderr);
-            return CLI_USAGE;
+            return cli_reject_option(TOOL, argv[i], usage);
         }
     }
     if (quick && !steps_given) steps = 300; /* --steps wins, in either order */

@@ -128,9 +128,7 @@ int bench_stages(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else {
-            cli_unknown_option(TOOL, a, stderr);
-            usage(stderr);
-            return CLI_USAGE;
+            return cli_reject_option(TOOL, a, usage);
         }
         if (!ok) return CLI_USAGE;
     }

@@ -238,9 +238,7 @@ int bench_utilization(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else {
-            cli_unknown_option(TOOL, argv[i], stderr);
-            usage(stderr);
-            return CLI_USAGE;
+            return cli_reject_option(TOOL, argv[i], usage);
         }
     }
     request *r = malloc((size_t)n * sizeof *r);

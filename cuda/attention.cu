@@ -249,7 +249,7 @@ int kvp__cuda_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
     in.out = p->out;
     in.lse = p->lse;
     in.dtype = p->dtype;
-    in.sm_scale = p->sm_scale;
+    in.sm_scale = a->sm_scale;
     in.soft_cap = p->logit_soft_cap;
     in.causal = p->causal;
     in.window = p->window_left;

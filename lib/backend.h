@@ -136,6 +136,7 @@ typedef struct {
     const kvp_attention_params_t *p;
     int32_t group;              /* q_heads / kv_heads */
     int32_t total_rows;         /* qo_indptr[batch] */
+    float sm_scale;             /* p->sm_scale, or its default 1/sqrt(head_dim) for 0 */
 } kvp__attn_args;
 
 /* ---- the interface ---------------------------------------------------------- */

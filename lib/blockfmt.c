@@ -30,7 +30,7 @@ static inline void put_nibble(uint8_t *p, int high, unsigned v) {
     *p = high ? (uint8_t)((*p & 0x0F) | (v << 4)) : (uint8_t)((*p & 0xF0) | v);
 }
 
-static uint64_t count_nonfinite(const float *x, size_t stride, int n, int d) {
+uint64_t kvp__count_nonfinite(const float *x, size_t stride, int n, int d) {
     uint64_t bad = 0;
     for (int i = 0; i < n; i++)
         for (int j = 0; j < d; j++) bad += !isfinite(x[(size_t)i * stride + (size_t)j]);
@@ -156,7 +156,7 @@ uint64_t kvp__block_encode(const kvp__blockfmt *f, void *block, int t0, int n,
     else if (f->is_key) encode_key_int(f, b, x, stride);
     else if (f->format == KVP_FORMAT_INT8) encode_value_int8(f, b, t0, n, x, stride);
     else encode_value_int4(f, b, t0, n, x, stride);
-    return count_nonfinite(x, stride, n, f->head_dim);
+    return kvp__count_nonfinite(x, stride, n, f->head_dim);
 }
 
 /* ---- decode --------------------------------------------------------------- */

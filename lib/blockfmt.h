@@ -271,6 +271,8 @@ KVP__HD static inline float kvp__block_decode_one(const kvp__blockfmt *f, const 
 /* Element data plus scale data, before padding to KVP_BLOCK_ALIGN. */
 uint64_t kvp__block_used_bytes(const kvp__blockfmt *f);
 
+/* Non-finite values among n rows of d floats, `stride` floats apart. */
+uint64_t kvp__count_nonfinite(const float *x, size_t stride, int n, int d);
 /* Encode tokens [t0, t0+n) of a block from fp32 rows x[i*stride + d].
  * Per-page formats (int8/int4 keys) need t0 == 0 and n == page_size.
  * fp8 uses `fp8_scale` (> 0). Returns the number of non-finite inputs. */

@@ -201,18 +201,13 @@ int kvp_attention(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v,
     int32_t rows = v->batch > 0 ? p->qo_indptr[v->batch] : 0;
     if (rows > 0 && (p->q == NULL || p->out == NULL))
         return CTX_ERR(c, KVP_EINVAL, "q or out is NULL");
-    kvp_attention_params_t scaled;
-    if (p->sm_scale == 0.0f) { /* the default: 1/sqrt(head_dim) */
-        scaled = *p;
-        scaled.sm_scale = 1.0f / sqrtf((float)l->head_dim);
-        p = &scaled;
-    }
     kvp__attn_args a;
     a.store = s;
     a.view = v;
     a.p = p;
     a.group = p->q_heads / l->kv_heads;
     a.total_rows = rows;
+    a.sm_scale = p->sm_scale != 0.0f ? p->sm_scale : 1.0f / sqrtf((float)l->head_dim);
     rc = c->backend->attention(c, &a);
     return rc;
 }

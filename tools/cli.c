@@ -148,6 +148,12 @@ int cli_unknown_option(const char *tool, const char *arg, FILE *errf) {
     return CLI_USAGE;
 }
 
+int cli_reject_option(const char *tool, const char *arg, void (*usage)(FILE *)) {
+    cli_unknown_option(tool, arg, stderr);
+    usage(stderr);
+    return CLI_USAGE;
+}
+
 int cli_error(FILE *errf, const char *tool, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

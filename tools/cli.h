@@ -65,6 +65,8 @@ bool cli_opt_choice(const char *tool, int argc, char **argv, int *i, const char 
 /* "<tool>: unknown option '<arg>' (see --help)" (or "unexpected argument"
  * for one that is not an option); returns CLI_USAGE. */
 int cli_unknown_option(const char *tool, const char *arg, FILE *errf);
+/* The same on stderr, followed by the command's usage; returns CLI_USAGE. */
+int cli_reject_option(const char *tool, const char *arg, void (*usage)(FILE *));
 /* "<tool>: " then the message and a newline; returns CLI_USAGE. */
 int cli_error(FILE *errf, const char *tool, const char *fmt, ...) CLI_PRINTF(3, 4);
 

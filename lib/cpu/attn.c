@@ -709,7 +709,7 @@ int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
     j.D = s->layout.head_dim;
     j.P = s->layout.page_size;
     j.layer = a->p->layer;
-    j.sm_scale = a->p->sm_scale;
+    j.sm_scale = a->sm_scale;
     pick_stages(&j, &s->kfmt, &s->vfmt, &s->skfmt, &s->svfmt);
     return run_job(&j);
 }

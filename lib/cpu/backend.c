@@ -133,12 +133,6 @@ static void calibrate_fp8(kvp_store_t *s, const kvp_append_params_t *a, const ro
     }
 }
 
-static uint64_t nonfinite_in(const float *x, size_t n) {
-    uint64_t bad = 0;
-    for (size_t i = 0; i < n; i++) bad += !isfinite(x[i]);
-    return bad;
-}
-
 /* Quantize pool page op->dst of this layer, one side, from staging + rows.
  * Returns the non-finite inputs among the appended rows (the staged tokens
  * were counted when they were appended). */
@@ -160,7 +154,7 @@ static uint64_t seal_side(kvp_store_t *s, const kvp_append_params_t *a, const kv
         uint8_t *db = value ? kvp__block_v(s, a->layer, op->dst, h)
                             : kvp__block_k(s, a->layer, op->dst, h);
         bad += kvp__block_encode(pf, db, 0, P, rows, (size_t)D, block_fp8_scale(s, pf, a->layer, h)) -
-               nonfinite_in(rows, (size_t)op->count * (size_t)D);
+               kvp__count_nonfinite(rows, (size_t)D, op->count, D);
     }
     return bad;
 }
