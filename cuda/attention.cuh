@@ -514,6 +514,7 @@ __device__ void fix_k4_outliers(const tile_ref &T, const kvp__blockfmt &f) {
         const int i = c / R, j = c % R;
         const uint8_t *ot = kvp__k4_table(&f, T.blk[T.pj[i]]);
         const int d = kvp__load_u16(ot + 2 * j);
+        if (d >= D) continue; /* not written by the encoder: the entry is ignored */
         const float os = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (R + j)));
         const float om = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (2 * R + j)));
         put(T.base + i * T.pitch, d, T.kind, fmaf(os, (float)ot[6 * R + j * f.page_size + T.tt[i]], om));

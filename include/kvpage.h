@@ -67,6 +67,20 @@
  *   given by value in an object's parameters (zeroed hooks: libc); a table
  *   uses its pool's. Device memory has its own hooks (kvpage_cuda.h). The
  *   library never aborts, exits, prints or asserts on the caller's behalf.
+ * - **What is checked.** Every argument is validated, with arithmetic that
+ *   cannot overflow, before anything changes: handles, counts, ids, ranges,
+ *   strides, enumerated values, `reserved_` fields of the caller's structs
+ *   (they must be 0). What C cannot check is trusted: that a pointer is
+ *   valid for the length its parameter states (the docs say so at each such
+ *   parameter), and the caller's thread discipline (@ref threads).
+ * - **Page bytes.** The kernels and decoders are memory-safe for any bytes
+ *   a page holds: unwritten memory, bytes brought in with
+ *   kvp_store_page_from_host() (kvpage_tier.h) or written by the engine
+ *   through kvp_store_region() (kvpage_ext.h). Every read stays inside the
+ *   page's blocks and the kernels' own buffers, whatever a length or index
+ *   in a block says (an int4 key block's outlier channel past head_dim is
+ *   ignored). Such bytes give numbers (possibly NaN) of no meaning, never a
+ *   fault; only bytes an encoder wrote give attention results.
  *
  * @section threads Thread safety
  *
@@ -367,7 +381,7 @@ typedef struct kvp_cache_params {
     int32_t prefix_cache;      /**< 1 (default): keep full pages for prefix reuse. */
     int32_t threads;           /**< Attention threads (caller included); default 1. */
     int32_t isa;               /**< #kvp_isa; default #KVP_ISA_AUTO. */
-    int32_t reserved_;         /**< Padding; 0. */
+    int32_t reserved_;         /**< Must be 0 (checked). */
     int64_t num_pages;         /**< Pool pages; 0 = as many as kv_budget_bytes holds. */
     uint64_t kv_budget_bytes;  /**< With num_pages 0: the arena's byte budget (pool pages
                                     plus max_seqs staging pages when needed). */
@@ -541,11 +555,15 @@ KVP_API int kvp_cache_write(kvp_cache_t *c, int32_t layer, int32_t dtype, const 
  *
  * The step's `qo_indptr` replaces `params->qo_indptr`; set the other fields
  * (layer, q_heads, dtype, sm_scale, q, out, ...) as for kvp_attention(). Call
- * after kvp_cache_write() for the same layer.
+ * after kvp_cache_write() for the same layer: until then the step's new rows
+ * have no K/V in the pages (and int8/int4 keys' completed pages are not
+ * sealed), so attending earlier is an error the cache reports.
  *
  * @param[in] c      The cache.
  * @param[in] params Attention parameters.
- * @return As kvp_attention(); #KVP_ESTATE outside a step.
+ * @return As kvp_attention(); #KVP_ESTATE outside a step, or when
+ *         kvp_cache_write() has not succeeded for `params->layer` in this
+ *         step (nothing is written to `out`).
  */
 KVP_API int kvp_cache_attend(kvp_cache_t *c, const kvp_attention_params_t *params);
 
@@ -621,7 +639,7 @@ typedef struct kvp_pool_params {
                                 the layout has none. num_pages + num_staging <= 2^31-1. */
     int32_t prefix_cache;  /**< 1 (default): keep full pages in the prefix cache after
                                 their sequences end; 0: pages are freed at once. */
-    int32_t reserved_;     /**< Padding; set to 0. */
+    int32_t reserved_;     /**< Must be 0 (checked). */
     uint64_t hash_seed;    /**< Seed of the prefix hash (default 0). Results never depend
                                 on it (matches compare the stored token ids); set it from
                                 a secret when prompts come from untrusted users, so they
@@ -986,7 +1004,7 @@ KVP_API int kvp_table_attach_prefix(kvp_table_t *table, int32_t seq,
  */
 typedef struct kvp_batch_buffers {
     uint32_t struct_size;     /**< Set by the caller to sizeof(kvp_batch_buffers_t). */
-    int32_t reserved_;        /**< Padding; set to 0. */
+    int32_t reserved_;        /**< Must be 0 (checked). */
     int32_t *indptr;          /**< [batch+1] CSR offsets (required). */
     int32_t *indices;         /**< [indices_capacity] page ids (required). */
     int32_t *last_page_len;   /**< [batch] tokens in each last page (required). */
@@ -1079,7 +1097,7 @@ struct kvp_kv_view {
     int32_t page_size;            /**< Tokens per page. */
     int32_t num_pages;            /**< Pool pages; ids >= num_pages are staging pages. */
     int32_t num_staging;          /**< Staging pages (0 when the layout needs none). */
-    int32_t reserved_;            /**< Padding; 0. */
+    int32_t reserved_;            /**< Must be 0 (checked by kvp_attention()). */
     const int32_t *indptr;        /**< [B+1] offsets into indices; indptr[0] = 0. */
     const int32_t *indices;       /**< [indptr[B]] page ids. */
     const int32_t *last_page_len; /**< [B] tokens in each sequence's last page, 1..page_size. */
@@ -1212,8 +1230,10 @@ KVP_API void kvp_store_params_init(kvp_store_params_t *p);
  *        kvp_arena_bytes(layout, num_pages, num_staging) bytes, aligned to
  *        #KVP_ARENA_ALIGN.
  *
- * Element bytes are undefined until written (an append or an operation
- * writes them); the fp8 scale table starts at 0, meaning "not calibrated".
+ * Element bytes hold whatever the allocator left until written (an append
+ * or an operation writes them): reading them is memory-safe but meaningless
+ * (@ref conventions, "Page bytes"); the fp8 scale table starts at 0,
+ * meaning "not calibrated".
  *
  * @param[in]  params   Shape, formats, page counts, allocator.
  * @param[out] out      The new store; untouched on error.
@@ -1263,7 +1283,7 @@ typedef struct kvp_append_params {
     const kvp_page_op_t *ops;   /**< The step's page operations; #KVP_OP_SEAL ones are
                                      executed here, others are ignored. May be NULL. */
     int32_t num_ops;            /**< Entries in `ops`. */
-    int32_t reserved_;          /**< Must be 0. */
+    int32_t reserved_;          /**< Must be 0 (checked). */
 } kvp_append_params_t;
 
 /**
@@ -1348,7 +1368,7 @@ typedef struct kvp_quant_desc {
     int32_t heads;        /**< Heads per token (>= 1). */
     int32_t dtype;        /**< Tensor element type: fp32, fp16 or bf16. */
     float fp8_scale;      /**< fp8_e4m3 only: the scale (> 0, finite). */
-    int32_t reserved_;    /**< Must be 0. */
+    int32_t reserved_;    /**< Must be 0 (checked). */
 } kvp_quant_desc_t;
 
 /**
@@ -1417,7 +1437,7 @@ typedef struct kvp_ctx_params {
     uint32_t struct_size;     /**< sizeof(kvp_ctx_params_t); set by init. */
     int32_t threads;          /**< Threads that run kernels, caller included (1 .. 256); default 1. */
     int32_t isa;              /**< #kvp_isa; default #KVP_ISA_AUTO. */
-    int32_t reserved_;        /**< Must be 0. */
+    int32_t reserved_;        /**< Must be 0 (checked). */
     uint64_t workspace_bytes; /**< Split-KV partial results; default 16 MiB (0 = default). */
     kvp_allocator_t allocator; /**< Host allocator; NULL hooks = libc. */
 } kvp_ctx_params_t;
@@ -1471,7 +1491,8 @@ KVP_API const char *kvp_ctx_last_error(const kvp_ctx_t *ctx);
 struct kvp_attention_params {
     uint32_t struct_size;     /**< sizeof(kvp_attention_params_t); set by init. */
     int32_t layer;            /**< 0 .. layers-1. */
-    int32_t q_heads;          /**< Query heads: a multiple of the store's kv_heads (GQA/MQA).
+    int32_t q_heads;          /**< Query heads: a multiple of the store's kv_heads (GQA/MQA),
+                                   at most 65536, with qo_indptr[batch] x q_heads < 2^31.
                                    Query head `h` reads kv head `h / (q_heads / kv_heads)`:
                                    consecutive query heads share a kv head, as in Llama. */
     int32_t dtype;            /**< Type of q and out: fp32, fp16 or bf16; default fp32. */
@@ -1480,10 +1501,13 @@ struct kvp_attention_params {
     float sm_scale;           /**< Softmax scale applied to q.k (> 0); 0 (default) means
                                    1/sqrt(head_dim). */
     float logit_soft_cap;     /**< If > 0: logits become cap * tanh(logit / cap) (Gemma 2). */
-    const int32_t *qo_indptr; /**< [batch+1] query row offsets, qo_indptr[0] = 0, non-decreasing. */
-    const void *q;            /**< [qo_indptr[batch]][q_heads][head_dim] queries. */
-    void *out;                /**< Same shape: the attention output. */
-    float *lse;               /**< Optional [rows][q_heads] log-sum-exp of the scaled logits (natural log). */
+    const int32_t *qo_indptr; /**< [batch+1] query row offsets, qo_indptr[0] = 0, non-decreasing
+                                   (the view's `batch`; its length is not checkable). */
+    const void *q;            /**< [qo_indptr[batch]][q_heads][head_dim] queries; the library
+                                   trusts this length (it cannot check it). */
+    void *out;                /**< Same shape: the attention output (length trusted too). */
+    float *lse;               /**< Optional [rows][q_heads] log-sum-exp of the scaled logits
+                                   (natural log); length trusted. */
 };
 
 /**
@@ -1518,7 +1542,9 @@ KVP_API void kvp_attention_params_init(kvp_attention_params_t *p);
  * @return #KVP_OK; #KVP_EINVAL for NULL pointers, shapes that disagree with
  *         the store (page size, page counts, q_heads), a page id out of range,
  *         a last_page_len outside 1..page_size, more query rows than tokens,
- *         or a negative or non-finite scale; #KVP_ENOTSUP for a head_dim
+ *         a sequence over 2^31 - 1 tokens, q_heads over 65536 or
+ *         qo_indptr[batch] x q_heads over 2^31 - 1, or a negative or
+ *         non-finite scale; #KVP_ENOTSUP for a head_dim
  *         the kernels do not support (64, 80, 96, 128, 256 are); #KVP_EINVAL when the context
  *         and the store are of different backends or devices; #KVP_ENOMEM
  *         when the schedule or the uploaded view exceed the context's

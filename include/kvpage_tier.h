@@ -174,7 +174,7 @@ KVP_API int kvp_store_page_io(kvp_store_t *store, kvp_page_io_t *io);
 /** @brief Parameters of kvp_tier_create(). Fill with kvp_tier_params_init(). */
 typedef struct kvp_tier_params {
     uint32_t struct_size;     /**< sizeof(kvp_tier_params_t); set by init. */
-    int32_t reserved_;        /**< Padding; 0. */
+    int32_t reserved_;        /**< Must be 0 (checked). */
     uint64_t host_bytes;      /**< Byte budget (required): the tier holds
                                    floor(host_bytes / slot_bytes) slots and allocates exactly
                                    that many slots' bytes, once. */

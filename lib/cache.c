@@ -23,6 +23,8 @@ struct kvp_cache {
     int32_t page_size, num_pages, num_staging;
     /* the current step (grow-only buffers: a step allocates nothing once warm) */
     int in_step;
+    int32_t layers;
+    uint8_t *written; /* [layers]: kvp_cache_write() done for the layer this step */
     int32_t batch, rows, num_ops;
     int32_t *indptr, *indices, *last_page_len, *qo_indptr, *sorted;
     int64_t *slots, *prev_reserved;
@@ -71,7 +73,7 @@ void kvp_cache_destroy(kvp_cache_t *c) {
     kvp_store_destroy(c->store);
     kvp_ctx_destroy(c->ctx);
     void *bufs[] = {c->indptr, c->indices, c->last_page_len, c->qo_indptr, c->sorted,
-                    c->slots, c->prev_reserved, c->ops};
+                    c->slots, c->prev_reserved, c->ops, c->written};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvp__free(&a, bufs[i]);
     kvp__free(&a, c);
 }
@@ -111,6 +113,9 @@ static int create_parts(kvp_cache_t *c, const kvp_cache_params_t *p, const kvp_l
                         int64_t pages, const kvp_cuda_params_t *cuda, char *err,
                         size_t err_size) {
     int32_t staging = l->needs_staging ? p->max_seqs : 0;
+    c->layers = p->layers;
+    c->written = (uint8_t *)kvp__calloc(&c->alloc, (size_t)p->layers, 1, 64);
+    if (c->written == NULL) return kvp__errf(err, err_size, KVP_ENOMEM, "out of memory (cache)");
     kvp_store_params_t sp;
     kvp_store_params_init(&sp);
     sp.layers = p->layers;
@@ -170,6 +175,7 @@ static int cache_create(const kvp_cache_params_t *p, const kvp_cuda_params_t *cu
                         kvp_cache_t **out, char *err, size_t err_size) {
     if (out == NULL) return kvp__errf(err, err_size, KVP_EINVAL, "out is NULL");
     int rc = kvp__check_struct(p, sizeof *p, "params", err, err_size);
+    if (rc == KVP_OK) rc = kvp__check_reserved(p->reserved_, "params", err, err_size);
     if (rc == KVP_OK) rc = kvp__allocator_check(&p->allocator, err, err_size);
     if (rc != KVP_OK) return rc;
     if (p->max_seqs < 1 || p->max_seqs > (1 << 24))
@@ -451,6 +457,7 @@ int kvp_cache_begin_step(kvp_cache_t *c, const int32_t *seqs, int32_t batch,
     c->batch = batch;
     c->rows = (int32_t)rows;
     c->num_ops = n_ops;
+    memset(c->written, 0, (size_t)c->layers);
     c->in_step = 1;
     return KVP_OK;
 }
@@ -471,7 +478,9 @@ int kvp_cache_write(kvp_cache_t *c, int32_t layer, int32_t dtype, const void *k,
     a.slots = c->slots;
     a.ops = c->ops;
     a.num_ops = c->num_ops;
-    return pass(c, kvp_store_append(c->store, &a), "write", kvp_store_last_error(c->store));
+    int rc = kvp_store_append(c->store, &a);
+    if (rc == KVP_OK) c->written[layer] = 1; /* the append checked the layer */
+    return pass(c, rc, "write", kvp_store_last_error(c->store));
 }
 
 int kvp_cache_attend(kvp_cache_t *c, const kvp_attention_params_t *params) {
@@ -479,6 +488,11 @@ int kvp_cache_attend(kvp_cache_t *c, const kvp_attention_params_t *params) {
     if (!c->in_step) return fail(c, KVP_ESTATE, "no step: call kvp_cache_begin_step first");
     int rc = kvp__check_struct(params, sizeof *params, "params", c->err, KVP_ERR_SIZE);
     if (rc != KVP_OK) return rc;
+    /* before its write, the step's pages of this layer hold no K/V for the
+     * new rows (and int8/int4 keys' completed pages are not sealed yet) */
+    if (params->layer >= 0 && params->layer < c->layers && !c->written[params->layer])
+        return fail(c, KVP_ESTATE, "attend: layer %d's K/V of this step are not written "
+                    "(call kvp_cache_write for it first)", (int)params->layer);
     kvp_attention_params_t p = *params;
     p.qo_indptr = c->qo_indptr;
     return pass(c, kvp_attention(c->ctx, c->store, &c->view, &p), "attend",

@@ -94,6 +94,12 @@ int kvp__check_struct(const void *s, size_t min_size, const char *what,
     return KVP_OK;
 }
 
+int kvp__check_reserved(int32_t value, const char *what, char *err, size_t err_size) {
+    if (value == 0) return KVP_OK;
+    return kvp__errf(err, err_size, KVP_EINVAL, "%s->reserved_ must be 0, got %d", what,
+                     (int)value);
+}
+
 void kvp__copy_out(void *dst, const void *src, size_t full_size) {
     uint32_t declared;
     memcpy(&declared, dst, sizeof declared);

@@ -118,7 +118,9 @@ static bool attn_head_dim_ok(int32_t d) {
 }
 
 static int check_view(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v,
-                      const int32_t *qo) {
+                      const int32_t *qo, int32_t q_heads) {
+    if (v->reserved_ != 0)
+        return CTX_ERR(c, KVP_EINVAL, "view->reserved_ must be 0, got %d", (int)v->reserved_);
     if (v->batch < 0) return CTX_ERR(c, KVP_EINVAL, "view batch is negative (%d)", (int)v->batch);
     if (v->page_size != s->layout.page_size)
         return CTX_ERR(c, KVP_EINVAL, "view page_size %d differs from the store's %d",
@@ -132,32 +134,43 @@ static int check_view(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v
     if (v->batch > 0 && v->indptr[0] != 0)
         return CTX_ERR(c, KVP_EINVAL, "view indptr[0] must be 0, got %d", (int)v->indptr[0]);
     if (qo[0] != 0) return CTX_ERR(c, KVP_EINVAL, "qo_indptr[0] must be 0, got %d", (int)qo[0]);
-    int32_t P = s->layout.page_size, limit = s->num_pages + s->num_staging;
+    /* Differences and products in 64 bits: the arrays are the caller's. The
+     * kernels count tokens and query-head rows in 32 bits, so both are
+     * bounded here. */
+    int64_t P = s->layout.page_size, limit = (int64_t)s->num_pages + s->num_staging;
     for (int32_t b = 0; b < v->batch; b++) {
-        int32_t n = v->indptr[b + 1] - v->indptr[b];
+        int64_t n = (int64_t)v->indptr[b + 1] - v->indptr[b];
         if (n < 0) return CTX_ERR(c, KVP_EINVAL, "view indptr decreases at sequence %d", (int)b);
         if (n > 0 && v->indices == NULL) return CTX_ERR(c, KVP_EINVAL, "view indices is NULL");
         int32_t last = v->last_page_len[b];
         if (n > 0 && (last < 1 || last > P))
             return CTX_ERR(c, KVP_EINVAL, "last_page_len[%d] = %d outside 1..%d", (int)b,
                            (int)last, (int)P);
+        int64_t kv_len = n == 0 ? 0 : (n - 1) * P + last;
+        if (kv_len > INT32_MAX)
+            return CTX_ERR(c, KVP_EINVAL, "sequence %d has %lld tokens (%lld pages); at most "
+                           "2^31 - 1 are supported", (int)b, (long long)kv_len, (long long)n);
         for (int32_t i = v->indptr[b]; i < v->indptr[b + 1]; i++) {
             int32_t id = v->indices[i];
             if (id < 0 || id >= limit)
-                return CTX_ERR(c, KVP_EINVAL, "sequence %d page %d: id %d is not a page of the "
-                               "store (0..%d)", (int)b, (int)(i - v->indptr[b]), (int)id,
-                               (int)limit - 1);
+                return CTX_ERR(c, KVP_EINVAL, "sequence %d page %lld: id %d is not a page of the "
+                               "store (0..%lld)", (int)b, (long long)i - v->indptr[b], (int)id,
+                               (long long)limit - 1);
             if (id >= s->num_pages && i != v->indptr[b + 1] - 1)
                 return CTX_ERR(c, KVP_EINVAL, "sequence %d: staging page %d is not its last page",
                                (int)b, (int)id);
         }
-        int64_t kv_len = n == 0 ? 0 : (int64_t)(n - 1) * P + last;
-        int32_t q_len = qo[b + 1] - qo[b];
+        int64_t q_len = (int64_t)qo[b + 1] - qo[b];
         if (q_len < 0) return CTX_ERR(c, KVP_EINVAL, "qo_indptr decreases at sequence %d", (int)b);
         if (q_len > kv_len)
-            return CTX_ERR(c, KVP_EINVAL, "sequence %d has %d query rows but only %lld tokens "
-                           "(append its K/V first)", (int)b, (int)q_len, (long long)kv_len);
+            return CTX_ERR(c, KVP_EINVAL, "sequence %d has %lld query rows but only %lld tokens "
+                           "(append its K/V first)", (int)b, (long long)q_len, (long long)kv_len);
     }
+    /* qo_indptr starts at 0 and does not decrease: its last entry is the row count */
+    int64_t head_rows = v->batch > 0 ? (int64_t)qo[v->batch] * q_heads : 0;
+    if (head_rows > INT32_MAX)
+        return CTX_ERR(c, KVP_EINVAL, "%d query rows x %d query heads exceed 2^31 - 1 head rows",
+                       (int)qo[v->batch], (int)q_heads);
     return KVP_OK;
 }
 
@@ -176,9 +189,9 @@ int kvp_attention(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v,
     if (p->layer < 0 || p->layer >= l->layers)
         return CTX_ERR(c, KVP_EINVAL, "layer %d out of range 0..%d", (int)p->layer,
                        (int)l->layers - 1);
-    if (p->q_heads < 1 || p->q_heads % l->kv_heads != 0)
-        return CTX_ERR(c, KVP_EINVAL, "q_heads %d must be a positive multiple of kv_heads %d",
-                       (int)p->q_heads, (int)l->kv_heads);
+    if (p->q_heads < 1 || p->q_heads > KVP__MAX_Q_HEADS || p->q_heads % l->kv_heads != 0)
+        return CTX_ERR(c, KVP_EINVAL, "q_heads %d must be a multiple of kv_heads %d in 1..%d",
+                       (int)p->q_heads, (int)l->kv_heads, KVP__MAX_Q_HEADS);
     if (kvp__dtype_size(p->dtype) == 0)
         return CTX_ERR(c, KVP_EINVAL, "dtype %d: q and out must be fp32, fp16 or bf16", (int)p->dtype);
     if (p->causal != 0 && p->causal != 1)
@@ -196,7 +209,7 @@ int kvp_attention(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v,
         return CTX_ERR(c, KVP_ENOTSUP, "attention supports head_dim 64, 80, 96, 128 and 256; "
                        "the store has %d", (int)l->head_dim);
     if (p->qo_indptr == NULL) return CTX_ERR(c, KVP_EINVAL, "qo_indptr is NULL");
-    rc = check_view(c, s, v, p->qo_indptr);
+    rc = check_view(c, s, v, p->qo_indptr, p->q_heads);
     if (rc != KVP_OK) return rc;
     int32_t rows = v->batch > 0 ? p->qo_indptr[v->batch] : 0;
     if (rows > 0 && (p->q == NULL || p->out == NULL))

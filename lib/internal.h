@@ -34,6 +34,8 @@ extern "C" {
 
 /* What every *_last_error() returns for a NULL handle. */
 #define KVP__NULL_HANDLE "NULL handle"
+/* Most query heads kvp_attention() takes (the layout's kv_heads limit). */
+#define KVP__MAX_Q_HEADS 65536
 
 /* Write a formatted detail message into `err` (if non-NULL and err_size > 0)
  * and return `status`. Never prints; truncates silently. */
@@ -84,6 +86,9 @@ static inline uint64_t kvp__round_up_u64(uint64_t x, uint64_t align) {
  * public version of that struct (`min_size`). */
 int kvp__check_struct(const void *s, size_t min_size, const char *what,
                       char *err, size_t err_size);
+/* A caller's struct's `reserved_` field must be 0 (so a later version can
+ * give it a meaning without old callers' garbage taking it). */
+int kvp__check_reserved(int32_t value, const char *what, char *err, size_t err_size);
 
 /* Copy a full result `src` (of our `full_size`) to the caller's `dst`,
  * writing only the bytes the caller declared in dst->struct_size and keeping

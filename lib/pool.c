@@ -37,6 +37,7 @@ void kvp_pool_params_init(kvp_pool_params_t *p) {
 
 static int check_params(const kvp_pool_params_t *p, char *err, size_t err_size) {
     int rc = kvp__check_struct(p, sizeof *p, "params", err, err_size);
+    if (rc == KVP_OK) rc = kvp__check_reserved(p->reserved_, "params", err, err_size);
     if (rc != KVP_OK) return rc;
     if (p->page_size < 1 || p->page_size > KVP_MAX_PAGE_SIZE)
         return kvp__errf(err, err_size, KVP_EINVAL, "page_size must be 1..%d, got %d",

@@ -58,9 +58,15 @@ int kvp__quant_check(const kvp_quant_desc_t *q, const void *src, int64_t pages, 
     if (src == NULL || dst == NULL) return kvp__errf(err, err_size, KVP_EINVAL, "src or dst is NULL");
     if (pages < 1) return kvp__errf(err, err_size, KVP_EINVAL, "pages must be >= 1, got %lld",
                                     (long long)pages);
-    uint64_t total;
+    /* both sides' byte counts: the blocks, and the tensor of
+     * pages x page_size x heads x head_dim elements */
+    uint64_t total, elems;
     if (!kvp__mul_u64((uint64_t)pages, (uint64_t)q->heads, &total) ||
-        !kvp__mul_u64(total, *block, &total) || total > SIZE_MAX)
+        !kvp__mul_u64(total, *block, &total) || total > PTRDIFF_MAX ||
+        !kvp__mul_u64((uint64_t)pages * (uint64_t)q->heads, /* <= total: no overflow */
+                      (uint64_t)q->page_size * (uint64_t)q->head_dim * kvp__dtype_size(q->dtype),
+                      &elems) ||
+        elems > PTRDIFF_MAX)
         return kvp__errf(err, err_size, KVP_EINVAL, "%lld pages overflow the address space",
                          (long long)pages);
     return KVP_OK;

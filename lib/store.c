@@ -287,6 +287,7 @@ static bool row_sealed(const kvp_append_params_t *a, int64_t r, int32_t P) {
 static int check_append(kvp_store_t *s, const kvp_append_params_t *a) {
     const kvp_layout_t *l = &s->layout;
     int rc = kvp__check_struct(a, sizeof *a, "append", s->error, KVP__STORE_ERR_SIZE);
+    if (rc == KVP_OK) rc = kvp__check_reserved(a->reserved_, "append", s->error, KVP__STORE_ERR_SIZE);
     if (rc != KVP_OK) return rc;
     if (a->layer < 0 || a->layer >= l->layers)
         return STORE_ERR(s, KVP_EINVAL, "layer %d out of range 0..%d", (int)a->layer,
@@ -301,6 +302,14 @@ static int check_append(kvp_store_t *s, const kvp_append_params_t *a) {
     if (a->v_row_stride != 0 && a->v_row_stride < row)
         return STORE_ERR(s, KVP_EINVAL, "v_row_stride %lld is below a row (%lld elements)",
                          (long long)a->v_row_stride, (long long)row);
+    /* the last row's end, (rows - 1) * stride + row elements, must be an
+     * addressable byte offset: larger strides would wrap */
+    int64_t esize = (int64_t)kvp__dtype_size(a->dtype);
+    int64_t max_stride = a->rows > 1 ? (PTRDIFF_MAX / esize - row) / (a->rows - 1) : INT64_MAX;
+    if (a->k_row_stride > max_stride || a->v_row_stride > max_stride)
+        return STORE_ERR(s, KVP_EINVAL, "row strides %lld / %lld over %d rows exceed the "
+                         "address space", (long long)a->k_row_stride,
+                         (long long)a->v_row_stride, (int)a->rows);
     if (a->num_ops < 0 || (a->num_ops > 0 && a->ops == NULL))
         return STORE_ERR(s, KVP_EINVAL, "ops is NULL or num_ops (%d) negative", (int)a->num_ops);
     if (a->rows > 0 && (a->k == NULL || a->v == NULL || a->slots == NULL))
@@ -392,8 +401,8 @@ int kvp_store_read(const kvp_store_t *cs, int32_t layer, int32_t page, int32_t t
         return STORE_ERR(s, KVP_EINVAL, "page %d is not a page id (0..%d)", (int)page,
                          (int)(s->num_pages + s->num_staging - 1));
     if (t0 < 0 || n < 0 || t0 > s->layout.page_size - n)
-        return STORE_ERR(s, KVP_EINVAL, "tokens %d..%d outside the page (size %d)", (int)t0,
-                         (int)(t0 + n - 1), (int)s->layout.page_size);
+        return STORE_ERR(s, KVP_EINVAL, "tokens %d..%lld outside the page (size %d)", (int)t0,
+                         (long long)t0 + n - 1, (int)s->layout.page_size);
     if (k == NULL && v == NULL) return STORE_ERR(s, KVP_EINVAL, "k and v are both NULL");
     int rc = s->backend->read(s, layer, page, t0, n, k, v, s->error, KVP__STORE_ERR_SIZE);
     return rc;
@@ -413,8 +422,8 @@ int kvp__check_page_io(kvp_store_t *s, int32_t page, uint64_t offset, const void
                          (int)(s->num_pages + s->num_staging - 1));
     uint64_t size = kvp__page_io_bytes(s, page);
     if (offset > size || bytes > size - offset)
-        return STORE_ERR(s, KVP_EINVAL, "bytes %llu..%llu are outside page %d's %llu bytes",
-                         (unsigned long long)offset, (unsigned long long)(offset + bytes),
+        return STORE_ERR(s, KVP_EINVAL, "%llu bytes at offset %llu are outside page %d's %llu "
+                         "bytes", (unsigned long long)bytes, (unsigned long long)offset,
                          (int)page, (unsigned long long)size);
     if (bytes > 0 && host == NULL) return STORE_ERR(s, KVP_EINVAL, "host buffer is NULL");
     return KVP_OK;

@@ -734,6 +734,7 @@ int kvp_table_export_size(kvp_table_t *t, const int32_t *seqs, int32_t batch,
 static int check_buffers(kvp_table_t *t, const char *fn, const kvp_batch_buffers_t *b,
                          int64_t pages, int64_t rows) {
     int rc = kvp__check_struct(b, sizeof *b, "buffers", t->err, sizeof t->err);
+    if (rc == KVP_OK) rc = kvp__check_reserved(b->reserved_, "buffers", t->err, sizeof t->err);
     if (rc != KVP_OK) return rc;
     if (b->indptr == NULL || b->last_page_len == NULL || (pages > 0 && b->indices == NULL))
         return fail(t, KVP_EINVAL, "%s: indptr, indices and last_page_len are required", fn);

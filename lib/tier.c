@@ -117,6 +117,7 @@ static int check_layout(const kvp_table_t *table, const kvp_layout_t *l, char *e
 static int check_params(const kvp_table_t *table, const kvp_tier_params_t *p, char *err,
                         size_t err_size) {
     int rc = kvp__check_struct(p, sizeof *p, "params", err, err_size);
+    if (rc == KVP_OK) rc = kvp__check_reserved(p->reserved_, "params", err, err_size);
     if (rc != KVP_OK) return rc;
     if (p->layout == NULL)
         return kvp__errf(err, err_size, KVP_EINVAL,

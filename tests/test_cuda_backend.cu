@@ -1687,6 +1687,109 @@ static void test_injected_failures(void **state) {
 }
 #endif
 
+/* ---- page bytes no encoder wrote ------------------------------------------------------------ */
+
+/* One query row over page 0 of a store (1 layer, 1 kv head), on one backend. */
+static int attend_page0(kvp_ctx_t *c, kvp_store_t *st, bool gpu, int32_t D, int32_t P,
+                        const float *q, float *out) {
+    static const int32_t indptr[] = {0, 1}, indices[] = {0}, qo[] = {0, 1};
+    const int32_t last[] = {P};
+    kvp_store_info_t info = store_info(st);
+    kvp_kv_view_t v;
+    memset(&v, 0, sizeof v);
+    v.struct_size = sizeof v;
+    v.batch = 1;
+    v.page_size = P;
+    v.num_pages = info.num_pages;
+    v.num_staging = info.num_staging;
+    v.indptr = indptr;
+    v.indices = indices;
+    v.last_page_len = last;
+    kvp_attention_params_t ap;
+    kvp_attention_params_init(&ap);
+    ap.q_heads = 1;
+    ap.qo_indptr = qo;
+    void *qd = gpu ? dev_copy(q, (size_t)D * 4) : nullptr, *od = gpu ? dev_alloc((size_t)D * 4) : nullptr;
+    ap.q = gpu ? qd : q;
+    ap.out = gpu ? od : out;
+    int rc = kvp_attention(c, st, &v, &ap);
+    if (gpu) {
+        if (rc == KVP_OK) to_host(out, od, (size_t)D * 4);
+        cudaFree(qd);
+        cudaFree(od);
+    }
+    return rc;
+}
+
+/* int4 key blocks with outlier-channel indices past head_dim (foreign or
+ * unwritten bytes): the CUDA kernels ignore such an entry as the CPU
+ * kernels and kvp_dequantize() do, and never write outside their tiles;
+ * pages of arbitrary bytes in every format are read without a fault. */
+static void test_foreign_page_bytes(void **state) {
+    (void)state;
+    const int32_t D = 128, P = 16, R = D / 32;
+    kvd_rng rng;
+    kvd_seed(&rng, 77);
+    float *k = (float *)malloc((size_t)P * D * 4), *v = (float *)malloc((size_t)P * D * 4);
+    float q[128], co[128], go[128];
+    kvd_fill_normal(&rng, (size_t)P * D, k);
+    kvd_fill_normal(&rng, (size_t)P * D, v);
+    kvd_fill_normal(&rng, (size_t)D, q);
+    for (int32_t t = 0; t < P; t++) k[t * D + 7] *= 15.0f; /* an outlier channel */
+    kvp_ctx_t *cc = cpu_ctx(), *gc = gpu_ctx(0);
+    twin tw;
+    twin_make(&tw, 1, 1, D, P, KVP_FORMAT_INT4, KVP_FORMAT_FP16, 0, 2, 1);
+    uint8_t *page = (uint8_t *)calloc(1, (size_t)tw.lay.page_bytes);
+    kvp_quant_desc_t qd;
+    memset(&qd, 0, sizeof qd);
+    qd.struct_size = sizeof qd;
+    qd.format = KVP_FORMAT_INT4;
+    qd.page_size = P;
+    qd.head_dim = D;
+    qd.heads = 1;
+    qd.dtype = KVP_FORMAT_FP32;
+    char err[KVP_ERR_SIZE];
+    assert_int_equal(kvp_quantize(&qd, k, 1, page, err, sizeof err), KVP_OK);
+    qd.format = KVP_FORMAT_FP16;
+    qd.is_value = 1;
+    assert_int_equal(kvp_quantize(&qd, v, 1, page + tw.lay.k_block_bytes, err, sizeof err), KVP_OK);
+    uint8_t *idx = page + (size_t)P * D / 2 + 4 * (size_t)D; /* docs/formats.md */
+    const uint16_t bad[3] = {200, 1029, 0xFFFF}, big = 0x63D0;
+    for (int32_t j = 1; j < R; j++) {
+        memcpy(idx + 2 * j, &bad[j - 1], 2);
+        memcpy(idx + 2 * R + 2 * j, &big, 2);
+        for (int32_t t = 0; t < P; t++) idx[6 * R + j * P + t] = (uint8_t)(t * 37);
+    }
+    assert_int_equal(kvp_store_page_from_host(tw.cpu, 0, 0, page, tw.lay.page_bytes), KVP_OK);
+    assert_int_equal(kvp_store_page_from_host(tw.gpu, 0, 0, page, tw.lay.page_bytes), KVP_OK);
+    assert_int_equal(attend_page0(cc, tw.cpu, false, D, P, q, co), KVP_OK);
+    assert_int_equal(attend_page0(gc, tw.gpu, true, D, P, q, go), KVP_OK);
+    double e = rel_diff(go, co, (size_t)D);
+    if (e > TOL_F16) print_error("cuda vs cpu over bad outlier indices: %g\n", e);
+    assert_true(e <= TOL_F16);
+    twin_free(&tw);
+    /* every format pair over arbitrary bytes (the arenas start as 0xA7,
+     * then page 0 gets random bytes): a status, no fault */
+    static const int32_t formats[] = {KVP_FORMAT_FP32, KVP_FORMAT_FP16, KVP_FORMAT_BF16,
+                                      KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
+    for (int32_t kf : formats)
+        for (int32_t vf : formats) {
+            twin_make(&tw, 1, 1, D, P, kf, vf, 0, 2, 1);
+            assert_int_equal(attend_page0(gc, tw.gpu, true, D, P, q, go), KVP_OK);
+            uint8_t *junk = (uint8_t *)malloc((size_t)tw.lay.page_bytes);
+            for (uint64_t i = 0; i < tw.lay.page_bytes; i++) junk[i] = (uint8_t)(kvd_next(&rng) >> 56);
+            assert_int_equal(kvp_store_page_from_host(tw.gpu, 0, 0, junk, tw.lay.page_bytes), KVP_OK);
+            assert_int_equal(attend_page0(gc, tw.gpu, true, D, P, q, go), KVP_OK);
+            free(junk);
+            twin_free(&tw);
+        }
+    free(page);
+    free(k);
+    free(v);
+    kvp_ctx_destroy(cc);
+    kvp_ctx_destroy(gc);
+}
+
 static int setup(void **state) {
     (void)state;
     if (!have_device()) {
@@ -1712,6 +1815,7 @@ int main(void) {
         cmocka_unit_test(test_cache_facade),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_info_and_conventions),
+        cmocka_unit_test(test_foreign_page_bytes),
 #ifdef KVP_CUDASIM
         cmocka_unit_test(test_injected_failures),
 #endif

@@ -138,6 +138,13 @@ static inline kvp__k4_outl kvp__k4_outliers_of(const uint8_t *kb, const kvp__blo
     return o;
 }
 
+/* Row r of the query at an outlier channel d read from a page: 0 for an
+ * index past head_dim (bytes not written by the encoder, or foreign ones),
+ * so such an entry adds nothing and no read leaves the query tile. */
+static inline float kvp__k4_outlier_q(const kvp__tile *t, int r, unsigned d) {
+    return d < (unsigned)t->D ? t->q[r][d] : 0.0f;
+}
+
 /* Once per page, after the prep set qconst: t->k4a = the fold's a, and its
  * constant added to qconst (for kernels that add only a . code per token).
  * F16C code in kern_avx2.c, called by the AVX2 prep (AVX-512 has its own,

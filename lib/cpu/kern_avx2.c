@@ -307,7 +307,7 @@ TGT void kvp__k4_outlier_prep(kvp__tile *t, const uint8_t *kb, const kvp__blockf
     float cst[R] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int j = 0; j < o.count; j++)
         for (int r = 0; r < R; r++) {
-            float q = t->q[r][idx[j]];
+            float q = kvp__k4_outlier_q(t, r, idx[j]);
             t->k4a[r][j] = q * sm[j];
             cst[r] += q * sm[8 + j];
         }
@@ -471,14 +471,15 @@ TGT_INLINE static float quantize_w15(const float *p, const float *s, int n4, flo
 }
 
 /* Scales of n4 tokens (fp16 at src) as fp32 in dst (zero past n4); returns
- * the largest (scales are >= 0). */
+ * the largest (scales are >= 0). Reads only the n4 scales: a block's scales
+ * may end the arena. */
 TGT_INLINE static float load_scales8(const uint8_t *src, int n4, float *dst) {
     __m256 mx = _mm256_setzero_ps();
     for (int i = 0; i < KVP__CHUNK; i += 8) {
         __m256 v = _mm256_setzero_ps();
-        if (i < n4) v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * (size_t)i)));
-        if (i + 8 > n4) /* a partial group of 8: n4 is a multiple of 4 */
-            v = _mm256_blend_ps(v, _mm256_setzero_ps(), 0xF0);
+        const __m128i *p = (const __m128i *)(const void *)(src + 2 * (size_t)i);
+        if (i + 8 <= n4) v = _mm256_cvtph_ps(_mm_loadu_si128(p));
+        else if (i < n4) v = _mm256_cvtph_ps(_mm_loadl_epi64(p)); /* n4 is a multiple of 4 */
         _mm256_store_ps(dst + i, v);
         mx = _mm256_max_ps(mx, v);
     }

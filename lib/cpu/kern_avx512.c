@@ -331,7 +331,7 @@ TGT_INLINE static __m512 k4_outlier_fold(kvp__tile *t, const uint8_t *kb, const 
         _mm_storeu_si128((__m128i *)(void *)t->k4idx, idx);
         for (int r = 0; r < R; r++)
             for (int j = 0; j < KVP__ATTN_MAX_D / 32; j++)
-                t->k4q[r][j] = j < o.count ? t->q[r][t->k4idx[j]] : 0.0f;
+                t->k4q[r][j] = j < o.count ? kvp__k4_outlier_q(t, r, t->k4idx[j]) : 0.0f;
         t->k4valid = 1;
     }
     /* rows 0-1 / 2-3: the 8-lane halves (k4q / k4a rows are 8 floats) */

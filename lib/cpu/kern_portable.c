@@ -134,7 +134,7 @@ static int k4_outlier_fold(const kvp__tile *t, const kvp__k4_outl *o, float a[][
             memcpy(&d, o->table + 2 * (size_t)j, 2);
             memcpy(&s16, o->table + 2 * (size_t)(o->count + j), 2);
             memcpy(&m16, o->table + 2 * (size_t)(2 * o->count + j), 2);
-            float q = t->q[r][d];
+            float q = kvp__k4_outlier_q(t, r, d);
             a[r][j] = q * kvp__f16_to_f32(s16);
             c += q * kvp__f16_to_f32(m16);
         }
