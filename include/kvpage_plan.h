@@ -68,7 +68,8 @@ KVP_API int kvp_arena_bytes(const kvp_layout_t *layout, uint64_t num_pages,
 /**
  * @brief Parse a format name (case-insensitive; "fp8" is accepted for
  *        "fp8_e4m3").
- * @param[in]  name     The name.
+ * @param[in]  name     The name: a NUL-terminated string (its length is not
+ *                      known to the function; not checked).
  * @param[out] format   The #kvp_format value.
  * @param[out] err      Optional error-detail buffer.
  * @param[in]  err_size Its size in bytes.
@@ -157,9 +158,12 @@ typedef struct kvp_plan {
  * @param[in]  params   Inputs (see #kvp_plan_params_t).
  * @param[out] plan     Result; `plan->struct_size` must be set. Untouched on error.
  * @param[out] err      Optional error-detail buffer; says which input is bad.
- * @param[in]  err_size Its size.
+ * @param[in]  err_size Its size: the function writes at most err_size bytes,
+ *                      NUL included, so `err` must hold at least err_size
+ *                      bytes (not checked).
  * @return #KVP_OK, or #KVP_EINVAL for a bad or inconsistent input: zero sizes,
- *         q_heads not a multiple of kv_heads, utilization outside (0, 1],
+ *         q_heads negative or not a multiple of kv_heads, utilization outside
+ *         (0, 1] (NaN included),
  *         weights plus reserve not smaller than the memory, a budget smaller
  *         than one page (plus one staging page when needed), or products that
  *         overflow 64 bits. O(1).
@@ -242,7 +246,7 @@ KVP_API int kvp_model_preset_get(int32_t index, kvp_model_preset_t *out);
 
 /**
  * @brief Find a model preset by name (case-insensitive).
- * @param[in]  name     e.g. "llama-3.1-8b".
+ * @param[in]  name     e.g. "llama-3.1-8b"; NUL-terminated (not checked).
  * @param[out] out      Result; `out->struct_size` must be set.
  * @param[out] err      Optional error-detail buffer (lists the known names).
  * @param[in]  err_size Its size.
@@ -273,7 +277,7 @@ KVP_API int kvp_gpu_preset_get(int32_t index, kvp_gpu_preset_t *out);
 
 /**
  * @brief Find a GPU preset by name (case-insensitive).
- * @param[in]  name     e.g. "h200-141g".
+ * @param[in]  name     e.g. "h200-141g"; NUL-terminated (not checked).
  * @param[out] out      Result; `out->struct_size` must be set.
  * @param[out] err      Optional error-detail buffer (lists the known names).
  * @param[in]  err_size Its size.
@@ -289,7 +293,8 @@ KVP_API int kvp_gpu_preset_find(const char *name, kvp_gpu_preset_t *out, char *e
  * "int4" (4.25 bits: 4-bit weights plus a 16-bit scale per group of 64).
  *
  * @param[in]  params      Parameter count (> 0).
- * @param[in]  weight_type One of the names above (case-insensitive).
+ * @param[in]  weight_type One of the names above (case-insensitive);
+ *                         NUL-terminated (not checked).
  * @param[out] bytes       Result, rounded up.
  * @param[out] err         Optional error-detail buffer.
  * @param[in]  err_size    Its size.
@@ -307,7 +312,8 @@ KVP_API int kvp_weight_bytes(uint64_t params, const char *weight_type,
  * fraction is allowed before a suffix; the result is rounded down to whole
  * bytes. Surrounding spaces are allowed; anything else is rejected.
  *
- * @param[in]  text     The text.
+ * @param[in]  text     The text: a NUL-terminated string (its length is not
+ *                      known to the function; not checked).
  * @param[out] bytes    Result (> 0).
  * @param[out] err      Optional error-detail buffer.
  * @param[in]  err_size Its size.

@@ -83,7 +83,7 @@ typedef struct kvp_sched_params {
     int32_t drop_below_priority;/**< Victims with a priority below this are dropped rather than
                                      swapped or recomputed ("shed low-priority work when
                                      memory is tight"); default INT32_MIN (never). */
-    int64_t total_pages;        /**< Pool pages (required, > 0). */
+    int64_t total_pages;        /**< Pool pages (required, 1 .. 2^36). */
     int64_t watermark_pages;    /**< Free pages kept back from admissions; default 1% of the pool. */
     int64_t max_queue_delay;    /**< Reject a waiting request older than this many time units
                                      (see kvp_sched_input_t::now); 0 = never. */
@@ -128,20 +128,23 @@ typedef struct kvp_sched_request {
     uint32_t struct_size;   /**< Set by the caller to sizeof(kvp_sched_request_t). */
     int32_t priority;       /**< Higher runs first; may be negative. */
     int64_t id;             /**< The engine's id for the request (unique among live ones). */
-    int64_t prompt_tokens;  /**< Prompt length (> 0). */
-    int64_t max_new_tokens; /**< Tokens it may generate (> 0). */
+    int64_t prompt_tokens;  /**< Prompt length, 1 .. 2^61-1. */
+    int64_t max_new_tokens; /**< Tokens it may generate, 1 .. 2^61-1. */
     int64_t cached_tokens;  /**< Prompt tokens already in the prefix cache (shared pages the
-                                 engine will attach); 0 if unknown. */
-    int64_t arrival;        /**< Arrival time in the engine's units (see kvp_sched_input_t::now). */
-    int64_t deadline;       /**< Absolute deadline in the same units; 0 = none. */
+                                 engine will attach), 0 .. prompt_tokens; 0 if unknown. */
+    int64_t arrival;        /**< Arrival time in the engine's units, >= 0 (see
+                                 kvp_sched_input_t::now). */
+    int64_t deadline;       /**< Absolute deadline in the same units, >= 0; 0 = none. */
 } kvp_sched_request_t;
 
 /**
  * @brief Queue a request. O(log waiting).
  * @param[in] s   The scheduler.
  * @param[in] req The request.
- * @return #KVP_OK; #KVP_EINVAL (bad field, duplicate id); #KVP_ENOSPC when
- *         max_requests are already tracked. A request that can never fit is
+ * @return #KVP_OK; #KVP_EINVAL (NULL, bad struct_size, a field outside the
+ *         range #kvp_sched_request_t gives, duplicate id); #KVP_ENOSPC when
+ *         max_requests are already tracked. On error nothing changes and
+ *         kvp_sched_last_error() says why. A request that can never fit is
  *         accepted and rejected in the next plan (#KVP_REASON_TOO_LONG).
  */
 KVP_API int kvp_sched_submit(kvp_sched_t *s, const kvp_sched_request_t *req);
@@ -157,11 +160,14 @@ KVP_API int kvp_sched_finish(kvp_sched_t *s, int64_t id);
 /** @brief What the engine reports before each step. */
 typedef struct kvp_sched_input {
     uint32_t struct_size;    /**< Set by the caller to sizeof(kvp_sched_input_t). */
-    int32_t reserved_;       /**< Padding; 0. */
-    int64_t free_pages;      /**< Pool pages free now, evictable cached pages included. */
-    int64_t free_staging;    /**< Staging pages free now (ignored without staging). */
+    int32_t reserved_;       /**< Padding; must be 0 (checked). */
+    int64_t free_pages;      /**< Pool pages free now, evictable cached pages included; >= 0.
+                                  More than total_pages counts as total_pages. */
+    int64_t free_staging;    /**< Staging pages free now, >= 0 (ignored without staging). */
     uint64_t host_free_bytes;/**< Bytes free in the host tier now. */
-    int64_t now;             /**< Current time in the engine's units (for deadlines). */
+    int64_t now;             /**< Current time in the engine's units (for deadlines and
+                                  max_queue_delay), >= 0. It need not increase: a request
+                                  whose arrival is later than `now` has not waited yet. */
 } kvp_sched_input_t;
 
 /** @brief One entry of a plan list. */
@@ -204,10 +210,17 @@ typedef struct kvp_sched_plan {
 /**
  * @brief Plan one step. Assumes the previous plan was executed.
  *
+ * The plan never reserves more pages than the input reports free
+ * (`pages_needed <= free_pages`), nor more staging pages than are free; its
+ * prefill and decode entries stay within max_batch and token_budget.
+ *
  * @param[in]  s    The scheduler.
  * @param[in]  in   The pool and host-tier state now.
  * @param[out] plan The plan (struct_size set by the caller).
- * @return #KVP_OK or #KVP_EINVAL. O(resident + changed); no allocation.
+ * @return #KVP_OK or #KVP_EINVAL (NULL, bad struct_size, negative free_pages,
+ *         free_staging or now, reserved_ not 0; nothing changes and
+ *         kvp_sched_last_error() says why). O(resident + changed); no
+ *         allocation.
  */
 KVP_API int kvp_sched_step(kvp_sched_t *s, const kvp_sched_input_t *in, kvp_sched_plan_t *plan);
 

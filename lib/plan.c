@@ -271,8 +271,12 @@ static int plan_budget(const kvp_plan_params_t *p, uint64_t *budget, char *err,
                          (unsigned long long)p->memory_bytes);
     /* The KV cache takes `utilization` of what the weights and reserve leave
      * (TensorRT-LLM's kv_cache_free_gpu_mem_fraction); long double keeps the
-     * product exact for any 64-bit size. */
-    *budget = (uint64_t)((long double)(p->memory_bytes - taken) * (long double)p->utilization);
+     * product exact for any 64-bit size where it has a 64-bit mantissa. Where
+     * long double is double, 2^64-1 rounds up to 2^64, which does not convert
+     * to uint64_t: never exceed what is left. */
+    uint64_t left = p->memory_bytes - taken;
+    long double kv = (long double)left * (long double)p->utilization;
+    *budget = kv >= (long double)left ? left : (uint64_t)kv;
     return KVP_OK;
 }
 

@@ -73,6 +73,14 @@ struct kvp_sched {
 
 /* ---- helpers ------------------------------------------------------------ */
 
+/* Limits that keep every page and token sum in int64 (checked at create and
+ * submit): a request holds at most KVP__SCHED_MAX_TOKENS tokens of prompt and
+ * as many of output, so its pages fit in 2^62; at most 2^24 of them are
+ * tracked, and no sum the planner forms (forecast, pages released, pages
+ * allocated) exceeds 2^24 x (total_pages + 2^32) < 2^62. */
+#define KVP__SCHED_MAX_TOKENS (INT64_MAX / 4)
+#define KVP__SCHED_MAX_PAGES (INT64_C(1) << 36)
+
 static int set_err(kvp_sched_t *s, int status, const char *fmt, ...) KVP__PRINTF(3, 4);
 static int set_err(kvp_sched_t *s, int status, const char *fmt, ...) {
     va_list ap;
@@ -91,10 +99,26 @@ static int64_t final_len(const seq_t *q) { return q->prompt + q->max_new - 1; }
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* Host bytes a swapped-out sequence occupies. */
+/* Host bytes a swapped-out sequence occupies; UINT64_MAX when that overflows
+ * 64 bits (no host tier can hold it). */
 static uint64_t host_bytes(const kvp_sched_t *s, const seq_t *q) {
-    uint64_t b = (uint64_t)pages_for(s, q->kv_len) * s->p.page_bytes;
-    return s->p.needs_staging ? b + s->p.staging_page_bytes : b;
+    uint64_t b;
+    if (!kvp__mul_u64((uint64_t)pages_for(s, q->kv_len), s->p.page_bytes, &b)) return UINT64_MAX;
+    if (s->p.needs_staging && !kvp__add_u64(b, s->p.staging_page_bytes, &b)) return UINT64_MAX;
+    return b;
+}
+
+/* now - then without overflow, saturated to the int64 range. */
+static int64_t elapsed(int64_t now, int64_t then) {
+    int64_t d;
+#if defined(__GNUC__) || defined(__clang__)
+    if (__builtin_sub_overflow(now, then, &d)) return now < then ? INT64_MIN : INT64_MAX;
+#else
+    if (then < 0 && now > INT64_MAX + then) return INT64_MAX;
+    if (then > 0 && now < INT64_MIN + then) return INT64_MIN;
+    d = now - then;
+#endif
+    return d;
 }
 
 /* ---- id map ------------------------------------------------------------- */
@@ -251,9 +275,9 @@ static int check_params(const kvp_sched_params_t *p, char *err, size_t err_size)
     if (p->page_size < 1 || p->page_size > KVP_MAX_PAGE_SIZE)
         return kvp__errf(err, err_size, KVP_EINVAL, "page_size must be 1..%d, got %d",
                          KVP_MAX_PAGE_SIZE, (int)p->page_size);
-    if (p->total_pages < 1)
-        return kvp__errf(err, err_size, KVP_EINVAL, "total_pages must be > 0, got %lld",
-                         (long long)p->total_pages);
+    if (p->total_pages < 1 || p->total_pages > KVP__SCHED_MAX_PAGES)
+        return kvp__errf(err, err_size, KVP_EINVAL, "total_pages must be 1..%lld, got %lld",
+                         (long long)KVP__SCHED_MAX_PAGES, (long long)p->total_pages);
     if (p->max_requests < 1 || p->max_requests > (1 << 24))
         return kvp__errf(err, err_size, KVP_EINVAL, "max_requests must be 1..%d, got %d",
                          1 << 24, (int)p->max_requests);
@@ -352,12 +376,17 @@ int kvp_sched_submit(kvp_sched_t *s, const kvp_sched_request_t *r) {
     if (r->prompt_tokens < 1 || r->max_new_tokens < 1)
         return set_err(s, KVP_EINVAL, "request %lld: prompt_tokens and max_new_tokens must be > 0",
                        (long long)r->id);
-    if (r->prompt_tokens > (INT64_MAX / 4) || r->max_new_tokens > (INT64_MAX / 4))
-        return set_err(s, KVP_EINVAL, "request %lld: token counts too large", (long long)r->id);
-    if (r->cached_tokens < 0 || r->cached_tokens > r->prompt_tokens || r->deadline < 0)
+    if (r->prompt_tokens > KVP__SCHED_MAX_TOKENS || r->max_new_tokens > KVP__SCHED_MAX_TOKENS)
         return set_err(s, KVP_EINVAL,
-                       "request %lld: cached_tokens must be in 0..prompt_tokens, deadline >= 0",
+                       "request %lld: prompt_tokens and max_new_tokens must be at most 2^61-1",
                        (long long)r->id);
+    if (r->cached_tokens < 0 || r->cached_tokens > r->prompt_tokens)
+        return set_err(s, KVP_EINVAL, "request %lld: cached_tokens must be in 0..prompt_tokens",
+                       (long long)r->id);
+    if (r->arrival < 0 || r->deadline < 0)
+        return set_err(s, KVP_EINVAL,
+                       "request %lld: arrival and deadline must be >= 0, got %lld and %lld",
+                       (long long)r->id, (long long)r->arrival, (long long)r->deadline);
     if (map_find(s, r->id) >= 0)
         return set_err(s, KVP_EINVAL, "request id %lld is already live", (long long)r->id);
     if (s->n_free == 0)
@@ -480,7 +509,8 @@ static void evict(kvp_sched_t *s, step_ctx *c, int32_t q, int32_t reason) {
     x->evicted_at = s->step;
     resident_remove(s, q);
     uint64_t hb = host_bytes(s, x);
-    bool can_swap = (p->actions & KVP_SCHED_SWAP) && hb <= c->host_free && x->state == S_RUNNING;
+    bool can_swap = (p->actions & KVP_SCHED_SWAP) && hb != UINT64_MAX && hb <= c->host_free &&
+                    x->state == S_RUNNING;
     bool can_recompute = (p->actions & KVP_SCHED_RECOMPUTE) != 0;
     double swap_cost = 2.0 * (double)hb / p->host_bytes_per_s;
     double recompute_cost = (double)(x->prompt + x->generated) / p->prefill_tokens_per_s;
@@ -583,7 +613,9 @@ static void enforce_deadlines(kvp_sched_t *s, int64_t now) {
         int32_t q = s->waiting.idx[i];
         seq_t *x = &s->seqs[q];
         bool late = expired(s, x, now);
-        bool stale = queue_limit && x->generated == 0 && now - x->arrival > s->p.max_queue_delay;
+        /* an arrival after `now` (a clock that went back) has not waited */
+        bool stale = queue_limit && x->generated == 0 &&
+                     elapsed(now, x->arrival) > s->p.max_queue_delay;
         if (late || stale) {
             emit(s->l_reject, &plan->n_reject, x, 0,
                  late ? KVP_REASON_DEADLINE : KVP_REASON_OVERLOAD, 0);
@@ -752,7 +784,14 @@ int kvp_sched_step(kvp_sched_t *s, const kvp_sched_input_t *in, kvp_sched_plan_t
     if (rc == KVP_OK) rc = kvp__check_struct(out, sizeof *out, "plan", s->err, sizeof s->err);
     if (rc != KVP_OK) return rc;
     if (in->free_pages < 0 || in->free_staging < 0)
-        return set_err(s, KVP_EINVAL, "free_pages and free_staging must be >= 0");
+        return set_err(s, KVP_EINVAL, "free_pages and free_staging must be >= 0, got %lld and %lld",
+                       (long long)in->free_pages, (long long)in->free_staging);
+    if (in->now < 0)
+        return set_err(s, KVP_EINVAL, "now must be >= 0, got %lld", (long long)in->now);
+    if (in->reserved_ != 0)
+        return set_err(s, KVP_EINVAL, "input reserved_ must be 0, got %d", (int)in->reserved_);
+    /* a pool never has more free pages than it has pages */
+    int64_t free_pages = min64(in->free_pages, s->p.total_pages);
 
     s->step++;
     s->stats.steps++;
@@ -772,12 +811,12 @@ int kvp_sched_step(kvp_sched_t *s, const kvp_sched_input_t *in, kvp_sched_plan_t
 
     step_ctx c;
     memset(&c, 0, sizeof c);
-    c.free_pages = in->free_pages;
+    c.free_pages = free_pages;
     c.free_staging = s->p.needs_staging ? in->free_staging : INT64_MAX;
     c.host_free = in->host_free_bytes;
     c.tokens_left = s->p.token_budget;
     c.batch_left = s->p.max_batch;
-    c.budget = in->free_pages - s->p.watermark_pages;
+    c.budget = free_pages - s->p.watermark_pages;
     for (int32_t i = 0; i < s->n_resident; i++) {
         seq_t *x = &s->seqs[s->resident[i]];
         x->horizon_need = horizon_need(s, x);
@@ -785,7 +824,7 @@ int kvp_sched_step(kvp_sched_t *s, const kvp_sched_input_t *in, kvp_sched_plan_t
     }
     /* Act on the forecast before the pool runs dry. A purely reactive policy
      * (horizon 0) still moves work out when this step alone would not fit. */
-    if (s->p.horizon == 0) c.budget = in->free_pages; /* reactive: no headroom kept */
+    if (s->p.horizon == 0) c.budget = free_pages; /* reactive: no headroom kept */
     if (c.forecast > c.budget) {
         plan->pressure = 1;
         make_room(s, &c, 0, INT32_MAX, KVP_REASON_PRESSURE);

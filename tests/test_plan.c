@@ -495,6 +495,53 @@ static void test_parse_size(void **state) {
     assert_int_equal(kvp_parse_size("1", NULL, err, sizeof err), KVP_EINVAL);
 }
 
+/* Sizes at the 64-bit limits: the budget of the whole 2^64-1 bytes at
+ * utilization 1 converts without overflow, and the plan's arena fits it;
+ * products that overflow are refused with a message, the plan untouched. */
+static void test_plan_extreme_sizes(void **state) {
+    (void)state;
+    kvp_plan_params_t p;
+    kvp_plan_params_init(&p);
+    p.layers = 65536;
+    p.kv_heads = 65536;
+    p.head_dim = KVP_MAX_HEAD_DIM;
+    p.page_size = KVP_MAX_PAGE_SIZE;
+    p.k_format = KVP_FORMAT_FP32;
+    p.v_format = KVP_FORMAT_FP32;
+    p.memory_bytes = UINT64_MAX;
+    p.utilization = 1.0;
+    kvp_plan_t plan = {.struct_size = sizeof plan};
+    char err[KVP_ERR_SIZE];
+    assert_int_equal(kvp_plan_compute(&p, &plan, err, sizeof err), KVP_OK);
+    assert_true(plan.kv_budget_bytes == UINT64_MAX);
+    assert_true(plan.arena_bytes <= plan.kv_budget_bytes);
+    assert_true(plan.num_pages >= 1);
+    /* a context whose bytes per sequence overflow 64 bits */
+    p.context = UINT64_MAX;
+    memset(&plan, 0x5a, sizeof plan);
+    plan.struct_size = sizeof plan;
+    assert_int_equal(kvp_plan_compute(&p, &plan, err, sizeof err), KVP_EINVAL);
+    assert_non_null(strstr(err, "overflow"));
+    assert_true(plan.num_pages == 0x5a5a5a5a5a5a5a5aull);
+    /* non-finite utilization is refused */
+    p.context = 0;
+    p.utilization = NAN;
+    assert_int_equal(kvp_plan_compute(&p, &plan, err, sizeof err), KVP_EINVAL);
+    p.utilization = INFINITY;
+    assert_int_equal(kvp_plan_compute(&p, &plan, err, sizeof err), KVP_EINVAL);
+    /* sizes: the largest is exact, one more is refused */
+    uint64_t b = 0;
+    assert_int_equal(kvp_parse_size("18446744073709551615", &b, err, sizeof err), KVP_OK);
+    assert_true(b == UINT64_MAX);
+    assert_int_equal(kvp_parse_size("18446744073709551616", &b, err, sizeof err), KVP_EINVAL);
+    assert_int_equal(kvp_parse_size("16777216TiB", &b, err, sizeof err), KVP_EINVAL);
+    assert_int_equal(kvp_parse_size("16777215.99999999999999TiB", &b, err, sizeof err), KVP_OK);
+    assert_true(b >= (16777215ull << 40));
+    assert_int_equal(kvp_weight_bytes(UINT64_MAX, "fp32", &b, err, sizeof err), KVP_EINVAL);
+    assert_int_equal(kvp_weight_bytes(UINT64_MAX, "int4", &b, err, sizeof err), KVP_OK);
+    assert_true(b == UINT64_MAX / 32 * 17 + (UINT64_MAX % 32 * 17 + 31) / 32);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_fp16_llama70b),
@@ -513,6 +560,7 @@ int main(void) {
         cmocka_unit_test(test_gpus),
         cmocka_unit_test(test_weight_bytes),
         cmocka_unit_test(test_parse_size),
+        cmocka_unit_test(test_plan_extreme_sizes),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }

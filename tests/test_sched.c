@@ -647,6 +647,85 @@ static void test_last_error_is_sticky(void **state) {
     kvp_sched_destroy(s);
 }
 
+/* Times and sizes at the int64 limits: refused with a message and nothing
+ * changed, or planned without overflow (arrivals later than `now`, `now`
+ * going back, free pages above the pool, page bytes that overflow). */
+static void test_extreme_times_and_sizes(void **state) {
+    (void)state;
+    kvp_sched_params_t p;
+    kvp_sched_params_init(&p);
+    p.page_size = 16;
+    p.total_pages = INT64_MAX; /* above the documented 2^36 */
+    kvp_sched_t *s = NULL;
+    char err[KVP_ERR_SIZE];
+    assert_int_equal(kvp_sched_create(&p, &s, err, sizeof err), KVP_EINVAL);
+    assert_non_null(strstr(err, "total_pages"));
+    p.total_pages = 100;
+    p.max_queue_delay = 10;
+    p.page_bytes = UINT64_MAX / 2; /* host bytes of a sequence overflow 64 bits */
+    p.hysteresis = 0;
+    assert_int_equal(kvp_sched_create(&p, &s, err, sizeof err), KVP_OK);
+
+    kvp_sched_stats_t before = {.struct_size = sizeof before}, after = before;
+    assert_int_equal(kvp_sched_stats(s, &before), KVP_OK);
+    kvp_sched_request_t r = {.struct_size = sizeof r, .id = 1, .prompt_tokens = 10,
+                             .max_new_tokens = 5, .arrival = INT64_MIN};
+    assert_int_equal(kvp_sched_submit(s, &r), KVP_EINVAL);
+    assert_non_null(strstr(kvp_sched_last_error(s), "arrival"));
+    r.arrival = 0;
+    r.prompt_tokens = INT64_MAX;
+    assert_int_equal(kvp_sched_submit(s, &r), KVP_EINVAL);
+    r.prompt_tokens = 10;
+    r.max_new_tokens = INT64_MAX / 4 + 1;
+    assert_int_equal(kvp_sched_submit(s, &r), KVP_EINVAL);
+    assert_int_equal(kvp_sched_stats(s, &after), KVP_OK);
+    assert_memory_equal(&before, &after, sizeof before);
+
+    /* an arrival at INT64_MAX (later than any now) has not waited */
+    r.max_new_tokens = 5;
+    r.arrival = INT64_MAX;
+    assert_int_equal(kvp_sched_submit(s, &r), KVP_OK);
+    /* a request of the largest size: rejected as too long, no overflow */
+    kvp_sched_request_t big = r;
+    big.id = 2;
+    big.arrival = 0;
+    big.prompt_tokens = INT64_MAX / 4;
+    big.max_new_tokens = INT64_MAX / 4;
+    assert_int_equal(kvp_sched_submit(s, &big), KVP_OK);
+
+    kvp_sched_input_t in = {.struct_size = sizeof in, .free_pages = 0, .now = -1};
+    kvp_sched_plan_t pl = {.struct_size = sizeof pl};
+    assert_int_equal(kvp_sched_stats(s, &before), KVP_OK);
+    assert_int_equal(kvp_sched_step(s, &in, &pl), KVP_EINVAL);
+    assert_non_null(strstr(kvp_sched_last_error(s), "now"));
+    in.now = 0;
+    in.reserved_ = 1;
+    assert_int_equal(kvp_sched_step(s, &in, &pl), KVP_EINVAL);
+    assert_non_null(strstr(kvp_sched_last_error(s), "reserved_"));
+    assert_int_equal(kvp_sched_stats(s, &after), KVP_OK);
+    assert_memory_equal(&before, &after, sizeof before);
+
+    in.reserved_ = 0;
+    in.now = INT64_MAX; /* INT64_MAX - INT64_MAX: no overflow, not stale */
+    assert_int_equal(kvp_sched_step(s, &in, &pl), KVP_OK);
+    assert_int_equal(pl.n_reject, 1);
+    assert_true(pl.reject[0].id == 2 && pl.reject[0].reason == KVP_REASON_TOO_LONG);
+    in.now = 0; /* time went back: request 1 arrived "later", so it has not waited */
+    in.free_pages = INT64_MAX; /* counts as the pool's 100 pages */
+    in.host_free_bytes = UINT64_MAX;
+    assert_int_equal(kvp_sched_step(s, &in, &pl), KVP_OK);
+    assert_int_equal(pl.n_reject, 0);
+    assert_int_equal(pl.n_prefill, 1);
+    assert_true(pl.pages_needed <= 100);
+    /* pressure with host bytes that overflow 64 bits: recompute, not swap */
+    in.free_pages = 0;
+    for (int i = 0; i < 20 && pl.n_swap_out + pl.n_preempt + pl.n_drop == 0; i++)
+        assert_int_equal(kvp_sched_step(s, &in, &pl), KVP_OK);
+    assert_int_equal(pl.n_swap_out, 0);
+    assert_int_equal(pl.n_preempt, 1);
+    kvp_sched_destroy(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_traces),
@@ -657,6 +736,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_allocation_failures),
         cmocka_unit_test(test_last_error_is_sticky),
+        cmocka_unit_test(test_extreme_times_and_sizes),
     };
     return cmocka_run_group_tests_name("sched", tests, NULL, NULL);
 }

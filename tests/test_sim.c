@@ -315,6 +315,20 @@ static void test_trace_files(void **state) {
     r = run("--trace", jl, NULL);
     assert_int_equal(r->rc, 2);
     assert_non_null(strstr(r->err, "missing \"prompt_tokens\""));
+    /* arrivals that are not finite or beyond 1e9 s (JSON numbers are read by
+     * strtod: inf, nan and 1e308 got through and overflowed the conversion to
+     * int64 microseconds) */
+    static const char *const bad_arrivals[] = {"1e308", "inf", "nan", "-0.5", "1000000001"};
+    for (size_t k = 0; k < sizeof bad_arrivals / sizeof *bad_arrivals; k++) {
+        f = fopen(jl, "w");
+        fprintf(f, "{\"arrival\": 0, \"prompt_tokens\": 10, \"output_tokens\": 5}\n"
+                   "{\"arrival\": %s, \"prompt_tokens\": 10, \"output_tokens\": 5}\n",
+                bad_arrivals[k]);
+        fclose(f);
+        r = run("--trace", jl, NULL);
+        assert_int_equal(r->rc, 2);
+        assert_non_null(strstr(r->err, ":2: arrival must be 0..1e9 seconds"));
+    }
     f = fopen(jl, "w");
     fclose(f);
     r = run("--trace", jl, NULL);

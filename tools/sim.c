@@ -81,7 +81,11 @@ static int64_t lognormal(rng_t *r, double median, double sigma, int64_t lo, int6
 
 /* ---- traces ------------------------------------------------------------------ */
 
+/* At most this many requests in a trace: the scheduler tracks at most 2^24. */
+#define SIM_MAX_REQUESTS (INT64_C(1) << 24)
+
 static int trace_add(sim_trace *t, int64_t *cap, sim_request q) {
+    if (t->n >= SIM_MAX_REQUESTS) return -1;
     if (t->n == *cap) {
         int64_t ncap = *cap ? *cap * 2 : 1024;
         sim_request *nr = realloc(t->r, (size_t)ncap * sizeof *nr);
@@ -185,7 +189,11 @@ int sim_trace_preset(const char *name, uint64_t seed, double scale, double load,
     }
     if (rc != 0) {
         free(t.r);
-        return errf(err, err_size, "out of memory generating the trace");
+        return errf(err, err_size, t.n >= SIM_MAX_REQUESTS
+                                       ? "the trace would exceed %lld requests (lower --scale "
+                                         "or --load)"
+                                       : "out of memory generating the trace (%lld requests)",
+                    (long long)(t.n >= SIM_MAX_REQUESTS ? SIM_MAX_REQUESTS : t.n));
     }
     if (finish_trace(&t, err, err_size)) {
         free(t.r);
@@ -223,7 +231,10 @@ static int add_checked(sim_trace *t, int64_t *cap, const char *path, long line, 
                        bool has_max, char *err, size_t err_size) {
     static const char *const names[] = {"arrival", "prompt_tokens", "output_tokens", "priority",
                                         "max_new_tokens"};
-    if (v[0] < 0) return errf(err, err_size, "%s:%ld: arrival must be >= 0 seconds", path, line);
+    /* finite and at most 1e9 s: arrivals become int64 microseconds */
+    if (!(v[0] >= 0 && v[0] <= 1e9))
+        return errf(err, err_size, "%s:%ld: arrival must be 0..1e9 seconds, got %g", path, line,
+                    v[0]);
     for (int k = 1; k < 5; k++) {
         if (k == 4 && !has_max) continue;
         double lo = k == 3 ? -2147483648.0 : 1.0, hi = k == 3 ? 2147483647.0 : 1e9;
@@ -240,7 +251,9 @@ static int add_checked(sim_trace *t, int64_t *cap, const char *path, long line, 
     if (q.max_new < q.output)
         return errf(err, err_size, "%s:%ld: max_new_tokens (%lld) is below output_tokens (%lld)",
                     path, line, (long long)q.max_new, (long long)q.output);
-    if (trace_add(t, cap, q)) return errf(err, err_size, "out of memory reading %s", path);
+    if (trace_add(t, cap, q))
+        return errf(err, err_size, "%s:%ld: %s", path, line,
+                    t->n >= SIM_MAX_REQUESTS ? "more than 16777216 requests" : "out of memory");
     return 0;
 }
 
