@@ -141,11 +141,13 @@ kvpage-bench_SRCS := tools/kvpage-bench.c $(filter-out bench/cuda_bench_stub.c,$
                      $(if $(filter 1,$(HAVE_CUDA)),bench/cuda_bench.cu,bench/cuda_bench_stub.c)
 kvpage-sim_SRCS := tools/kvpage-sim.c tools/sim.c tools/sim_cli.c
 
-TEST_SRCS := $(wildcard tests/test_*.c)
+# tests/test_fuzz_cuda.c runs on the kernel simulator (below), not the CPU library alone
+TEST_SRCS := $(filter-out tests/test_fuzz_cuda.c,$(wildcard tests/test_*.c))
 TESTS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 # extra sources per test
 test_plan_cli_EXTRA := tools/plan_cli.c
 test_sim_EXTRA := tools/sim.c tools/sim_cli.c
+test_fuzz_cli_EXTRA := tools/plan_cli.c tools/sim.c tools/sim_cli.c
 # test_tool_flags runs the built tools ($(BIN)): they come first
 $(BUILD)/tests/test_tool_flags: | $(TOOLS)
 
@@ -169,6 +171,7 @@ NVCC_CHECKS := $(OBJ)/nvcc-check/test_cudasim.o
 SIM_CU_OBJS := $(CU_SRCS:%.cu=$(OBJ)/sim/%.o)
 LIB_C_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o)
 TESTS += $(BUILD)/tests/test_cuda_sim
+TESTS += $(BUILD)/tests/test_fuzz_cuda_sim
 # ... and the same test source built by nvcc against the real runtime, for
 # `make test-cuda` on a machine with a GPU (built by `make tests` too, so CI
 # keeps it compiling; not run here).
@@ -301,6 +304,22 @@ $(BUILD)/tests/test_cudasim: $(OBJ)/sim/tests/cudasim/test_cudasim.o $(OBJ)/sim/
 
 $(BUILD)/tests/test_cuda_sim: $(OBJ)/sim/tests/test_cuda_backend.o $(SIM_CU_OBJS) \
                               $(OBJ)/sim/tests/cudasim/cudasim.o $(LIB_C_OBJS)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm -lpthread
+
+# The attention and store fuzz harnesses on the CUDA backend (FZ_CUDA), in
+# the simulator: C sources that call the CUDA runtime API, linked like
+# test_cuda_sim.
+FUZZ_CUDA_OBJS := $(addprefix $(OBJ)/sim/tests/,test_fuzz_cuda.o fuzz/cuda_attention.o fuzz/cuda_store.o)
+$(FUZZ_CUDA_OBJS): $(OBJ)/sim/%.o: %.c $(CONFIG_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC-SIM  $<")
+	$(Q)$(CC) $(TOOL_CFLAGS) $(DEFS) -DKVP_CUDASIM -isystem $(CUDA_HOME)/include \
+	    -Wno-missing-prototypes -c $< -o $@
+
+$(BUILD)/tests/test_fuzz_cuda_sim: $(FUZZ_CUDA_OBJS) $(SIM_CU_OBJS) \
+                                   $(OBJ)/sim/tests/cudasim/cudasim.o $(LIB_C_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm -lpthread
@@ -467,27 +486,47 @@ clean:
 
 -include $(shell find $(OBJ) -name '*.d' 2>/dev/null)
 
-# ---- fuzzing: the page table under libFuzzer (clang) -------------------------
-# `make fuzz FUZZ_SECONDS=60` installs clang's libFuzzer runtime if missing,
-# builds tests/fuzz/fuzz_table.c with the library sources, and runs it from
-# the committed seeds (tests/fuzz/corpus) for a bounded time. New inputs go
-# to build/fuzz/corpus, crash files to build/fuzz/.
+# ---- fuzzing: every input path under libFuzzer (clang) ----------------------
+# `make fuzz FUZZ_SECONDS=30` installs clang's libFuzzer runtime if missing,
+# builds each tests/fuzz/fuzz_NAME.c against the library (and, for the tools'
+# command lines, the tools' sources) with ASan + UBSan, and runs it from its
+# committed seeds (tests/fuzz/corpus/NAME) for FUZZ_SECONDS. New inputs go to
+# build/fuzz/corpus/NAME, crash files to build/fuzz/NAME-crash-*.
+# `make fuzz FUZZ_TARGETS=attention` runs one. Each harness also runs without
+# libFuzzer in `make test` (tests/test_fuzz_NAME.c: its seeds, then
+# pseudo-random inputs).
 .PHONY: fuzz
-FUZZ_SECONDS ?= 60
+FUZZ_SECONDS ?= 30
 FUZZ_CC ?= clang
 FUZZ_DIR := $(BUILD_ROOT)/fuzz
+FUZZ_TARGETS ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_LIB_SRCS := $(wildcard lib/*.c) $(wildcard lib/cpu/*.c)
-FUZZ_FLAGS := -std=c11 -g -O1 -Wall -Wextra -fsanitize=fuzzer,address,undefined \
-              -fno-sanitize-recover=undefined -Iinclude -Ilib
+FUZZ_TOOL_SRCS := tools/cli.c tools/plan_cli.c tools/sim.c tools/sim_cli.c
+FUZZ_CFLAGS := -std=c11 -g -O1 -Wall -Wextra -fsanitize=address,undefined \
+               -fno-sanitize-recover=undefined -Iinclude -Ilib -Itools
+FUZZ_LIB_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_LIB_SRCS) $(FUZZ_TOOL_SRCS))
 
-$(FUZZ_DIR)/fuzz_table: tests/fuzz/fuzz_table.c $(FUZZ_LIB_SRCS) $(wildcard lib/*.h) include/kvpage.h
+$(FUZZ_DIR)/obj/%.o: %.c $(wildcard lib/*.h lib/cpu/*.h tools/*.h) $(PUBLIC_HEADERS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  FUZZCC  $@")
-	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ -lm -lpthread
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_OBJS) $(wildcard tests/fuzz/*.h)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  FUZZLD  $@")
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Itests $< $(FUZZ_LIB_OBJS) -o $@ -lm -lpthread
 
 fuzz:
 	@scripts/ensure-deps.sh fuzz
-	@$(MAKE) --no-print-directory $(FUZZ_DIR)/fuzz_table
-	@mkdir -p $(FUZZ_DIR)/corpus
-	$(FUZZ_DIR)/fuzz_table -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 \
-	    -artifact_prefix=$(FUZZ_DIR)/ $(FUZZ_DIR)/corpus tests/fuzz/corpus
+	@$(MAKE) --no-print-directory $(FUZZ_TARGETS:%=$(FUZZ_DIR)/fuzz_%)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	    echo "fuzz $$t: $(FUZZ_SECONDS) s from tests/fuzz/corpus/$$t"; \
+	    mkdir -p $(FUZZ_DIR)/corpus/$$t; \
+	    if ! $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 \
+	        -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/$$t- \
+	        $(FUZZ_DIR)/corpus/$$t tests/fuzz/corpus/$$t >$(FUZZ_DIR)/$$t.log 2>&1; then \
+	        tail -n 60 $(FUZZ_DIR)/$$t.log >&2; \
+	        echo "fuzz $$t: a finding (log: $(FUZZ_DIR)/$$t.log, input: $(FUZZ_DIR)/$$t-*)" >&2; exit 1; \
+	    fi; \
+	    grep -E '^(Done|stat::number_of_executed_runs|stat::peak_rss_mb)' $(FUZZ_DIR)/$$t.log; \
+	 done

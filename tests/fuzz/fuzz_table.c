@@ -14,11 +14,12 @@
  * nothing changed. With flag bit 2 set, a host tier (operations mode, a few
  * slots) swaps sequences out and back: a swapped-out sequence must refuse
  * the table's calls, and read back exactly after its swap-in.
- * tests/test_fuzz_replay.c runs this file's corpus and random inputs under
+ * tests/test_fuzz_table.c runs this file's corpus and random inputs under
  * the normal `make test`.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "paging.h"
+#include "fuzz_input.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,42 +29,10 @@
 #define FZ_MAX_PAGES 64
 #define FZ_MAX_P 16
 
-#define FZ_ASSERT(c)                  \
-    do {                              \
-        if (!(c)) __builtin_trap();   \
-    } while (0)
+#define FZ_ASSERT FZI_ASSERT
 
-typedef struct {
-    const uint8_t *p;
-    size_t n;
-} fz_bytes;
-
-static uint32_t take(fz_bytes *b) {
-    if (b->n == 0) return 0;
-    b->n--;
-    return *b->p++;
-}
-
-typedef struct {
-    long countdown; /* fail the allocation when it reaches 0; -1 = never */
-} fz_alloc;
-
-static void *fz_malloc(void *opaque, size_t size, size_t alignment) {
-    fz_alloc *a = opaque;
-    if (a->countdown == 0) {
-        a->countdown = -1;
-        return NULL;
-    }
-    if (a->countdown > 0) a->countdown--;
-    void *p = NULL;
-    if (alignment < sizeof(void *)) alignment = sizeof(void *);
-    return posix_memalign(&p, alignment, size) == 0 ? p : NULL;
-}
-
-static void fz_free(void *opaque, void *ptr) {
-    (void)opaque;
-    free(ptr);
-}
+typedef fzi_cursor fz_bytes;
+static uint32_t take(fz_bytes *b) { return fzi_u8(b); }
 
 typedef struct {
     bool live;
@@ -78,7 +47,7 @@ typedef struct {
     int32_t P, N, S;
     kvp_pool_t *pool;
     kvp_table_t *t;
-    fz_alloc alloc;
+    fzi_alloc alloc;
     fz_seq seqs[FZ_SEQS];
     int32_t stale[4];
     int32_t engine[8];
@@ -394,7 +363,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static const int32_t page_sizes[6] = {1, 2, 3, 4, 8, 16};
-    fz_bytes in = {data, size};
+    fz_bytes in = fzi_make(data, size);
     static fz_world w;
     memset(&w, 0, sizeof w);
     w.P = page_sizes[take(&in) % 6];
@@ -402,7 +371,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     w.S = (int32_t)(take(&in) % (FZ_SEQS + 1));
     uint32_t flags = take(&in);
     w.alloc.countdown = -1;
-    kvp_allocator_t hooks = {fz_malloc, fz_free, &w.alloc};
+    kvp_allocator_t hooks = {fzi_malloc, fzi_free, &w.alloc};
     kvp_pool_params_t pp;
     kvp_pool_params_init(&pp);
     pp.page_size = w.P;
@@ -458,5 +427,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FZ_ASSERT(kvp_pool_stats(w.pool, &st) == KVP_OK && st.used_pages == 0 &&
               st.reserved_pages == 0 && st.live_tokens == 0);
     kvp_pool_destroy(w.pool);
+    FZ_ASSERT(w.alloc.live == 0); /* everything allocated was freed */
     return 0;
 }

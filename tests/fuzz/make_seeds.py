@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the seed corpus of tests/fuzz/fuzz_table.c (tests/fuzz/corpus/).
+"""Write the seed corpus of tests/fuzz/fuzz_table.c (tests/fuzz/corpus/table/).
 
 Each seed is a small scenario in the harness's byte language: four
 configuration bytes (page size index, pages, staging pages, flags), then
@@ -75,7 +75,7 @@ SEEDS = {
 }
 
 if __name__ == "__main__":
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "table")
     os.makedirs(out, exist_ok=True)
     for name, data in SEEDS.items():
         with open(os.path.join(out, name), "wb") as f:

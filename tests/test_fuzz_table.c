@@ -15,7 +15,7 @@
 
 #include "fuzz/fuzz_table.c"
 
-#define CORPUS "tests/fuzz/corpus"
+#define CORPUS "tests/fuzz/corpus/table"
 
 static void test_seed_corpus(void **state) {
     (void)state;
@@ -82,5 +82,5 @@ int main(void) {
         cmocka_unit_test(test_random_inputs),
         cmocka_unit_test(test_random_inputs_with_tier),
     };
-    return cmocka_run_group_tests_name("fuzz_replay", tests, NULL, NULL);
+    return cmocka_run_group_tests_name("fuzz_table", tests, NULL, NULL);
 }

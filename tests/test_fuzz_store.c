@@ -1,0 +1,33 @@
+/*
+ * kvp_storeize / kvp_destoreize — the libFuzzer harness
+ * (tests/fuzz/fuzz_store.c) run without libFuzzer, so every `make test` (gcc,
+ * and SAN=1) exercises it: the committed seed corpus, then pseudo-random
+ * inputs. The harness traps on any wrong result, failing this program.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "fuzz/fuzz_store.c"
+#include "fuzz/replay.h"
+
+static void test_seed_corpus(void **state) {
+    (void)state;
+    assert_true(fzr_run_corpus("tests/fuzz/corpus/store") >= 5);
+}
+
+static void test_random_inputs(void **state) {
+    (void)state;
+    fzr_run_random(0xa4093822299f31d0ull, 30000, 600);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_seed_corpus),
+        cmocka_unit_test(test_random_inputs),
+    };
+    return cmocka_run_group_tests_name("fuzz_store", tests, NULL, NULL);
+}
