@@ -93,8 +93,9 @@ KVP_API int kvp_store_page_to_host(kvp_store_t *store, int32_t page, uint64_t of
  *
  * CUDA store: cudaMemcpyAsync on the store's stream; `src` must stay
  * unchanged until the stream has passed the copy (kvp_store_synchronize()).
- * The bytes are not checked: they must come from kvp_store_page_to_host() of
- * a store with the same layout.
+ * The bytes are copied as they are: bytes that did not come from
+ * kvp_store_page_to_host() of a store with the same layout are read safely
+ * but mean nothing; kvp_store_page_check() tells well-formed ones apart.
  *
  * @param[in,out] store  The store.
  * @param[in]     page   A pool page id, or a staging id (>= num_pages).
@@ -106,6 +107,36 @@ KVP_API int kvp_store_page_to_host(kvp_store_t *store, int32_t page, uint64_t of
  */
 KVP_API int kvp_store_page_from_host(kvp_store_t *store, int32_t page, uint64_t offset,
                                      const void *src, uint64_t bytes);
+
+/**
+ * @brief Check that bytes are a well-formed serialization of one page of this
+ *        store: the invariants every encoder of its formats keeps.
+ *
+ * For pages whose bytes come from outside the process (a file, another
+ * machine, a store shared between tenants), before
+ * kvp_store_page_from_host() and after the transport's own integrity
+ * check. Checked, in every block: int8/int4 scales are finite and not
+ * negative, minimums are finite, and an int4 key block's outlier channels
+ * increase and lie below head_dim. Plain-format elements (fp32, fp16, bf16,
+ * fp8) and staging pages may hold any bits (non-finite inputs are stored as
+ * such), and padding is not read. Passing says the bytes are well formed,
+ * not that they are the KV the engine wants: fingerprints and chain hashes
+ * say that. The kernels stay memory-safe without this check (kvpage.h,
+ * conventions, "Page bytes"); with it, what they read means something.
+ *
+ * @param[in] store The store (its layout and formats).
+ * @param[in] page  A pool page id (the store's formats) or a staging id
+ *                  (fp16): which serialization the bytes are.
+ * @param[in] src   Host memory holding the whole serialization.
+ * @param[in] bytes Its length: page_bytes, or staging_page_bytes for a
+ *                  staging id (#kvp_layout_t).
+ * @return #KVP_OK; #KVP_EINVAL for a bad page id, another length, NULL `src`,
+ *         or bytes that break an invariant (the store's last error names the
+ *         layer, side, kv head and what). Cost: reads the scale data only,
+ *         O(layers x kv_heads x (head_dim + page_size)); never allocates.
+ */
+KVP_API int kvp_store_page_check(const kvp_store_t *store, int32_t page, const void *src,
+                                 uint64_t bytes);
 
 /**
  * @brief The store's page I/O for a host tier (#kvp_page_io_t).

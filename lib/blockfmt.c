@@ -161,6 +161,49 @@ uint64_t kvp__block_encode(const kvp__blockfmt *f, void *block, int t0, int n,
 
 /* ---- decode --------------------------------------------------------------- */
 
+/* fp16 bits of a finite value; of a finite value >= 0 (-0 allowed). */
+static bool f16_finite(uint16_t h) { return (h & 0x7C00u) != 0x7C00u; }
+static bool f16_scale_ok(uint16_t h) { return f16_finite(h) && (!(h & 0x8000u) || !(h & 0x7FFFu)); }
+
+/* `n` (scale, minimum) pairs: scales at sc, minimums at mn. -1 at the first bad one. */
+static int check_pairs(const uint8_t *sc, const uint8_t *mn, size_t n, const char *what,
+                       char *why, size_t why_size) {
+    for (size_t i = 0; i < n; i++) {
+        uint16_t s = kvp__load_u16(sc + 2 * i), m = mn ? kvp__load_u16(mn + 2 * i) : 0;
+        if (!f16_scale_ok(s) || !f16_finite(m)) {
+            kvp__errf(why, why_size, KVP_EINVAL, "%s %zu: scale 0x%04x / minimum 0x%04x is not "
+                      "finite or the scale is negative", what, i, (unsigned)s, (unsigned)m);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int kvp__block_check(const kvp__blockfmt *f, const uint8_t *b, char *why, size_t why_size) {
+    if (kvp__format_is_plain(f->format)) return 0;
+    const size_t P = (size_t)f->page_size, D = (size_t)f->head_dim;
+    const uint8_t *sc = b + kvp__block_data_bytes(f);
+    if (!f->is_key) {
+        if (f->format == KVP_FORMAT_INT8) return check_pairs(sc, NULL, P, "token", why, why_size);
+        size_t n = (size_t)kvp__v4_groups(f->head_dim) * P; /* [group][token] */
+        return check_pairs(sc, sc + 2 * n, n, "group x token", why, why_size);
+    }
+    if (check_pairs(sc, sc + 2 * D, D, "channel", why, why_size) != 0) return -1;
+    if (f->format != KVP_FORMAT_INT4) return 0;
+    const int R = KVP__K4_OUTLIERS(f->head_dim);
+    const uint8_t *ot = kvp__k4_table(f, b);
+    for (int j = 0; j < R; j++) {
+        unsigned d = kvp__load_u16(ot + 2 * (size_t)j);
+        if (d >= D || (j > 0 && d <= kvp__load_u16(ot + 2 * (size_t)(j - 1)))) {
+            kvp__errf(why, why_size, KVP_EINVAL, "outlier entry %d: channel %u is not above the "
+                      "previous one and below head_dim %zu", j, d, D);
+            return -1;
+        }
+    }
+    return check_pairs(ot + 2 * (size_t)R, ot + 4 * (size_t)R, (size_t)R, "outlier entry", why,
+                       why_size);
+}
+
 void kvp__block_decode(const kvp__blockfmt *f, const void *block, int t0, int n, float *y,
                        size_t stride, float fp8_scale) {
     for (int i = 0; i < n; i++)

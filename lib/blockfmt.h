@@ -268,6 +268,13 @@ KVP__HD static inline float kvp__block_decode_one(const kvp__blockfmt *f, const 
     return fmaf(s, (float)c, m);
 }
 
+/* Whether a block's bytes keep the invariants every encoder keeps (what
+ * kvp_store_page_check() promises): int8/int4 scales finite and >= 0,
+ * minimums finite, int4 keys' outlier channels increasing and below
+ * head_dim. Plain formats hold any bits. 0 if they do; else -1 with the
+ * reason in `why`. */
+int kvp__block_check(const kvp__blockfmt *f, const uint8_t *b, char *why, size_t why_size);
+
 /* Element data plus scale data, before padding to KVP_BLOCK_ALIGN. */
 uint64_t kvp__block_used_bytes(const kvp__blockfmt *f);
 

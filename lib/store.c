@@ -452,6 +452,35 @@ int kvp_store_page_from_host(kvp_store_t *s, int32_t page, uint64_t offset, cons
     return page_io(s, page, offset, host, bytes, 0);
 }
 
+int kvp_store_page_check(const kvp_store_t *cs, int32_t page, const void *src, uint64_t bytes) {
+    if (cs == NULL) return KVP_EINVAL;
+    const kvp_store_t *s = cs;
+    if (!is_pool(s, page) && !is_staging(s, page))
+        return STORE_ERR(s, KVP_EINVAL, "page %d is not a page id (pool 0..%d, staging %d..%d)",
+                         (int)page, (int)s->num_pages - 1, (int)s->num_pages,
+                         (int)(s->num_pages + s->num_staging - 1));
+    uint64_t size = kvp__page_io_bytes(s, page);
+    if (bytes != size)
+        return STORE_ERR(s, KVP_EINVAL, "%llu bytes: page %d's serialization is %llu bytes",
+                         (unsigned long long)bytes, (int)page, (unsigned long long)size);
+    if (src == NULL) return STORE_ERR(s, KVP_EINVAL, "src is NULL");
+    if (!is_pool(s, page)) return KVP_OK; /* staging pages: fp16 elements, any bits */
+    const kvp_layout_t *l = &s->layout;
+    const uint8_t *b = (const uint8_t *)src;
+    char why[KVP_ERR_SIZE];
+    for (int32_t layer = 0; layer < l->layers; layer++)
+        for (int side = 0; side < 2; side++) {
+            const kvp__blockfmt *f = side == 0 ? &s->kfmt : &s->vfmt;
+            uint64_t block = side == 0 ? l->k_block_bytes : l->v_block_bytes;
+            for (int32_t h = 0; h < l->kv_heads; h++, b += block)
+                if (kvp__block_check(f, b, why, sizeof why) != 0)
+                    return STORE_ERR(s, KVP_EINVAL, "layer %d %s block of kv head %d (%s): %s",
+                                     (int)layer, side == 0 ? "K" : "V", (int)h,
+                                     kvp_format_name(f->format), why);
+        }
+    return KVP_OK;
+}
+
 int kvp_store_synchronize(kvp_store_t *s) {
     if (s == NULL) return KVP_EINVAL;
     int rc = s->backend->synchronize(s, s->error, KVP__STORE_ERR_SIZE);

@@ -88,6 +88,21 @@ static kvp_store_t *make_store(int32_t kfmt, int32_t vfmt, bool dirty) {
     return store_of(kfmt, vfmt, D, P, 2, a);
 }
 
+/* Two layers, one kv head, head_dim 128, page 16, 8 pages, 2 sequences. */
+static kvp_cache_params_t small_cache(int32_t format) {
+    kvp_cache_params_t cp;
+    kvp_cache_params_init(&cp);
+    cp.layers = 2;
+    cp.kv_heads = 1;
+    cp.head_dim = D;
+    cp.page_size = P;
+    cp.k_format = format;
+    cp.v_format = format;
+    cp.max_seqs = 2;
+    cp.num_pages = 8;
+    return cp;
+}
+
 static int quant(int32_t format, int32_t is_value, const float *x, void *block, bool back) {
     kvp_quant_desc_t q = {.struct_size = sizeof q};
     q.format = format;
@@ -244,6 +259,128 @@ static void test_unwritten_pages_every_format(void **state) {
             }
             kvp_store_destroy(s);
         }
+}
+
+/* kvp_store_page_check(): what every encoder writes passes, in every format
+ * pair; each broken invariant is refused with its place named. */
+static void test_page_check(void **state) {
+    (void)state;
+    static const int32_t formats[] = {KVP_FORMAT_FP32, KVP_FORMAT_FP16, KVP_FORMAT_BF16,
+                                      KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
+    const size_t nf = sizeof formats / sizeof formats[0];
+    float k[P * D], v[P * D];
+    for (int i = 0; i < P * D; i++) {
+        k[i] = frand() * ((i % D) % 29 == 3 ? 12.0f : 1.0f);
+        v[i] = frand();
+    }
+    k[5] = NAN; /* non-finite inputs still give finite scales */
+    v[9] = INFINITY;
+    kvp_allocator_t libc = {NULL, NULL, NULL};
+    for (size_t kf = 0; kf < nf; kf++)
+        for (size_t vf = 0; vf < nf; vf++) {
+            kvp_store_t *s = store_of(formats[kf], formats[vf], D, P, 2, libc);
+            kvp_layout_t lay = {.struct_size = sizeof lay};
+            assert_int_equal(kvp_store_layout(s, &lay), KVP_OK);
+            uint8_t *page = calloc(1, lay.page_bytes);
+            assert_non_null(page);
+            kvp_quant_desc_t q = {.struct_size = sizeof q};
+            q.page_size = P;
+            q.head_dim = D;
+            q.heads = 1;
+            q.dtype = KVP_FORMAT_FP32;
+            q.fp8_scale = 0.05f;
+            char err[KVP_ERR_SIZE];
+            q.format = formats[kf];
+            assert_int_equal(kvp_quantize(&q, k, 1, page, err, sizeof err), KVP_OK);
+            q.format = formats[vf];
+            q.is_value = 1;
+            assert_int_equal(kvp_quantize(&q, v, 1, page + lay.k_block_bytes, err, sizeof err), KVP_OK);
+            int rc = kvp_store_page_check(s, 0, page, lay.page_bytes);
+            if (rc != KVP_OK) print_error("%s/%s: %s\n", kvp_format_name(formats[kf]),
+                                          kvp_format_name(formats[vf]), kvp_store_last_error(s));
+            assert_int_equal(rc, KVP_OK);
+            /* the whole serialization, nothing else; a real page id */
+            assert_int_equal(kvp_store_page_check(s, 0, page, lay.page_bytes - 1), KVP_EINVAL);
+            assert_int_equal(kvp_store_page_check(s, 0, NULL, lay.page_bytes), KVP_EINVAL);
+            assert_int_equal(kvp_store_page_check(s, -1, page, lay.page_bytes), KVP_EINVAL);
+            assert_int_equal(kvp_store_page_check(NULL, 0, page, lay.page_bytes), KVP_EINVAL);
+            /* a NaN scale in the first scale of each quantized side */
+            const uint16_t nan16 = 0x7E00, neg16 = 0xBC00 /* -1 */;
+            for (int side = 0; side < 2; side++) {
+                int32_t f = side == 0 ? formats[kf] : formats[vf];
+                if (f != KVP_FORMAT_INT8 && f != KVP_FORMAT_INT4) continue;
+                uint8_t *b = page + (side == 0 ? 0 : lay.k_block_bytes);
+                size_t data = (size_t)P * D / (f == KVP_FORMAT_INT4 ? 2 : 1);
+                uint8_t keep[2];
+                memcpy(keep, b + data, 2);
+                memcpy(b + data, &nan16, 2);
+                assert_int_equal(kvp_store_page_check(s, 0, page, lay.page_bytes), KVP_EINVAL);
+                assert_non_null(strstr(kvp_store_last_error(s), side == 0 ? "K block" : "V block"));
+                memcpy(b + data, &neg16, 2);
+                assert_int_equal(kvp_store_page_check(s, 0, page, lay.page_bytes), KVP_EINVAL);
+                memcpy(b + data, keep, 2);
+            }
+            if (formats[kf] == KVP_FORMAT_INT4) { /* the outlier list: in range, increasing */
+                uint8_t *idx = page + P * D / 2 + 4 * D, keep[4];
+                memcpy(keep, idx, 4);
+                const uint16_t big = D, dup[2] = {7, 7};
+                memcpy(idx, &big, 2);
+                assert_int_equal(kvp_store_page_check(s, 0, page, lay.page_bytes), KVP_EINVAL);
+                assert_non_null(strstr(kvp_store_last_error(s), "outlier"));
+                memcpy(idx, dup, 4);
+                assert_int_equal(kvp_store_page_check(s, 0, page, lay.page_bytes), KVP_EINVAL);
+                memcpy(idx, keep, 4);
+            }
+            assert_int_equal(kvp_store_page_check(s, 0, page, lay.page_bytes), KVP_OK);
+            /* plain formats and staging pages hold any bits */
+            if (lay.needs_staging) {
+                uint8_t *junk = malloc(lay.staging_page_bytes);
+                memset(junk, 0xFF, lay.staging_page_bytes);
+                assert_int_equal(kvp_store_page_check(s, 2, junk, lay.staging_page_bytes), KVP_OK);
+                free(junk);
+            } else if (formats[kf] != KVP_FORMAT_INT8 && formats[vf] != KVP_FORMAT_INT8 &&
+                       formats[vf] != KVP_FORMAT_INT4) {
+                memset(page, 0xFF, lay.page_bytes);
+                assert_int_equal(kvp_store_page_check(s, 0, page, lay.page_bytes), KVP_OK);
+            }
+            free(page);
+            kvp_store_destroy(s);
+        }
+}
+
+/* What a store writes through appends and seals passes the check, read back
+ * with kvp_store_page_to_host() (the host tier's bytes). */
+static void test_page_check_of_written_pages(void **state) {
+    (void)state;
+    kvp_cache_params_t cp = small_cache(KVP_FORMAT_INT4);
+    kvp_cache_t *c = NULL;
+    char err[KVP_ERR_SIZE];
+    assert_int_equal(kvp_cache_create(&cp, &c, err, sizeof err), KVP_OK);
+    int32_t seq, num_new = P + 3;
+    assert_int_equal(kvp_cache_seq_create(c, 0, 0, &seq), KVP_OK);
+    static float kv[(P + 3) * D];
+    for (int i = 0; i < (P + 3) * D; i++) kv[i] = frand() * (i % D == 17 ? 20.0f : 1.0f);
+    assert_int_equal(kvp_cache_begin_step(c, &seq, 1, &num_new, NULL), KVP_OK);
+    for (int32_t layer = 0; layer < cp.layers; layer++)
+        assert_int_equal(kvp_cache_write(c, layer, KVP_FORMAT_FP32, kv, kv, 0, 0), KVP_OK);
+    kvp_kv_view_t view = {.struct_size = sizeof view};
+    assert_int_equal(kvp_cache_step_view(c, &view, NULL, NULL, NULL), KVP_OK);
+    assert_int_equal(view.indptr[1], 2); /* a sealed pool page, then a staging page */
+    kvp_cache_parts_t parts = {.struct_size = sizeof parts};
+    assert_int_equal(kvp_cache_parts(c, &parts), KVP_OK);
+    kvp_layout_t lay = {.struct_size = sizeof lay};
+    assert_int_equal(kvp_store_layout(parts.store, &lay), KVP_OK);
+    for (int32_t i = 0; i < 2; i++) {
+        int32_t page = view.indices[i];
+        uint64_t n = i == 0 ? lay.page_bytes : lay.staging_page_bytes;
+        uint8_t *buf = malloc(n);
+        assert_int_equal(kvp_store_page_to_host(parts.store, page, 0, buf, n), KVP_OK);
+        int rc = kvp_store_page_check(parts.store, page, buf, n);
+        if (rc != KVP_OK) print_error("page %d: %s\n", (int)page, kvp_store_last_error(parts.store));
+        assert_int_equal(rc, KVP_OK);
+        free(buf);
+    }
+    kvp_cache_destroy(c);
 }
 
 /* An allocator that ends every large allocation at an inaccessible page,
@@ -480,21 +617,6 @@ static void test_append_and_read_extremes(void **state) {
     kvp_store_destroy(s);
 }
 
-/* Two layers, one kv head, head_dim 128, page 16, 8 pages, 2 sequences. */
-static kvp_cache_params_t small_cache(int32_t format) {
-    kvp_cache_params_t cp;
-    kvp_cache_params_init(&cp);
-    cp.layers = 2;
-    cp.kv_heads = 1;
-    cp.head_dim = D;
-    cp.page_size = P;
-    cp.k_format = format;
-    cp.v_format = format;
-    cp.max_seqs = 2;
-    cp.num_pages = 8;
-    return cp;
-}
-
 /* reserved_ fields of caller-filled structs must be 0. */
 static void test_reserved_fields(void **state) {
     (void)state;
@@ -602,6 +724,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_int4_outlier_index_out_of_range),
         cmocka_unit_test(test_unwritten_pages_every_format),
+        cmocka_unit_test(test_page_check),
+        cmocka_unit_test(test_page_check_of_written_pages),
         cmocka_unit_test(test_reads_end_at_the_arena),
         cmocka_unit_test(test_quantize_size_overflow),
         cmocka_unit_test(test_view_extremes),

@@ -14,7 +14,9 @@
  * memory (it fills it with 0xA5 or an input byte), like pages never
  * written. Then pages are filled: with arbitrary bytes through
  * kvp_store_page_from_host() (for int4 keys sometimes with u16 outlier
- * channel indices far past head_dim), or with real rows through
+ * channel indices far past head_dim, which kvp_store_page_check() must
+ * refuse; it must accept any bits in staging pages and plain formats), or
+ * with real rows through
  * kvp_store_append() (staging pages, and sealed pool pages). Then up to
  * three attention calls with fuzzed views (batch, page lists, some
  * corrupted with limit values from fzi_edgy_i32), qo_indptr, q_heads
@@ -207,6 +209,16 @@ static void fa_fill_garbage(fa_world *w, fzi_cursor *c) {
                 }
             }
     }
+    /* the check of whole serializations: staging pages and plain formats
+     * take any bits; an outlier list pushed past head_dim never passes */
+    int crc = kvp_store_page_check(w->s, page, buf, size);
+    FZI_ASSERT(crc == KVP_OK || crc == KVP_EINVAL);
+    bool plain_k = w->l.k_format != KVP_FORMAT_INT8 && w->l.k_format != KVP_FORMAT_INT4;
+    bool plain_v = w->l.v_format != KVP_FORMAT_INT8 && w->l.v_format != KVP_FORMAT_INT4;
+    if (page >= w->N || (plain_k && plain_v)) FZI_ASSERT(crc == KVP_OK);
+    if ((m & 4) && page < w->N && w->l.k_format == KVP_FORMAT_INT4 && w->D >= 32)
+        FZI_ASSERT(crc == KVP_EINVAL);
+    if (crc != KVP_OK) FZI_ASSERT(kvp_store_last_error(w->s)[0] != '\0');
     FZI_ASSERT(kvp_store_page_from_host(w->s, page, off, buf + off, n) == KVP_OK);
     if (w->cpu != w->s) FZI_ASSERT(kvp_store_page_from_host(w->cpu, page, off, buf + off, n) == KVP_OK);
     FZI_ASSERT(kvp_store_synchronize(w->s) == KVP_OK); /* buf is read until then */

@@ -866,6 +866,7 @@ _sig("kvp_tier_host_memory", ctypes.c_int, _vp, _P(_vp), _P(c_u64))
 
 _sig("kvp_store_page_to_host", ctypes.c_int, _vp, c_i32, c_u64, _vp, c_u64)
 _sig("kvp_store_page_from_host", ctypes.c_int, _vp, c_i32, c_u64, _vp, c_u64)
+_sig("kvp_store_page_check", ctypes.c_int, _vp, c_i32, _vp, c_u64)
 _sig("kvp_store_synchronize", ctypes.c_int, _vp)
 _sig("kvp_store_page_io", ctypes.c_int, _vp, _P(PageIoC))
 

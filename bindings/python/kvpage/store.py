@@ -192,9 +192,19 @@ class Store(Handle):
     def page_from_host(self, page: int, src: Buffer, offset: int = 0) -> None:
         """Write ``src`` (bytes from :meth:`page_to_host` of a store with the
         same layout) into a page's serialization at ``offset``. On a CUDA
-        store ``src`` must stay unchanged until :meth:`synchronize`."""
+        store ``src`` must stay unchanged until :meth:`synchronize`. Bytes
+        from elsewhere are read safely but mean nothing unless
+        :meth:`page_check` accepts them."""
         addr, n = buffer_address(src, "src", writable=False)
         self._check(L.kvp_store_page_from_host(self._p(), page, offset, addr, n))
+
+    def page_check(self, page: int, src: Buffer) -> None:
+        """Check that ``src`` is a well-formed serialization of page ``page``
+        (the whole of it): int8/int4 scales finite and not negative, int4
+        keys' outlier channels increasing and below head_dim. Raises
+        :class:`kvpage.InvalidArgument` (the message names the block) if not."""
+        addr, n = buffer_address(src, "src", writable=False)
+        self._check(L.kvp_store_page_check(self._p(), page, addr, n))
 
     def synchronize(self) -> None:
         """Wait for the store's stream (nothing to wait for on the CPU); raises

@@ -173,6 +173,16 @@ def test_store_page_io_round_trip():
         store.page_to_host(page, np.zeros(layout.page_bytes + 1, np.uint8))  # past the page
     with pytest.raises(kvpage.InvalidArgument):
         store.page_to_host(99, buf)
+    # what the store wrote is well formed; a NaN scale is not (int8 keys:
+    # page_size * head_dim code bytes, then the fp16 scales)
+    store.page_check(page, buf)
+    store.page_check(page, blank)  # zeros: a valid page of zeros
+    bad = buf.copy()
+    bad[4 * D:4 * D + 2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+    with pytest.raises(kvpage.InvalidArgument, match="K block"):
+        store.page_check(page, bad)
+    with pytest.raises(kvpage.InvalidArgument):
+        store.page_check(page, buf[:-1])  # not the whole serialization
 
 
 def test_tier_swaps_through_the_store():
