@@ -150,7 +150,7 @@ int kvp__store_create(const kvp_store_params_t *params, const kvp__backend *back
 int kvp__ctx_create(const kvp_ctx_params_t *params, const kvp__backend *backend,
                     const void *bparams, kvp_ctx_t **out, char *err, size_t err_size);
 /* Argument checks shared by every backend's entry points. */
-int kvp__check_page_io(kvp_store_t *s, int32_t page, uint64_t offset, const void *host,
+int kvp__check_page_io(const kvp_store_t *s, int32_t page, uint64_t offset, const void *host,
                        uint64_t bytes);
 /* Bytes of one page's serialization (kvp_store_page_to_host()). */
 uint64_t kvp__page_io_bytes(const kvp_store_t *s, int32_t page);

@@ -56,8 +56,8 @@ int kvp__ctx_create(const kvp_ctx_params_t *p, const kvp__backend *backend, cons
     if (cpu && !kvp_isa_supported(p->isa))
         return kvp__errf(err, err_size, KVP_ENOTSUP, "this CPU cannot run the %s kernels",
                          kvp_isa_name(p->isa));
-    if (p->reserved_ != 0)
-        return kvp__errf(err, err_size, KVP_EINVAL, "reserved_ must be 0");
+    rc = kvp__check_reserved(p->reserved_, "params", err, err_size);
+    if (rc != KVP_OK) return rc;
     uint64_t ws = p->workspace_bytes != 0 ? p->workspace_bytes : DEFAULT_WORKSPACE;
     if (ws < 4096 || ws > ((uint64_t)1 << 40))
         return kvp__errf(err, err_size, KVP_EINVAL, "workspace_bytes must be 4 KiB .. 1 TiB");
@@ -119,8 +119,8 @@ static bool attn_head_dim_ok(int32_t d) {
 
 static int check_view(kvp_ctx_t *c, const kvp_store_t *s, const kvp_kv_view_t *v,
                       const int32_t *qo, int32_t q_heads) {
-    if (v->reserved_ != 0)
-        return CTX_ERR(c, KVP_EINVAL, "view->reserved_ must be 0, got %d", (int)v->reserved_);
+    int rc = kvp__check_reserved(v->reserved_, "view", c->error, KVP_ERR_SIZE);
+    if (rc != KVP_OK) return rc;
     if (v->batch < 0) return CTX_ERR(c, KVP_EINVAL, "view batch is negative (%d)", (int)v->batch);
     if (v->page_size != s->layout.page_size)
         return CTX_ERR(c, KVP_EINVAL, "view page_size %d differs from the store's %d",

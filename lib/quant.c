@@ -21,7 +21,8 @@ static int check_desc(const kvp_quant_desc_t *q, kvp__blockfmt *f, uint64_t *blo
     if (kvp__dtype_size(q->dtype) == 0)
         return kvp__errf(err, err_size, KVP_EINVAL, "dtype %d: tensors must be fp32, fp16 or bf16",
                          (int)q->dtype);
-    if (q->reserved_ != 0) return kvp__errf(err, err_size, KVP_EINVAL, "reserved_ must be 0");
+    rc = kvp__check_reserved(q->reserved_, "desc", err, err_size);
+    if (rc != KVP_OK) return rc;
     /* the layout function checks head_dim, page size and format rules */
     kvp_layout_t l;
     memset(&l, 0, sizeof l);

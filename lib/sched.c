@@ -788,8 +788,8 @@ int kvp_sched_step(kvp_sched_t *s, const kvp_sched_input_t *in, kvp_sched_plan_t
                        (long long)in->free_pages, (long long)in->free_staging);
     if (in->now < 0)
         return set_err(s, KVP_EINVAL, "now must be >= 0, got %lld", (long long)in->now);
-    if (in->reserved_ != 0)
-        return set_err(s, KVP_EINVAL, "input reserved_ must be 0, got %d", (int)in->reserved_);
+    rc = kvp__check_reserved(in->reserved_, "input", s->err, sizeof s->err);
+    if (rc != KVP_OK) return rc;
     /* a pool never has more free pages than it has pages */
     int64_t free_pages = min64(in->free_pages, s->p.total_pages);
 

@@ -414,7 +414,7 @@ uint64_t kvp__page_io_bytes(const kvp_store_t *s, int32_t page) {
     return page < s->num_pages ? s->layout.page_bytes : s->layout.staging_page_bytes;
 }
 
-int kvp__check_page_io(kvp_store_t *s, int32_t page, uint64_t offset, const void *host,
+int kvp__check_page_io(const kvp_store_t *s, int32_t page, uint64_t offset, const void *host,
                        uint64_t bytes) {
     if (!is_pool(s, page) && !is_staging(s, page))
         return STORE_ERR(s, KVP_EINVAL, "page %d is not a page id (pool 0..%d, staging %d..%d)",
@@ -455,15 +455,12 @@ int kvp_store_page_from_host(kvp_store_t *s, int32_t page, uint64_t offset, cons
 int kvp_store_page_check(const kvp_store_t *cs, int32_t page, const void *src, uint64_t bytes) {
     if (cs == NULL) return KVP_EINVAL;
     const kvp_store_t *s = cs;
-    if (!is_pool(s, page) && !is_staging(s, page))
-        return STORE_ERR(s, KVP_EINVAL, "page %d is not a page id (pool 0..%d, staging %d..%d)",
-                         (int)page, (int)s->num_pages - 1, (int)s->num_pages,
-                         (int)(s->num_pages + s->num_staging - 1));
+    int rc = kvp__check_page_io(s, page, 0, src, bytes);
+    if (rc != KVP_OK) return rc;
     uint64_t size = kvp__page_io_bytes(s, page);
     if (bytes != size)
         return STORE_ERR(s, KVP_EINVAL, "%llu bytes: page %d's serialization is %llu bytes",
                          (unsigned long long)bytes, (int)page, (unsigned long long)size);
-    if (src == NULL) return STORE_ERR(s, KVP_EINVAL, "src is NULL");
     if (!is_pool(s, page)) return KVP_OK; /* staging pages: fp16 elements, any bits */
     const kvp_layout_t *l = &s->layout;
     const uint8_t *b = (const uint8_t *)src;

@@ -26,6 +26,11 @@
 #define D 128
 #define P 16
 
+/* Every storage format. */
+static const int32_t formats[] = {KVP_FORMAT_FP32, KVP_FORMAT_FP16, KVP_FORMAT_BF16,
+                                  KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
+#define NFORMATS (sizeof formats / sizeof formats[0])
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float frand(void) {
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
@@ -241,12 +246,10 @@ static void test_int4_outlier_index_out_of_range(void **state) {
  * read outside the arena or the kernels' tiles. */
 static void test_unwritten_pages_every_format(void **state) {
     (void)state;
-    static const int32_t formats[] = {KVP_FORMAT_FP32, KVP_FORMAT_FP16, KVP_FORMAT_BF16,
-                                      KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
     float q[D];
     for (int d = 0; d < D; d++) q[d] = frand();
-    for (size_t kf = 0; kf < sizeof formats / sizeof formats[0]; kf++)
-        for (size_t vf = 0; vf < sizeof formats / sizeof formats[0]; vf++) {
+    for (size_t kf = 0; kf < NFORMATS; kf++)
+        for (size_t vf = 0; vf < NFORMATS; vf++) {
             kvp_store_t *s = make_store(formats[kf], formats[vf], true);
             for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512; isa++) {
                 if (!kvp_isa_supported(isa)) continue;
@@ -265,9 +268,7 @@ static void test_unwritten_pages_every_format(void **state) {
  * pair; each broken invariant is refused with its place named. */
 static void test_page_check(void **state) {
     (void)state;
-    static const int32_t formats[] = {KVP_FORMAT_FP32, KVP_FORMAT_FP16, KVP_FORMAT_BF16,
-                                      KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
-    const size_t nf = sizeof formats / sizeof formats[0];
+    const size_t nf = NFORMATS;
     float k[P * D], v[P * D];
     for (int i = 0; i < P * D; i++) {
         k[i] = frand() * ((i % D) % 29 == 3 ? 12.0f : 1.0f);
@@ -433,20 +434,18 @@ static void guard_free(void *opaque, void *p) {
  * AVX2 int4-value stage loaded 8 fp16 scales where 4 were left). */
 static void test_reads_end_at_the_arena(void **state) {
     (void)state;
-    static const int32_t vformats[] = {KVP_FORMAT_INT4, KVP_FORMAT_INT8, KVP_FORMAT_FP16,
-                                       KVP_FORMAT_BF16, KVP_FORMAT_FP8_E4M3, KVP_FORMAT_FP32};
     enum { PS = 4, HD = 64 };
-    for (size_t vf = 0; vf < sizeof vformats / sizeof vformats[0]; vf++) {
+    for (size_t vf = 0; vf < NFORMATS; vf++) {
         /* enough pages that the arena is a multiple of its alignment and so
          * ends exactly at the guard page */
         kvp_layout_t lay = {.struct_size = sizeof lay};
         char err[KVP_ERR_SIZE];
-        assert_int_equal(kvp_layout_compute(1, 1, HD, PS, KVP_FORMAT_FP16, vformats[vf], &lay,
+        assert_int_equal(kvp_layout_compute(1, 1, HD, PS, KVP_FORMAT_FP16, formats[vf], &lay,
                                             err, sizeof err), KVP_OK);
         int32_t pages = 1;
         while ((lay.fixed_bytes + (uint64_t)pages * lay.page_bytes) % KVP_ARENA_ALIGN != 0) pages++;
         kvp_allocator_t guard = {guard_alloc, guard_free, NULL};
-        kvp_store_t *s = store_of(KVP_FORMAT_FP16, vformats[vf], HD, PS, pages, guard);
+        kvp_store_t *s = store_of(KVP_FORMAT_FP16, formats[vf], HD, PS, pages, guard);
         float rows[PS * HD];
         for (int i = 0; i < PS * HD; i++) rows[i] = frand();
         int64_t slots[PS];
