@@ -5,6 +5,9 @@
 #                        with its KV cache in libkvpage (KV=int8 by default; also
 #                        fp32 fp16 bf16 fp8 int4 k8v4); fetches the model into
 #                        ~/.cache/kvpage if missing
+#   make demo-store      KV leaving the process: the demo twice over one --kv-store directory,
+#                        prompts sharing a ~2,100-token document; the second run reads its
+#                        pages instead of prefilling them (time to first token, last line JSON)
 #   make eval            perplexity and KL of every KV format over GPL-3 (table, last line JSON)
 #   make test            unit tests (cmocka) + install/pkg-config consumer test
 #                        + the engine's tests (the model-dependent ones skip, saying
@@ -14,7 +17,7 @@
 #   make bench docs install uninstall clean
 #
 # Variables: CC CFLAGS LDFLAGS PREFIX DESTDIR LIBDIR INCLUDEDIR BINDIR
-#            PKGCONFIGDIR NVCC CUDA_ARCHS HAVE_CUDA SAN V WERROR
+#            PKGCONFIGDIR NVCC CUDA_ARCHS HAVE_CUDA HAVE_BLOB SAN V WERROR
 
 .DEFAULT_GOAL := all
 .DELETE_ON_ERROR:
@@ -59,6 +62,14 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 CUDA_LIBDIR ?= $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib $(CUDA_HOME)/lib))
 endif
 
+# The blob layer (kvpage_blob.h) needs OpenSSL's libcrypto (SHA-256, HMAC)
+# and libxxhash (XXH3): built when both link (Debian: libssl-dev,
+# libxxhash-dev; `make test` installs them), or forced with HAVE_BLOB=0|1.
+ifeq ($(origin HAVE_BLOB),undefined)
+HAVE_BLOB := $(shell printf '\043include <openssl/evp.h>\n\043include <xxhash.h>\nint main(void){return 0;}\n' | \
+    $(CC) -x c - -o /dev/null -lcrypto -lxxhash >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+
 ifeq ($(V),1)
 Q :=
 else
@@ -90,6 +101,11 @@ DEFS :=
 ifeq ($(HAVE_CUDA),1)
 DEFS += -DKVP_HAVE_CUDA
 endif
+BLOB_LIBS :=
+ifeq ($(HAVE_BLOB),1)
+DEFS += -DKVP_HAVE_BLOB
+BLOB_LIBS := -lcrypto -lxxhash
+endif
 ALL_CFLAGS := -std=c11 $(WARN) $(CFLAGS) $(SANFLAGS) -fPIC -fvisibility=hidden \
               -Iinclude -Ilib $(DEFS) -MMD -MP
 TOOL_CFLAGS := -std=c11 $(WARN) $(CFLAGS) $(SANFLAGS) -Iinclude -Ilib -Itools -MMD -MP
@@ -100,7 +116,7 @@ ifeq ($(HAVE_CUDA),1)
 # (libcuda.so.1, loaded at run time) and runs on machines without a GPU.
 CUDA_LIBS := -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt
 endif
-LIBS := $(CUDA_LIBS) $(SYS_LIBS)
+LIBS := $(CUDA_LIBS) $(BLOB_LIBS) $(SYS_LIBS)
 
 NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                 -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
@@ -119,7 +135,8 @@ endif
 # ---- sources ----------------------------------------------------------------
 # The installed headers: the core (kvpage.h) and its layered extras.
 PUBLIC_HEADERS := include/kvpage.h include/kvpage_ext.h include/kvpage_plan.h \
-                  include/kvpage_tier.h include/kvpage_sched.h include/kvpage_cuda.h
+                  include/kvpage_tier.h include/kvpage_sched.h include/kvpage_cuda.h \
+                  include/kvpage_blob.h
 LIB_SRCS := $(wildcard lib/*.c) $(wildcard lib/cpu/*.c)
 ifeq ($(HAVE_CUDA),1)
 LIB_SRCS := $(filter-out lib/cuda_stub.c,$(LIB_SRCS))
@@ -188,7 +205,7 @@ SHARED_LIBS := $(SHARED_REAL) $(BUILD)/$(SONAME) $(BUILD)/libkvpage.so
 # HAVE_CUDA, CC or CFLAGS rebuilds what it must (SAN=1 has its own directory).
 # nvcc objects have a stamp of their own: C flags (WERROR, CC) do not reach
 # them, and rebuilding the kernels takes minutes.
-CONFIG_LINE := $(CC) $(ALL_CFLAGS) | cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS) | $(LIBS)
+CONFIG_LINE := $(CC) $(ALL_CFLAGS) | blob=$(HAVE_BLOB) cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS) | $(LIBS)
 CONFIG_STAMP := $(BUILD)/.config
 NVCC_CONFIG_LINE := cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS)
 NVCC_STAMP := $(BUILD)/.config-nvcc
@@ -201,7 +218,7 @@ endif
 
 # ---- top-level targets --------------------------------------------------------
 .PHONY: all lib tools tests test test-unit test-install bench docs install uninstall \
-        clean demo eval engine deps-test deps-docs deps-model print-config
+        clean demo demo-store eval engine deps-test deps-docs deps-model print-config
 
 all: lib tools
 
@@ -215,6 +232,7 @@ print-config:
 	@echo "version    $(VERSION)"
 	@echo "CC         $(CC)"
 	@echo "HAVE_CUDA  $(HAVE_CUDA) $(if $(filter 1,$(HAVE_CUDA)),($(NVCC), archs $(CUDA_ARCHS)))"
+	@echo "HAVE_BLOB  $(HAVE_BLOB)"
 	@echo "SAN        $(SAN)"
 	@echo "BUILD      $(BUILD)"
 
@@ -306,7 +324,7 @@ $(BUILD)/tests/test_cuda_sim: $(OBJ)/sim/tests/test_cuda_backend.o $(SIM_CU_OBJS
                               $(OBJ)/sim/tests/cudasim/cudasim.o $(LIB_C_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm -lpthread
+	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) -lm -lpthread
 
 # The attention and store fuzz harnesses on the CUDA backend (FZ_CUDA), in
 # the simulator: C sources that call the CUDA runtime API, linked like
@@ -322,7 +340,7 @@ $(BUILD)/tests/test_fuzz_cuda_sim: $(FUZZ_CUDA_OBJS) $(SIM_CU_OBJS) \
                                    $(OBJ)/sim/tests/cudasim/cudasim.o $(LIB_C_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka -lm -lpthread
+	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) -lm -lpthread
 
 $(OBJ)/gpu/tests/%.o: tests/%.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
@@ -333,7 +351,7 @@ $(OBJ)/gpu/tests/%.o: tests/%.cu $(NVCC_STAMP)
 $(BUILD)/tests/test_cuda_gpu: $(OBJ)/gpu/tests/test_cuda_backend.o $(STATIC_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(NVCC) $(NVCC_GENCODE) $(LDFLAGS) -o $@ $^ -lcmocka -lm -lpthread -ldl -lrt
+	$(Q)$(NVCC) $(NVCC_GENCODE) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) -lm -lpthread -ldl -lrt
 
 # ---- tests ----------------------------------------------------------------------
 deps-test:
@@ -438,6 +456,18 @@ demo: engine deps-model
 	@model=$$($(MODEL_CMD)) || exit $$?; \
 	    $(ENGINE_BIN) demo "$$model" --kv $(KV) $(DEMO_ARGS)
 
+# KV leaving the process: the demo twice, one process after the other, over
+# the same three prompts sharing a document of ~2,100 tokens (the first
+# sections of GPL-3) and one fresh --kv-store directory. The second run finds
+# the document's pages in the store instead of prefilling them: both runs are
+# printed, then its store hits and time to first token against the first
+# run's, and whether the greedy text is identical; last line one JSON object
+# ({"store_hit_tokens": ..., "ttft_ms_cold": ..., "ttft_ms_warm": ...,
+# "identical": true}). Each run is limited to 10 minutes; both take ~40 s on two idle cores.
+demo-store: engine deps-model
+	@model=$$($(MODEL_CMD)) || exit $$?; \
+	    examples/engine/demo-store.sh $(ENGINE_BIN) "$$model" $(KV)
+
 # Perplexity and KL divergence over GPL-3 (window 512, stride 256) for every
 # KV format through libkvpage and the contiguous fp32 reference: a table, then
 # one JSON line. The first EVAL_TOKENS tokens (4,096 scored; 0 = the whole
@@ -503,7 +533,7 @@ FUZZ_TARGETS ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_LIB_SRCS := $(wildcard lib/*.c) $(wildcard lib/cpu/*.c)
 FUZZ_TOOL_SRCS := tools/cli.c tools/plan_cli.c tools/sim.c tools/sim_cli.c
 FUZZ_CFLAGS := -std=c11 -g -O1 -Wall -Wextra -fsanitize=address,undefined \
-               -fno-sanitize-recover=undefined -Iinclude -Ilib -Itools
+               -fno-sanitize-recover=undefined -Iinclude -Ilib -Itools $(filter -DKVP_HAVE_BLOB,$(DEFS))
 FUZZ_LIB_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_LIB_SRCS) $(FUZZ_TOOL_SRCS))
 
 $(FUZZ_DIR)/obj/%.o: %.c $(wildcard lib/*.h lib/cpu/*.h tools/*.h) $(PUBLIC_HEADERS)
@@ -514,7 +544,7 @@ $(FUZZ_DIR)/obj/%.o: %.c $(wildcard lib/*.h lib/cpu/*.h tools/*.h) $(PUBLIC_HEAD
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_OBJS) $(wildcard tests/fuzz/*.h)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  FUZZLD  $@")
-	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Itests $< $(FUZZ_LIB_OBJS) -o $@ -lm -lpthread
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Itests $< $(FUZZ_LIB_OBJS) -o $@ $(BLOB_LIBS) -lm -lpthread
 
 fuzz:
 	@scripts/ensure-deps.sh fuzz

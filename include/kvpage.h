@@ -12,7 +12,9 @@
  *                  GPU presets, size and format parsing;
  * - kvpage_tier.h  the host tier (swap sequences to host memory) and page I/O;
  * - kvpage_sched.h the scheduling policy (admission, priorities, pressure);
- * - kvpage_cuda.h  the CUDA backend's entry points.
+ * - kvpage_cuda.h  the CUDA backend's entry points;
+ * - kvpage_blob.h  KV beyond one process: page blobs, chain hashes, blob
+ *                  tiers, sequence export/import (an optional feature).
  */
 #ifndef KVPAGE_H
 #define KVPAGE_H
@@ -28,7 +30,9 @@
  * with a prefix cache), in which precision (fp32 down to int4, quantized as
  * they are written), how attention reads them (paged attention on the CPU
  * or a CUDA device), how many fit in a memory budget (kvpage_plan.h) and
- * what happens when memory runs out (kvpage_tier.h, kvpage_sched.h).
+ * what happens when memory runs out (kvpage_tier.h, kvpage_sched.h), and how
+ * KV leaves the process to a file, a shared store or another process
+ * (kvpage_blob.h).
  *
  * Start with the cache façade (#kvp_cache_t, @ref cache): one object, four
  * calls per step. docs/concepts.md explains the ideas, docs/paging.md the
@@ -96,7 +100,8 @@
  * and their meaning change only by additions (new functions, fields appended
  * behind `struct_size`, new status codes), so a program built against 0.x
  * runs against any later 0.y. The layered extras (kvpage_ext.h,
- * kvpage_plan.h, kvpage_tier.h, kvpage_sched.h, kvpage_cuda.h) may still
+ * kvpage_plan.h, kvpage_tier.h, kvpage_sched.h, kvpage_cuda.h,
+ * kvpage_blob.h) may still
  * change in a minor release before 1.0; CHANGELOG.md lists every change.
  * kvp_version_number() tells which library was loaded.
  */
@@ -174,7 +179,9 @@ KVP_API unsigned kvp_version_number(void);
     X(KVP_ECUDA, -7, "CUDA runtime error")                                    \
     X(KVP_ESTATE, -8, "object is in the wrong state for this call")           \
     X(KVP_EINTERNAL, -9, "internal error in libkvpage (please report)")        \
-    X(KVP_EHOSTFULL, -10, "the host tier has no room for this sequence")
+    X(KVP_EHOSTFULL, -10, "the host tier has no room for this sequence")     \
+    X(KVP_EBADBLOB, -11, "a page blob failed validation")                     \
+    X(KVP_EIO, -12, "a tier's storage or connection failed")
 
 /** @brief Internal: expands one row of #KVP_STATUS_TABLE into an enumerator. */
 #define KVP__STATUS_ENUM(name, value, msg) name = value,
@@ -213,6 +220,14 @@ enum kvp_status { KVP_STATUS_TABLE(KVP__STATUS_ENUM) };
  *  @brief The host tier has too few free slots for a swap-out (see
  *         kvp_tier_swap_out()). Nothing was changed: the sequence stays on
  *         the device, whole. */
+
+/** @var KVP_EBADBLOB
+ *  @brief A page blob (kvpage_blob.h) was rejected: wrong identity, layout,
+ *         chain hash, checksum, tag or payload. The detail text and the
+ *         reason code say which. Nothing was written. */
+/** @var KVP_EIO
+ *  @brief A blob tier's storage or connection failed (file system error,
+ *         unreachable server); the detail text has the system's message. */
 
 /** @brief Recommended size of an error-detail buffer (`char err[KVP_ERR_SIZE]`). */
 #define KVP_ERR_SIZE 256
@@ -489,8 +504,13 @@ KVP_API int kvp_cache_seq_release(kvp_cache_t *c, int32_t seq);
  * @param[in]  seq     An empty sequence.
  * @param[in]  tokens  The prompt's token ids.
  * @param[in]  n       Their count.
+ * With blob tiers (kvpage_blob.h, kvp_cache_add_tier()), the pages after
+ * the pool's match are then looked up in the tiers, in order, and the
+ * longest chain of valid blobs is imported into fresh pages.
+ *
  * @param[out] matched Tokens attached (whole pages; prefill the rest).
- * @return As kvp_table_attach_prefix().
+ * @return As kvp_table_attach_prefix(); #KVP_ECUDA if writing imported
+ *         pages fails (the pool's match stays attached).
  */
 KVP_API int kvp_cache_seq_attach_prefix(kvp_cache_t *c, int32_t seq, const int32_t *tokens,
                                         int64_t n, int64_t *matched);

@@ -152,6 +152,10 @@ int kvp__ctx_create(const kvp_ctx_params_t *params, const kvp__backend *backend,
 /* Argument checks shared by every backend's entry points. */
 int kvp__check_page_io(const kvp_store_t *s, int32_t page, uint64_t offset, const void *host,
                        uint64_t bytes);
+/* kvp_store_page_check() of a page whose first `tokens` tokens were written
+ * (per-token scales past them are not read). */
+int kvp__store_page_check(const kvp_store_t *s, int32_t page, const void *src, uint64_t bytes,
+                          int32_t tokens);
 /* Bytes of one page's serialization (kvp_store_page_to_host()). */
 uint64_t kvp__page_io_bytes(const kvp_store_t *s, int32_t page);
 

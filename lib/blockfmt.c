@@ -165,9 +165,37 @@ uint64_t kvp__block_encode(const kvp__blockfmt *f, void *block, int t0, int n,
 static bool f16_finite(uint16_t h) { return (h & 0x7C00u) != 0x7C00u; }
 static bool f16_scale_ok(uint16_t h) { return f16_finite(h) && (!(h & 0x8000u) || !(h & 0x7FFFu)); }
 
+/* Whether `n` (scale, minimum) pairs are all well formed, four fp16 lanes
+ * per 64-bit word (imported pages are checked near memory speed); the
+ * slow loop below only runs to name a bad pair. Per lane: an exponent of
+ * all ones (Inf, NaN) is bad, in a scale or a minimum; a set sign bit is
+ * bad in a scale unless the rest is zero (-0). */
+static bool pairs_ok(const uint8_t *sc, const uint8_t *mn, size_t n) {
+    const uint64_t EXP = 0x7C007C007C007C00ull, LOW = 0x0001000100010001ull;
+    const uint64_t SIGN = 0x8000800080008000ull, MAG = 0x7FFF7FFF7FFF7FFFull;
+    uint64_t bad = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        uint64_t w, m = 0;
+        memcpy(&w, sc + 2 * i, 8);
+        if (mn) memcpy(&m, mn + 2 * i, 8);
+        uint64_t ts = (w & EXP) ^ EXP, tm = (m & EXP) ^ EXP; /* 0 in a lane: Inf or NaN */
+        bad |= (ts - LOW) & ~ts & SIGN;
+        bad |= (tm - LOW) & ~tm & SIGN;
+        bad |= w & SIGN & ((w & MAG) + MAG); /* negative and not -0 */
+    }
+    for (; i < n; i++) {
+        unsigned x = kvp__load_u16(sc + 2 * i), y = mn ? kvp__load_u16(mn + 2 * i) : 0;
+        bad |= ((x & 0x7C00u) == 0x7C00u) | ((x & 0x8000u) && (x & 0x7FFFu)) |
+               ((y & 0x7C00u) == 0x7C00u);
+    }
+    return bad == 0;
+}
+
 /* `n` (scale, minimum) pairs: scales at sc, minimums at mn. -1 at the first bad one. */
 static int check_pairs(const uint8_t *sc, const uint8_t *mn, size_t n, const char *what,
                        char *why, size_t why_size) {
+    if (pairs_ok(sc, mn, n)) return 0;
     for (size_t i = 0; i < n; i++) {
         uint16_t s = kvp__load_u16(sc + 2 * i), m = mn ? kvp__load_u16(mn + 2 * i) : 0;
         if (!f16_scale_ok(s) || !f16_finite(m)) {
@@ -180,13 +208,21 @@ static int check_pairs(const uint8_t *sc, const uint8_t *mn, size_t n, const cha
 }
 
 int kvp__block_check(const kvp__blockfmt *f, const uint8_t *b, char *why, size_t why_size) {
+    return kvp__block_check_tokens(f, b, f->page_size, why, why_size);
+}
+
+int kvp__block_check_tokens(const kvp__blockfmt *f, const uint8_t *b, int32_t tokens, char *why,
+                            size_t why_size) {
     if (kvp__format_is_plain(f->format)) return 0;
-    const size_t P = (size_t)f->page_size, D = (size_t)f->head_dim;
+    const size_t P = (size_t)f->page_size, D = (size_t)f->head_dim, T = (size_t)tokens;
     const uint8_t *sc = b + kvp__block_data_bytes(f);
     if (!f->is_key) {
-        if (f->format == KVP_FORMAT_INT8) return check_pairs(sc, NULL, P, "token", why, why_size);
+        if (f->format == KVP_FORMAT_INT8) return check_pairs(sc, NULL, T, "token", why, why_size);
         size_t n = (size_t)kvp__v4_groups(f->head_dim) * P; /* [group][token] */
-        return check_pairs(sc, sc + 2 * n, n, "group x token", why, why_size);
+        for (size_t g = 0; g < n; g += P)
+            if (check_pairs(sc + 2 * g, sc + 2 * (n + g), T, "group x token", why, why_size) != 0)
+                return -1;
+        return 0;
     }
     if (check_pairs(sc, sc + 2 * D, D, "channel", why, why_size) != 0) return -1;
     if (f->format != KVP_FORMAT_INT4) return 0;

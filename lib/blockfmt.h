@@ -274,6 +274,11 @@ KVP__HD static inline float kvp__block_decode_one(const kvp__blockfmt *f, const 
  * head_dim. Plain formats hold any bits. 0 if they do; else -1 with the
  * reason in `why`. */
 int kvp__block_check(const kvp__blockfmt *f, const uint8_t *b, char *why, size_t why_size);
+/* The same for a block whose first `tokens` tokens were written (a
+ * sequence's partly filled page): per-token scales past them are not read.
+ * Per-channel scales (keys) cover the whole block either way. */
+int kvp__block_check_tokens(const kvp__blockfmt *f, const uint8_t *b, int32_t tokens, char *why,
+                            size_t why_size);
 
 /* Element data plus scale data, before padding to KVP_BLOCK_ALIGN. */
 uint64_t kvp__block_used_bytes(const kvp__blockfmt *f);

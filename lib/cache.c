@@ -6,43 +6,22 @@
  * next append reads the pages, SEAL operations handed to the per-layer
  * append with row numbers of the whole step.
  */
-#include "internal.h"
+#include "cache.h"
 #include "kvpage_cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct kvp_cache {
-    kvp_allocator_t alloc;
-    kvp_pool_t *pool;
-    kvp_table_t *table;
-    kvp_store_t *store;
-    kvp_ctx_t *ctx;
-    kvp_tier_t *tier; /* NULL without a host budget */
-    int32_t page_size, num_pages, num_staging;
-    /* the current step (grow-only buffers: a step allocates nothing once warm) */
-    int in_step;
-    int32_t layers;
-    uint8_t *written; /* [layers]: kvp_cache_write() done for the layer this step */
-    int32_t batch, rows, num_ops;
-    int32_t *indptr, *indices, *last_page_len, *qo_indptr, *sorted;
-    int64_t *slots, *prev_reserved;
-    kvp_page_op_t *ops;
-    size_t cap_batch, cap_indices, cap_rows, cap_ops;
-    kvp_kv_view_t view;
-    char *err; /* -> err_text: writable from const-taking getters */
-    char err_text[KVP_ERR_SIZE];
-};
 
-static int fail(const kvp_cache_t *c, int status, const char *fmt, ...) KVP__PRINTF(3, 4);
-static int fail(const kvp_cache_t *c, int status, const char *fmt, ...) {
+int kvp__cache_fail(const kvp_cache_t *c, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     kvp__verrf(c->err, KVP_ERR_SIZE, status, fmt, ap);
     va_end(ap);
     return status;
 }
+#define fail kvp__cache_fail
 
 /* Keep a layer's detail text as the cache's. */
 static int pass(kvp_cache_t *c, int status, const char *what, const char *detail) {
@@ -67,6 +46,7 @@ void kvp_cache_params_init(kvp_cache_params_t *p) {
 void kvp_cache_destroy(kvp_cache_t *c) {
     if (c == NULL) return;
     kvp_allocator_t a = c->alloc;
+    kvp__cache_blob_destroy(c); /* writes pending pages through first */
     kvp_tier_destroy(c->tier); /* before its table */
     kvp_table_destroy(c->table);
     kvp_pool_destroy(c->pool);
@@ -274,6 +254,7 @@ int kvp_cache_seq_create(kvp_cache_t *c, int32_t priority, uint64_t salt, int32_
 int kvp_cache_seq_release(kvp_cache_t *c, int32_t seq) {
     if (c == NULL) return KVP_EINVAL;
     c->in_step = 0; /* the step's view may name it */
+    kvp__cache_blob_before_release(c);
     kvp_seq_info_t info = {.struct_size = sizeof info};
     if (c->tier != NULL && kvp_table_seq_info(c->table, seq, &info) == KVP_OK && info.swapped)
         return pass(c, kvp_tier_drop(c->tier, seq), "seq_release", kvp_tier_last_error(c->tier));
@@ -284,8 +265,11 @@ int kvp_cache_seq_release(kvp_cache_t *c, int32_t seq) {
 int kvp_cache_seq_attach_prefix(kvp_cache_t *c, int32_t seq, const int32_t *tokens, int64_t n,
                                 int64_t *matched) {
     if (c == NULL) return KVP_EINVAL;
-    return pass(c, kvp_table_attach_prefix(c->table, seq, tokens, n, matched), "attach_prefix",
-                kvp_table_last_error(c->table));
+    int rc = pass(c, kvp_table_attach_prefix(c->table, seq, tokens, n, matched), "attach_prefix",
+                  kvp_table_last_error(c->table));
+    if (rc == KVP_OK) rc = kvp__cache_blob_attach(c, seq, tokens, n, matched);
+    kvp__cache_blob_after(c);
+    return rc;
 }
 
 int kvp_cache_seq_fork(kvp_cache_t *c, int32_t parent, int32_t *child) {
@@ -294,6 +278,7 @@ int kvp_cache_seq_fork(kvp_cache_t *c, int32_t parent, int32_t *child) {
     kvp_page_op_t ops[4];
     int32_t n = 0, id = -1;
     int rc = kvp_table_fork(c->table, parent, &id, ops, 4, &n);
+    kvp__cache_blob_after(c);
     if (rc != KVP_OK) return pass(c, rc, "fork", kvp_table_last_error(c->table));
     rc = kvp_store_apply_ops(c->store, ops, n);
     if (rc != KVP_OK) {
@@ -310,6 +295,7 @@ int kvp_cache_seq_truncate(kvp_cache_t *c, int32_t seq, int64_t length) {
     kvp_page_op_t ops[4];
     int32_t n = 0;
     int rc = kvp_table_truncate(c->table, seq, length, ops, 4, &n);
+    kvp__cache_blob_after(c);
     if (rc != KVP_OK) return pass(c, rc, "truncate", kvp_table_last_error(c->table));
     c->in_step = 0;
     rc = kvp_store_apply_ops(c->store, ops, n);
@@ -422,7 +408,10 @@ int kvp_cache_begin_step(kvp_cache_t *c, const int32_t *seqs, int32_t batch,
     c->in_step = 0;
     int64_t rows = 0;
     int rc = prepare_step(c, seqs, batch, num_new, &rows);
-    if (rc == KVP_OK) rc = reserve_all(c, seqs, batch, num_new);
+    if (rc != KVP_OK) return rc;
+    kvp__cache_blob_before_step(c);
+    rc = reserve_all(c, seqs, batch, num_new);
+    kvp__cache_blob_after(c); /* reservations may evict */
     if (rc != KVP_OK) return rc;
 
     /* Within their reservations appends cannot fail; ops carry step rows. */
@@ -439,6 +428,7 @@ int kvp_cache_begin_step(kvp_cache_t *c, const int32_t *seqs, int32_t batch,
         n_ops += n;
         row += num_new[b];
     }
+    kvp__cache_blob_after(c); /* evicted pages leave before COPYs overwrite them */
     rc = kvp_store_apply_ops(c->store, c->ops, n_ops); /* COPY now; SEALs go to the writes */
     if (rc != KVP_OK) return pass(c, rc, "begin_step: page copies", kvp_store_last_error(c->store));
 

@@ -123,6 +123,9 @@ int kvp_build_has(int32_t feature) {
 #ifdef KVP_HAVE_CUDA
     case KVP_FEATURE_CUDA: return 1;
 #endif
+#ifdef KVP_HAVE_BLOB
+    case KVP_FEATURE_BLOB: return 1;
+#endif
     default: return 0;
     }
 }

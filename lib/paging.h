@@ -181,6 +181,9 @@ void kvp__heap_push(kvp_pool_t *p, int32_t page);
 void kvp__heap_remove(kvp_pool_t *p, int32_t page);
 /* Evict the first page in eviction order to the free list (pool.c). */
 void kvp__evict_one(kvp_pool_t *p);
+/* Evict one cached page that no stored page extends (e.g. bytes that
+ * turned out wrong); false, changing nothing, for any other page. */
+bool kvp__pool_forget(kvp_pool_t *p, int32_t page);
 /* Emit an event if a callback is set (the check is inline: most engines
  * set none, and releases are on the hot path). */
 void kvp__pool_emit(kvp_pool_t *p, int32_t kind, int32_t page);

@@ -256,6 +256,16 @@ void kvp__evict_one(kvp_pool_t *p) {
     push_free(p, page);
 }
 
+bool kvp__pool_forget(kvp_pool_t *p, int32_t page) {
+    const kvp__page *pg = &p->pages[page];
+    if (pg->state != KVP__PAGE_CACHED || pg->heap_pos < 0) return false;
+    kvp__heap_remove(p, page);
+    kvp__prefix_unstore(p, page);
+    p->cached_count--;
+    push_free(p, page);
+    return true;
+}
+
 int32_t kvp__pool_take(kvp_pool_t *p, int32_t priority) {
     if (p->free_head < 0) kvp__evict_one(p);
     int32_t page = p->free_head;

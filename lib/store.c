@@ -454,7 +454,11 @@ int kvp_store_page_from_host(kvp_store_t *s, int32_t page, uint64_t offset, cons
 
 int kvp_store_page_check(const kvp_store_t *cs, int32_t page, const void *src, uint64_t bytes) {
     if (cs == NULL) return KVP_EINVAL;
-    const kvp_store_t *s = cs;
+    return kvp__store_page_check(cs, page, src, bytes, cs->layout.page_size);
+}
+
+int kvp__store_page_check(const kvp_store_t *s, int32_t page, const void *src, uint64_t bytes,
+                          int32_t tokens) {
     int rc = kvp__check_page_io(s, page, 0, src, bytes);
     if (rc != KVP_OK) return rc;
     uint64_t size = kvp__page_io_bytes(s, page);
@@ -470,7 +474,7 @@ int kvp_store_page_check(const kvp_store_t *cs, int32_t page, const void *src, u
             const kvp__blockfmt *f = side == 0 ? &s->kfmt : &s->vfmt;
             uint64_t block = side == 0 ? l->k_block_bytes : l->v_block_bytes;
             for (int32_t h = 0; h < l->kv_heads; h++, b += block)
-                if (kvp__block_check(f, b, why, sizeof why) != 0)
+                if (kvp__block_check_tokens(f, b, tokens, why, sizeof why) != 0)
                     return STORE_ERR(s, KVP_EINVAL, "layer %d %s block of kv head %d (%s): %s",
                                      (int)layer, side == 0 ? "K" : "V", (int)h,
                                      kvp_format_name(f->format), why);

@@ -18,6 +18,9 @@ need() { missing="$missing $1"; }
 case "$what" in
 test)
     have_header cmocka.h || need libcmocka-dev
+    # the blob layer (kvpage_blob.h): optional in a build, tested here
+    have_header openssl/evp.h || need libssl-dev
+    have_header xxhash.h || need libxxhash-dev
     command -v pkg-config >/dev/null 2>&1 || need pkg-config
     ;;
 docs)

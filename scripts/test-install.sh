@@ -22,7 +22,7 @@ $MAKE --no-print-directory install DESTDIR="$root" PREFIX="$prefix" SAN=0 CC="$C
     cat "$tmp/install.log"
     fail "make install"
 }
-headers="kvpage.h kvpage_ext.h kvpage_plan.h kvpage_tier.h kvpage_sched.h kvpage_cuda.h"
+headers="kvpage.h kvpage_ext.h kvpage_plan.h kvpage_tier.h kvpage_sched.h kvpage_cuda.h kvpage_blob.h"
 for f in $(printf 'include/%s ' $headers) lib/libkvpage.a lib/libkvpage.so \
          lib/pkgconfig/kvpage.pc bin/kvpage-plan bin/kvpage-sim; do
     [ -e "$root$prefix/$f" ] || fail "$prefix/$f not installed"

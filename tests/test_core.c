@@ -57,7 +57,9 @@ static void test_status_table(void **state) {
     assert_int_equal(KVP_ESTATE, -8);
     assert_int_equal(KVP_EINTERNAL, -9);
     assert_int_equal(KVP_EHOSTFULL, -10);
-    assert_int_equal(rows[n - 1].value, KVP_EHOSTFULL); /* appended last */
+    assert_int_equal(KVP_EBADBLOB, -11);
+    assert_int_equal(KVP_EIO, -12);
+    assert_int_equal(rows[n - 1].value, KVP_EIO); /* appended last */
 }
 
 static void test_status_unknown(void **state) {
@@ -209,8 +211,14 @@ static void test_build_has(void **state) {
     assert_int_equal(kvp_build_has(KVP_FEATURE_CUDA), 1);
 #endif
     assert_int_equal(KVP_FEATURE_CUDA, 1); /* part of the ABI */
+    assert_int_equal(KVP_FEATURE_BLOB, 2);
+#ifdef KVP_HAVE_BLOB
+    assert_int_equal(kvp_build_has(KVP_FEATURE_BLOB), 1);
+#else
+    assert_int_equal(kvp_build_has(KVP_FEATURE_BLOB), 0);
+#endif
     assert_int_equal(kvp_build_has(0), 0);
-    assert_int_equal(kvp_build_has(2), 0);
+    assert_int_equal(kvp_build_has(3), 0);
     assert_int_equal(kvp_build_has(-1), 0);
     assert_int_equal(kvp_build_has(INT32_MAX), 0);
     assert_int_equal(kvp_build_has(INT32_MIN), 0);

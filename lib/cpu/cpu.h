@@ -159,6 +159,12 @@ void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f);
 /* ---- threads ------------------------------------------------------------------ */
 
 typedef void (*kvp__job_fn)(void *arg, int32_t thread);
+/* Copy n bytes with non-temporal stores when `avx2` (kvp__cpu_has_avx2())
+ * and the copy is large, else memcpy; kvp__copy_stream_end() once after a
+ * batch of copies, before the bytes are published (stream.c). */
+void kvp__copy_stream(void *dst, const void *src, size_t n, bool avx2);
+void kvp__copy_stream_end(bool avx2);
+
 /* Start threads-1 workers; the caller is thread 0 during kvp__workers_run. */
 int kvp__workers_create(const kvp_allocator_t *a, int32_t threads, kvp__workers **out);
 void kvp__workers_destroy(kvp__workers *p);
