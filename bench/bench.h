@@ -41,6 +41,8 @@ int bench_utilization(int argc, char **argv);
 int bench_attention(int argc, char **argv);
 /* The CPU attention kernels' stages on in-cache pages (bench/stages.c). */
 int bench_stages(int argc, char **argv);
+/* Page blobs: export, import, validation and the file tier (bench/tiers.c). */
+int bench_tiers(int argc, char **argv);
 /* kvpage-bench attention --device cuda (bench/attention_cuda.c). */
 int bench_attention_cuda(int argc, char **argv);
 
