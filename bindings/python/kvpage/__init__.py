@@ -11,12 +11,15 @@ carrying the library's detail text.
 58
 """
 
-from . import _lib, cuda
+from . import _lib, blob, cuda
 from ._handle import Closed
+from .blob import (BlobCodec, BlobInfo, BlobReason, BlobStorage, BlobTier, CacheEvent, FileTier,
+                   PyTier, TierPolicy, fingerprint, hash_hex)
 from .cache import Cache, StepView
 from .context import Context, ContextInfo, Isa, isa_supported
-from .errors import (BadState, CudaError, Error, HostFull, InternalError, InvalidArgument,
-                     NoDevice, NoSpace, NotFound, NotSupported, OutOfMemory)
+from .errors import (BadBlob, BadState, CudaError, Error, HostFull, InternalError,
+                     InvalidArgument, NoDevice, NoSpace, NotFound, NotSupported, OutOfMemory,
+                     TierIOError)
 from .paging import EventKind, Export, OpKind, PageOp, Pool, PoolEvent, Table
 from .plan import (CudaDevice, Feature, Format, GpuPreset, Layout, ModelPreset, Plan, build_has,
                    build_has_cuda, cuda_device, cuda_device_count, format_of, gpu, gpus, layout,
@@ -43,6 +46,8 @@ __all__ = [
     "dequantize", "isa_supported", "quantize",
     "EventKind", "Export", "OpKind", "PageOp", "Pool", "PoolEvent", "Table",
     "HostFull", "PageIO", "Tier",
+    "BadBlob", "BlobCodec", "BlobInfo", "BlobReason", "BlobStorage", "BlobTier", "CacheEvent",
+    "FileTier", "PyTier", "TierIOError", "TierPolicy", "blob", "fingerprint", "hash_hex",
     "BadState", "CudaDevice", "CudaError", "Error", "Feature", "Format", "GpuPreset",
     "InternalError", "InvalidArgument", "Layout", "ModelPreset", "NoDevice", "NoSpace",
     "NotFound", "NotSupported", "OutOfMemory", "Plan", "build_has", "build_has_cuda",

@@ -907,6 +907,174 @@ _sig("kvp_cuda_host_free", None, _vp)
 _sig("kvp_cuda_cache_create", ctypes.c_int, _P(CacheParamsC), _P(CudaParamsC), _P(_vp), c_char_p, _sz)
 
 
+
+# ---- page blobs, blob tiers and the cache's use of them (kvpage_blob.h) ------------------
+
+#: Bytes of a blob's header, of a fingerprint, of a chain hash; most bytes of a key;
+#: number of ``kvp_blob_reason`` values.
+BLOB_HEADER_BYTES = 192
+FINGERPRINT_BYTES = 32
+HASH_BYTES = 32
+BLOB_MAX_KEY_BYTES = 64
+BLOB_REASONS = 14
+
+
+class HashC(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint8 * HASH_BYTES)]
+
+
+class BlobParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("shard_index", c_i32),
+        ("shard_count", c_i32),
+        ("auth_key_bytes", c_i32),
+        ("fingerprint", ctypes.c_uint8 * FINGERPRINT_BYTES),
+        ("auth_key", _vp),
+        ("allocator", Allocator),
+    ]
+
+
+class BlobInfoC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("staging", c_i32),
+        ("tokens", c_i32),
+        ("reserved_", c_i32),
+        ("payload_bytes", c_u64),
+        ("hash", HashC),
+    ]
+
+
+class BlobStatsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("reserved_", c_i32)] + [
+        (n, c_u64) for n in ("exported", "imported", "rejected", "bytes_out", "bytes_in")] + [
+        ("rejects", c_u64 * BLOB_REASONS)]
+
+
+#: int get(void *self, int32_t n, const kvp_hash_t *keys, void *const *bufs,
+#:         const uint64_t *caps, uint64_t *sizes)
+TIER_GET = ctypes.CFUNCTYPE(ctypes.c_int, _vp, c_i32, _vp, _P(_vp), _P(c_u64), _P(c_u64))
+#: int put(void *self, int32_t n, const kvp_hash_t *keys, const void *const *blobs,
+#:         const uint64_t *sizes)
+TIER_PUT = ctypes.CFUNCTYPE(ctypes.c_int, _vp, c_i32, _vp, _P(_vp), _P(c_u64))
+#: int exists(void *self, int32_t n, const kvp_hash_t *keys, uint8_t *present)
+TIER_EXISTS = ctypes.CFUNCTYPE(ctypes.c_int, _vp, c_i32, _vp, _P(ctypes.c_uint8))
+#: int remove(void *self, int32_t n, const kvp_hash_t *keys)
+TIER_REMOVE = ctypes.CFUNCTYPE(ctypes.c_int, _vp, c_i32, _vp)
+#: int usage(void *self, uint64_t *entries, uint64_t *bytes)
+TIER_USAGE = ctypes.CFUNCTYPE(ctypes.c_int, _vp, _P(c_u64), _P(c_u64))
+#: const char *last_error(void *self): a pointer the implementation keeps alive
+TIER_LAST_ERROR = ctypes.CFUNCTYPE(_vp, _vp)
+#: void destroy(void *self)
+TIER_DESTROY = ctypes.CFUNCTYPE(None, _vp)
+
+
+class BlobTierOpsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("get", TIER_GET),
+        ("put", TIER_PUT),
+        ("exists", TIER_EXISTS),
+        ("remove", TIER_REMOVE),
+        ("usage", TIER_USAGE),
+        ("last_error", TIER_LAST_ERROR),
+        ("destroy", TIER_DESTROY),
+    ]
+
+
+class BlobTierStatsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("reserved_", c_i32)] + [
+        (n, c_u64) for n in ("gets", "hits", "puts", "errors", "bytes_in", "bytes_out",
+                             "get_ns", "put_ns", "entries", "bytes")]
+
+
+class FileTierParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("fsync", c_i32),
+        ("path", c_char_p),
+        ("max_bytes", c_u64),
+        ("allocator", Allocator),
+    ]
+
+
+class CacheTierStatsC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("reserved_", c_i32)] + [
+        (n, c_u64) for n in ("lookups", "hit_pages", "miss_pages", "rejected")] + [
+        ("rejects", c_u64 * BLOB_REASONS)] + [
+        (n, c_u64) for n in ("written", "errors", "bytes_in", "bytes_out", "read_ns",
+                             "write_ns")]
+
+
+class CacheEventC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("kind", c_i32),
+        ("page", c_i32),
+        ("parent", c_i32),
+        ("priority", c_i32),
+        ("tier", c_i32),
+        ("hash", c_u64),
+        ("chain", HashC),
+        ("parent_chain", HashC),
+    ]
+
+
+CacheEventFn = ctypes.CFUNCTYPE(None, _vp, _P(CacheEventC))
+
+MIRRORED.update({
+    "kvp_hash_t": HashC,
+    "kvp_blob_params_t": BlobParamsC,
+    "kvp_blob_info_t": BlobInfoC,
+    "kvp_blob_stats_t": BlobStatsC,
+    "kvp_blob_tier_ops_t": BlobTierOpsC,
+    "kvp_blob_tier_stats_t": BlobTierStatsC,
+    "kvp_file_tier_params_t": FileTierParamsC,
+    "kvp_cache_tier_stats_t": CacheTierStatsC,
+    "kvp_cache_event_t": CacheEventC,
+})
+
+_hp = _P(HashC)
+_sig("kvp_blob_reason_name", c_char_p, c_i32)
+_sig("kvp_fingerprint", ctypes.c_int, _P(_vp), _P(c_u64), c_i32, _P(ctypes.c_uint8))
+_sig("kvp_blob_params_init", None, _P(BlobParamsC))
+_sig("kvp_blob_codec_create", ctypes.c_int, _vp, _P(BlobParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_blob_codec_destroy", None, _vp)
+_sig("kvp_blob_codec_last_error", c_char_p, _vp)
+_sig("kvp_blob_chain_root", ctypes.c_int, _vp, c_u64, _hp)
+_sig("kvp_blob_chain", ctypes.c_int, _vp, _hp, _i32p, ctypes.c_int64, _hp)
+_sig("kvp_hash_hex", ctypes.c_int, _hp, c_char_p)
+_sig("kvp_blob_size", ctypes.c_int, _vp, c_i32, _P(c_u64))
+_sig("kvp_blob_export", ctypes.c_int, _vp, c_i32, c_i32, _hp, _vp, c_u64)
+_sig("kvp_blob_validate", ctypes.c_int, _vp, _vp, c_u64, _hp, c_i32, _P(BlobInfoC), _i32p)
+_sig("kvp_blob_import", ctypes.c_int, _vp, c_i32, _vp, c_u64, _hp, c_i32, _i32p)
+_sig("kvp_blob_codec_stats", ctypes.c_int, _vp, _P(BlobStatsC))
+_sig("kvp_blob_tier_create", ctypes.c_int, _P(BlobTierOpsC), _vp, c_char_p, _P(_vp), c_char_p,
+     _sz)
+_sig("kvp_blob_tier_destroy", None, _vp)
+_sig("kvp_blob_tier_last_error", c_char_p, _vp)
+_sig("kvp_blob_tier_name", c_char_p, _vp)
+_sig("kvp_blob_tier_get", ctypes.c_int, _vp, c_i32, _hp, _P(_vp), _P(c_u64), _P(c_u64))
+_sig("kvp_blob_tier_put", ctypes.c_int, _vp, c_i32, _hp, _P(_vp), _P(c_u64))
+_sig("kvp_blob_tier_exists", ctypes.c_int, _vp, c_i32, _hp, _P(ctypes.c_uint8))
+_sig("kvp_blob_tier_remove", ctypes.c_int, _vp, c_i32, _hp)
+_sig("kvp_blob_tier_stats", ctypes.c_int, _vp, _P(BlobTierStatsC))
+_sig("kvp_file_tier_params_init", None, _P(FileTierParamsC))
+_sig("kvp_file_tier_create", ctypes.c_int, _P(FileTierParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_cache_set_blob", ctypes.c_int, _vp, _P(BlobParamsC))
+_sig("kvp_cache_blob_codec", ctypes.c_int, _vp, _P(_vp))
+_sig("kvp_cache_add_tier", ctypes.c_int, _vp, _vp, c_i32, _i32p)
+_sig("kvp_cache_tier_stats", ctypes.c_int, _vp, c_i32, _P(CacheTierStatsC))
+_sig("kvp_cache_flush", ctypes.c_int, _vp)
+_sig("kvp_cache_set_event_callback", ctypes.c_int, _vp, CacheEventFn, _vp)
+_sig("kvp_cache_seq_export_size", ctypes.c_int, _vp, c_i32, _i32p, _P(c_u64))
+_sig("kvp_cache_seq_export", ctypes.c_int, _vp, c_i32, _i32p, ctypes.c_int64, _vp, c_u64)
+_sig("kvp_cache_seq_import", ctypes.c_int, _vp, c_i32, _i32p, ctypes.c_int64, _vp, c_u64,
+     _i32p)
+
+
 if _MISSING:
     raise LibraryMismatch(
         f"kvpage: {path} lacks functions these bindings call: {', '.join(_MISSING)}. It "

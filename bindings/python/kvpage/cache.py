@@ -7,20 +7,29 @@ Per step::
     for layer in range(layers):
         cache.write(layer, k, v)                     # the step's rows of K and V
         out = cache.attend(layer, q)                 # paged attention of those rows
+
+Beyond one process (a library built with the blob feature): give the cache
+its model's identity with :meth:`Cache.set_blob`, add blob tiers
+(:class:`kvpage.FileTier`, :class:`kvpage.PyTier`) with
+:meth:`Cache.add_tier` for prefix reuse across processes, and move a
+sequence to another cache with :meth:`Cache.seq_export` /
+:meth:`Cache.seq_import`.
 """
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import numpy.typing as npt
 
 from . import _lib
-from ._arrays import FloatArray, IntArray, rows_of
+from ._arrays import Buffer, FloatArray, IntArray, buffer_address, rows_of
 from ._handle import Handle
+from .blob import (BlobCodec, BlobTier, CacheEvent, TierPolicy, _set_reason, _stats_dict,
+                   _tokens_ptr, blob_params)
 from .context import Context, Isa, host_attention
 from .errors import check, errbuf, error_for
 from .paging import Pool, Table, as_i32
@@ -137,20 +146,38 @@ class Cache(Handle):
         self._parts_c = _lib.new_struct(_lib.CachePartsC)
         self._check(L.kvp_cache_parts(self._p(), ctypes.byref(self._parts_c)))
         self._parts: dict[str, Handle] = {}
+        self._blob_tiers: list[BlobTier] = []
+        self._event_fn = None
+        self._event_error: list = [None]
 
     def _create_c(self, p, ptr, err) -> int:
         return L.kvp_cache_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err))
 
     def close(self) -> None:
         """Destroy the cache and everything it owns (idempotent); its parts
-        (:attr:`store`, :attr:`table`, ...) are closed with it."""
+        (:attr:`store`, :attr:`table`, ...) are closed with it. Pending
+        write-through pages are written to the tiers first; the tiers
+        themselves are not closed (a tier closed before the cache is
+        destroyed now)."""
         for part in getattr(self, "_parts", {}).values():
             part.close()
+        was_open = getattr(self, "_ptr", None) is not None
         super().close()
+        if was_open:
+            tiers, self._blob_tiers = getattr(self, "_blob_tiers", []), []
+            for t in tiers:
+                t._detach()
 
-    def _check(self, rc: int) -> None:
+    def _check(self, rc: int, reason: Optional[ctypes.c_int32] = None) -> None:
+        box = getattr(self, "_event_error", None)
+        pending = None
+        if box is not None:
+            pending, box[0] = box[0], None
         if rc != 0:
-            raise error_for(rc, L.kvp_cache_last_error(self._p()).decode())
+            raise _set_reason(error_for(rc, L.kvp_cache_last_error(self._p()).decode()),
+                              reason) from pending
+        if pending is not None:
+            raise pending
 
     # ---- the parts (kvp_cache_parts) ----------------------------------------
 
@@ -271,10 +298,12 @@ class Cache(Handle):
         t = None if tokens is None else as_i32(tokens, "tokens")
         if t is not None and t.size != int(n.sum()):
             raise ValueError(f"tokens has {t.size} ids, num_new sums to {int(n.sum())}")
-        self._check(L.kvp_cache_begin_step(
+        rc = L.kvp_cache_begin_step(
             self._p(), s.ctypes.data_as(_i32p), s.size, n.ctypes.data_as(_i32p),
-            None if t is None or t.size == 0 else t.ctypes.data_as(_i32p)))
-        self._rows = int(n.sum())
+            None if t is None or t.size == 0 else t.ctypes.data_as(_i32p))
+        if rc == 0:  # the step began, even if an event callback raised below
+            self._rows = int(n.sum())
+        self._check(rc)
         return self._rows
 
     def write(self, layer: int, k: FloatArray, v: FloatArray) -> None:
@@ -338,3 +367,131 @@ class Cache(Handle):
     def stats(self) -> dict:
         """The pool's statistics (pages, tokens, utilization, prefix hits) as a dict."""
         return self.pool.stats()
+
+    # ---- beyond one process: blobs, tiers, sequence transfer (kvpage_blob.h) -----------
+
+    def set_blob(self, fingerprint: Buffer, shard_index: int = 0, shard_count: int = 1,
+                 auth_key: Optional[Buffer] = None) -> None:
+        """Give the cache its blob identity (``kvp_cache_set_blob``): the
+        model's 32-byte fingerprint (:func:`kvpage.fingerprint`), this
+        cache's tensor-parallel shard, and an optional 16..64-byte key (blobs
+        then carry an HMAC tag). Needed by the tier and sequence transfer
+        calls; call once, before :meth:`add_tier`. Raises
+        :class:`kvpage.NotSupported` in a build without the blob feature,
+        :class:`kvpage.BadState` when set already."""
+        p, _key = blob_params(fingerprint, shard_index, shard_count, auth_key)
+        self._check(L.kvp_cache_set_blob(self._p(), ctypes.byref(p)))
+
+    @property
+    def blob_codec(self) -> BlobCodec:
+        """The cache's codec (after :meth:`set_blob`), owned by the cache: its
+        chain hashes (the keys its tiers use) and counters."""
+        codec = self._parts.get("codec")
+        if codec is None or codec.closed:
+            ptr = ctypes.c_void_p()
+            self._check(L.kvp_cache_blob_codec(self._p(), ctypes.byref(ptr)))
+            codec = self._parts["codec"] = BlobCodec._borrow(ptr.value, self.store, self)
+        return codec
+
+    def add_tier(self, tier: BlobTier, policy: Union[TierPolicy, int]) -> int:
+        """Add a blob tier behind the pool (``kvp_cache_add_tier``); returns its
+        index (0, 1, ...) for :meth:`tier_stats` and events.
+
+        ``policy`` is a non-empty set of :class:`kvpage.TierPolicy` flags:
+        READ (look prompts up in it in :meth:`attach_prefix`, after the pool
+        and the tiers added before), WRITE_BACK (write cached pages the pool
+        evicts), WRITE_THROUGH (write each full page stored in the prefix
+        cache, at the next step, release or :meth:`flush`).
+
+        The cache does not own the tier but keeps it alive: close the tier
+        after the cache (a tier closed earlier is destroyed when the cache
+        is). Up to 8 tiers; call :meth:`set_blob` first."""
+        if not isinstance(tier, BlobTier):
+            raise TypeError(f"tier must be a kvpage.BlobTier (FileTier, PyTier), got "
+                            f"{type(tier).__name__}")
+        index = ctypes.c_int32()
+        self._check(L.kvp_cache_add_tier(self._p(), tier._p(), int(policy), ctypes.byref(index)))
+        tier._attach()
+        self._blob_tiers.append(tier)
+        return index.value
+
+    @property
+    def tiers(self) -> tuple[BlobTier, ...]:
+        """The blob tiers added, by index."""
+        return tuple(self._blob_tiers)
+
+    def tier_stats(self, index: int) -> dict:
+        """What tier ``index`` did for this cache (``kvp_cache_tier_stats_t``:
+        lookups, hit_pages, miss_pages, rejected, rejects by
+        :class:`kvpage.BlobReason`, written, errors, bytes, time) as a dict."""
+        s = _lib.new_struct(_lib.CacheTierStatsC)
+        self._check(L.kvp_cache_tier_stats(self._p(), index, ctypes.byref(s)))
+        return _stats_dict(s)
+
+    def flush(self) -> None:
+        """Write pending write-through pages to the tiers now (the cache also
+        does at the start of each step, before a release and when closed).
+        Tier failures are counted in :meth:`tier_stats`, not raised."""
+        self._check(L.kvp_cache_flush(self._p()))
+
+    def set_event_callback(self, fn: Optional[Callable[[CacheEvent], None]]) -> None:
+        """Call ``fn(event)`` with each pool event as the cache sees it (a
+        :class:`kvpage.CacheEvent`: the page stored, evicted or freed, the
+        tier it came from or went to, its chain hash); None removes it.
+
+        ``fn`` runs inside the cache's calls and must not call the cache. An
+        exception it raises is kept and raised by the cache method during
+        which it happened (or, for an event of a call on one of the cache's
+        parts, by the next cache method), after the call itself has taken
+        effect; the events that follow in that call still come.
+        With tiers the cache listens to its pool itself: use this, not
+        ``cache.pool.record_events()``, which would replace the cache's
+        listener."""
+        if fn is None:
+            self._check(L.kvp_cache_set_event_callback(self._p(), _lib.CacheEventFn(), None))
+            self._event_fn = None
+            return
+        box = self._event_error
+
+        def on_event(_opaque, ev):
+            try:
+                fn(CacheEvent._from_c(ev.contents))
+            except BaseException as e:  # noqa: BLE001 - raised after the C call returns
+                if box[0] is None:
+                    box[0] = e
+
+        cb = _lib.CacheEventFn(on_event)
+        self._check(L.kvp_cache_set_event_callback(self._p(), cb, None))
+        self._event_fn = cb  # must outlive its use by the cache
+
+    def seq_export_size(self, seq: int) -> tuple[int, int]:
+        """(blobs, bytes) that :meth:`seq_export` writes for a resident sequence."""
+        blobs = ctypes.c_int32()
+        nbytes = ctypes.c_uint64()
+        self._check(L.kvp_cache_seq_export_size(self._p(), seq, ctypes.byref(blobs),
+                                                ctypes.byref(nbytes)))
+        return blobs.value, nbytes.value
+
+    def seq_export(self, seq: int, tokens: IntArray) -> bytes:
+        """A resident sequence as consecutive page blobs, for another cache to
+        continue it (:meth:`seq_import`). ``tokens`` are all its token ids:
+        they name the pages and never enter a blob."""
+        t = as_i32(tokens, "tokens")
+        _, nbytes = self.seq_export_size(seq)
+        buf = ctypes.create_string_buffer(nbytes)
+        self._check(L.kvp_cache_seq_export(self._p(), seq, _tokens_ptr(t), t.size, buf, nbytes))
+        return buf.raw
+
+    def seq_import(self, seq: int, tokens: IntArray, data: Buffer) -> None:
+        """Fill an empty resident sequence (of the exporter's salt) from
+        :meth:`seq_export`'s bytes and the same ``tokens``. Pages this cache
+        holds in its prefix cache are attached, every other blob is
+        validated and written. All or nothing: a rejected blob raises
+        :class:`kvpage.BadBlob` (its ``reason`` and detail say which and
+        why) and leaves the sequence empty; :class:`kvpage.NoSpace` without
+        enough free pages."""
+        t = as_i32(tokens, "tokens")
+        addr, n = buffer_address(data, "data", writable=False)
+        reason = ctypes.c_int32()
+        self._check(L.kvp_cache_seq_import(self._p(), seq, _tokens_ptr(t), t.size, addr, n,
+                                           ctypes.byref(reason)), reason)

@@ -71,6 +71,21 @@ class HostFull(Error):
     """KVP_EHOSTFULL: the host tier has no room for the sequence (it stays on the device)."""
 
 
+class BadBlob(Error):
+    """KVP_EBADBLOB: a page blob failed validation; nothing was written.
+
+    Attributes:
+        reason: why, as a :class:`kvpage.BlobReason` (e.g. ``CHECKSUM``,
+            ``AUTH``); None when the call that failed gives no reason.
+    """
+
+    reason = None
+
+
+class TierIOError(Error):
+    """KVP_EIO: a blob tier's storage or connection failed."""
+
+
 _BY_STATUS = {
     -1: InvalidArgument,
     -2: OutOfMemory,
@@ -82,6 +97,8 @@ _BY_STATUS = {
     -8: BadState,
     -9: InternalError,
     -10: HostFull,
+    -11: BadBlob,
+    -12: TierIOError,
 }
 
 

@@ -242,7 +242,8 @@ class CudaDevice:
 class Feature(enum.IntEnum):
     """Optional parts of a build (``kvp_feature``), for :func:`build_has`."""
 
-    CUDA = 1
+    CUDA = 1  #: the CUDA backend (kvpage_cuda.h)
+    BLOB = 2  #: page blobs and chain hashes (kvpage_blob.h; OpenSSL libcrypto and libxxhash)
 
 
 def build_has(feature: Feature) -> bool:

@@ -18,7 +18,7 @@ from kvpage.errors import error_for
 REPO = Path(__file__).resolve().parents[3]
 PACKAGE = REPO / "bindings" / "python"
 HEADERS = ["kvpage.h", "kvpage_ext.h", "kvpage_plan.h", "kvpage_tier.h", "kvpage_sched.h",
-           "kvpage_cuda.h"]
+           "kvpage_cuda.h", "kvpage_blob.h"]
 
 
 def _env(**changes):

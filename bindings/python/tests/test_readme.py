@@ -3,8 +3,8 @@ README.md runs as written, in a fresh interpreter, from an empty directory,
 with this test run's library (KVPAGE_LIBRARY) and package.
 
 A block whose first line is ``# requires: <what>, ...`` is skipped, saying
-why, where one of them is missing: ``gpu`` (a CUDA build and a device) or a
-module name (e.g. ``torch``).
+why, where one of them is missing: ``gpu`` (a CUDA build and a device),
+``blob`` (a library built with page blobs) or a module name (e.g. ``torch``).
 """
 
 import importlib.util
@@ -56,6 +56,9 @@ def _missing(code: str) -> list[str]:
             except kvpage.Error:
                 pass
             missing.append("a CUDA build of libkvpage and a GPU")
+        elif need == "blob":
+            if not kvpage.build_has(kvpage.Feature.BLOB):
+                missing.append("a libkvpage built with page blobs (libcrypto, libxxhash)")
         elif importlib.util.find_spec(need) is None:
             missing.append(f"the Python module {need}")
     return missing
