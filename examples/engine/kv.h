@@ -26,7 +26,8 @@
  *     in the page table and exports the CSR view and slot mapping once for
  *     all layers; append quantizes on write through the slot mapping; attend
  *     runs paged attention over the CSR view; seq_attach_prefix looks the
- *     prompt up in the prefix cache; seq_fork is the table's fork. K and V
+ *     prompt up in the prefix cache, then in the KV stores behind it
+ *     (--kv-store); seq_fork is the table's fork. K and V
  *     formats fp32, fp16, bf16, fp8_e4m3, int8, int4, chosen separately.
  */
 #ifndef ENGINE_KV_H
@@ -54,6 +55,11 @@ typedef struct {
     const int32_t *tokens;  /* [rows] token ids (a paged cache hashes full pages) */
 } kv_batch_t;
 
+/* KV stores one paged cache can have behind its pool (--kv-store, repeated). */
+#define KV_MAX_STORES 4
+/* Bytes of a model fingerprint (kvpage_blob.h's KVP_FINGERPRINT_BYTES). */
+#define KV_FINGERPRINT_BYTES 32
+
 typedef struct {
     const char *impl;           /* e.g. "contiguous fp32" */
     const char *k_format;       /* "fp32", ... */
@@ -72,6 +78,18 @@ typedef struct {
     int64_t pages_total, pages_used, pages_cached, pages_peak; /* pool pages */
     int64_t staging_used, staging_peak;  /* fp16 staging pages (int8/int4 keys) */
     uint64_t bytes_peak;        /* most bytes held by used pages + staging pages after a step */
+    /* KV stores behind the pool (kv_paged_opts_t::stores), in lookup order */
+    int32_t n_stores;
+    struct kv_store_stats {
+        const char *spec;       /* as given, e.g. "dir:/tmp/kv" */
+        int64_t lookups;        /* pages looked up there (the pool and earlier stores missed) */
+        int64_t hit_pages;      /* pages found there, validated and imported */
+        int64_t written;        /* pages written to it (write-back and write-through) */
+        int64_t rejected;       /* pages found but refused by validation */
+        int64_t errors;         /* store calls that failed (their pages were misses) */
+        uint64_t bytes_in, bytes_out;
+        double read_s, write_s; /* time looking up + importing, exporting + writing */
+    } stores[KV_MAX_STORES];
 } kv_stats_t;
 
 /* Return codes: 0, or one of these. */
@@ -144,6 +162,16 @@ typedef struct {
     int32_t k_order;      /* kvp_k_order of plain-format keys (default token-major) */
     int32_t isa;          /* kvp_isa of the attention kernels (default auto) */
     int64_t num_pages;    /* pool pages; 0 (default): max_seqs x ceil(max_len / page_size) */
+    /* KV beyond the process (<kvpage_blob.h>). With an identity the cache can
+     * export and import sequences (kv_paged_seq_export / _import); with
+     * stores too, prompts are looked up in the pool, then in each store in
+     * order (the longest chain of valid pages is imported), and pages are
+     * written to them as `store_policy` says. */
+    int has_identity;     /* 1: fingerprint is set (model_fingerprint()) */
+    uint8_t fingerprint[KV_FINGERPRINT_BYTES];
+    int32_t n_stores;     /* 0 .. KV_MAX_STORES; needs the identity and the prefix cache */
+    const char *stores[KV_MAX_STORES]; /* specs, see kv_store_check() (the strings must outlive the cache) */
+    int32_t store_policy; /* kvp_tier_policy flags; 0 (default): READ | WRITE_BACK | WRITE_THROUGH */
 } kv_paged_opts_t;
 
 void kv_paged_opts_init(kv_paged_opts_t *o); /* fp16/fp16, page 16, prefix cache on */
@@ -160,5 +188,28 @@ kv_cache_t *kv_paged_create(const kv_shape_t *shape, pool_t *pool, const kv_page
  * ("libkvpage paged int8/int8, page 16"). */
 const char *kv_paged_last_error(const kv_cache_t *kv);
 const char *kv_paged_name(const kv_cache_t *kv);
+
+/* A KV store spec: "SCHEME:REST". Built in: "dir:PATH", a directory of page
+ * blobs, one file per page named by its chain hash (libkvpage's file tier;
+ * created if missing, its parent must exist; several processes may share
+ * it). Any other scheme ("redis://...") is refused, naming the ones built
+ * in. 0, or -1 with a sentence in err. */
+int kv_store_check(const char *spec, char *err, size_t err_size);
+/* "read,write-back,write-through" (any non-empty subset, comma-separated)
+ * into kvp_tier_policy flags. 0, or -1 with a sentence in err. */
+int kv_store_policy_parse(const char *list, int32_t *policy, char *err, size_t err_size);
+/* Write pending write-through pages to the stores now (kvp_cache_flush);
+ * destroy does it too. 0 or a KV_E* code. */
+int kv_paged_flush(kv_cache_t *kv);
+/* Export sequence seq (n tokens, all of it) as consecutive page blobs
+ * (kvp_cache_seq_export); *buf is malloc'ed. Needs the identity. 0, or a
+ * KV_E* code with the detail in kv_paged_last_error(). */
+int kv_paged_seq_export(kv_cache_t *kv, int32_t seq, const int32_t *tokens, int32_t n, void **buf,
+                        uint64_t *bytes);
+/* Import such an export into the empty sequence seq (kvp_cache_seq_import):
+ * every blob is validated against this cache's identity, layout and the
+ * chain hashes of `tokens`; all or nothing. */
+int kv_paged_seq_import(kv_cache_t *kv, int32_t seq, const int32_t *tokens, int32_t n, const void *buf,
+                        uint64_t bytes);
 
 #endif

@@ -15,6 +15,15 @@
  *                                    (prefill chunks and decode rows alike)
  *   stats                            kvp_pool_stats + the layout's byte counts
  *
+ * KV beyond the process (<kvpage_blob.h>). With an identity (the model's
+ * fingerprint, kvp_cache_set_blob) the cache exports a sequence as page
+ * blobs and imports one (kvp_cache_seq_export / _import: prefill in one
+ * process, decode in another). With KV stores too (kvp_cache_add_tier), the
+ * same seq_attach_prefix walks the pool, then each store, importing the
+ * longest chain of valid pages, and full pages are written to the stores as
+ * they are cached (write-through) and as the pool evicts them (write-back),
+ * so a later process over the same store prefills only what is new.
+ *
  * Threads. Attention runs on the library's threads (kvp_cache_params_t::
  * threads, sized like the engine's pool) between two of the engine's
  * matmuls, so the engine's pool is parked (its workers sleep instead of
@@ -33,6 +42,7 @@
 #include <string.h>
 
 #include <kvpage.h>
+#include <kvpage_blob.h> /* identity, stores, sequence export/import */
 #include <kvpage_ext.h>  /* kvp_table_seq_info, kvp_store_info, kvp_status_name */
 #include <kvpage_plan.h> /* kvp_layout_compute, kvp_format_parse */
 
@@ -56,6 +66,10 @@ typedef struct {
     int64_t peak_pages, peak_staging;
     uint64_t peak_bytes;
     int64_t prefix_hit_pages;
+    /* KV stores behind the pool (owned here: destroyed after the cache) */
+    kvp_blob_tier_t *tiers[KV_MAX_STORES];
+    const char *store_specs[KV_MAX_STORES];
+    int32_t n_tiers;
     char name[64];
     char err[KVP_ERR_SIZE + 64];
 } paged_kv;
@@ -91,7 +105,9 @@ void kv_paged_opts_init(kv_paged_opts_t *o) {
 static void paged_destroy(kv_cache_t *kv) {
     paged_kv *p = as_paged(kv);
     if (!p) return;
+    kvp_cache_flush(p->c); /* write-through pages still pending (destroy would too) */
     kvp_cache_destroy(p->c);
+    for (int32_t i = 0; i < p->n_tiers; i++) kvp_blob_tier_destroy(p->tiers[i]); /* after their cache */
     kvp_ctx_destroy(p->decode_ctx);
     free(p->num_new);
     free(p);
@@ -122,17 +138,31 @@ static int32_t paged_len(const kv_cache_t *kv, int32_t seq_id) {
                : -1;
 }
 
+/* Pages the stores have given the cache so far. */
+static int64_t store_pages(const paged_kv *p) {
+    int64_t pages = 0;
+    for (int32_t i = 0; i < p->n_tiers; i++) {
+        kvp_cache_tier_stats_t ts = {.struct_size = sizeof ts};
+        if (kvp_cache_tier_stats(p->c, i, &ts) == KVP_OK) pages += (int64_t)ts.hit_pages;
+    }
+    return pages;
+}
+
 static int32_t paged_attach_prefix(kv_cache_t *kv, int32_t seq_id, const int32_t *tokens, int32_t n) {
     paged_kv *p = as_paged(kv);
     int64_t matched = 0;
     if (n < 2 || !p->opts.prefix_cache) return 0;
-    /* n - 1: the prompt's last token is prefilled, for its logits */
+    int64_t before = store_pages(p);
+    /* n - 1: the prompt's last token is prefilled, for its logits; the pool
+     * first, then the stores (the longest chain of valid pages) */
     int rc = kvp_cache_seq_attach_prefix(p->c, seq_id, tokens, n - 1, &matched);
-    if (rc != KVP_OK) {
+    if (rc != KVP_OK) { /* e.g. a store's pages could not be written: what the pool gave stays */
         failed(p, "attach_prefix", rc);
-        return 0;
+        int32_t len = paged_len(kv, seq_id);
+        return len > 0 && len < n ? len : 0;
     }
-    p->prefix_hit_pages += matched / p->layout.page_size;
+    /* the pool's share (the stores' is in their statistics) */
+    p->prefix_hit_pages += matched / p->layout.page_size - (store_pages(p) - before);
     return (int32_t)matched;
 }
 
@@ -237,6 +267,188 @@ static void paged_stats(const kv_cache_t *kv, kv_stats_t *out) {
     out->staging_used = st.used_staging;
     out->staging_peak = p->peak_staging;
     out->bytes_peak = p->peak_bytes;
+    out->n_stores = p->n_tiers;
+    for (int32_t i = 0; i < p->n_tiers; i++) {
+        kvp_cache_tier_stats_t ts = {.struct_size = sizeof ts};
+        if (kvp_cache_tier_stats(p->c, i, &ts) != KVP_OK) continue;
+        out->stores[i].spec = p->store_specs[i];
+        out->stores[i].lookups = (int64_t)ts.lookups;
+        out->stores[i].hit_pages = (int64_t)ts.hit_pages;
+        out->stores[i].written = (int64_t)ts.written;
+        out->stores[i].rejected = (int64_t)ts.rejected;
+        out->stores[i].errors = (int64_t)ts.errors;
+        out->stores[i].bytes_in = ts.bytes_in;
+        out->stores[i].bytes_out = ts.bytes_out;
+        out->stores[i].read_s = (double)ts.read_ns * 1e-9;
+        out->stores[i].write_s = (double)ts.write_ns * 1e-9;
+    }
+}
+
+/* ---- KV stores ------------------------------------------------------------------------ */
+
+/* A store is opened by its scheme, the text before the first ':'. Built in:
+ * "dir:PATH", libkvpage's file tier. Another kind (a shared Redis, the
+ * engine's own) is one more row here: its opener wraps its functions in a
+ * kvp_blob_tier_t (kvp_blob_tier_create) and the cache does the rest. */
+typedef int (*store_open_fn)(const char *rest, kvp_blob_tier_t **out, char *err, size_t err_size);
+
+static int open_dir(const char *path, kvp_blob_tier_t **out, char *err, size_t err_size) {
+    kvp_file_tier_params_t fp;
+    kvp_file_tier_params_init(&fp);
+    fp.path = path;
+    char e[KVP_ERR_SIZE] = "";
+    int rc = kvp_file_tier_create(&fp, out, e, sizeof e);
+    if (rc != KVP_OK) snprintf(err, err_size, "dir:%s: %s: %s", path, kvp_status_name(rc), e);
+    return rc == KVP_OK ? 0 : -1;
+}
+
+static const struct {
+    const char *scheme, *form;
+    store_open_fn open;
+} store_schemes[] = {
+    {"dir", "dir:PATH", open_dir},
+};
+#define N_SCHEMES (int)(sizeof store_schemes / sizeof *store_schemes)
+
+/* The scheme's row, and what follows "SCHEME:"; -1 with a sentence in err. */
+static int store_scheme(const char *spec, const char **rest, char *err, size_t err_size) {
+    const char *colon = strchr(spec, ':');
+    size_t len = colon ? (size_t)(colon - spec) : 0;
+    char built_in[128] = "";
+    for (int i = 0; i < N_SCHEMES; i++)
+        snprintf(built_in + strlen(built_in), sizeof built_in - strlen(built_in), "%s%s", i ? ", " : "",
+                 store_schemes[i].form);
+    if (len == 0) {
+        snprintf(err, err_size, "KV store '%s': expected SCHEME:..., one of: %s", spec, built_in);
+        return -1;
+    }
+    for (int i = 0; i < N_SCHEMES; i++)
+        if (strlen(store_schemes[i].scheme) == len && !strncmp(spec, store_schemes[i].scheme, len)) {
+            *rest = colon + 1;
+            if (!**rest) {
+                snprintf(err, err_size, "KV store '%s': nothing after '%.*s:' (%s)", spec, (int)len, spec,
+                         store_schemes[i].form);
+                return -1;
+            }
+            return i;
+        }
+    snprintf(err, err_size, "KV store '%s': unknown store '%.*s' (not built in; built in: %s)", spec, (int)len,
+             spec, built_in);
+    return -1;
+}
+
+int kv_store_check(const char *spec, char *err, size_t err_size) {
+    const char *rest;
+    return store_scheme(spec, &rest, err, err_size) < 0 ? -1 : 0;
+}
+
+int kv_store_policy_parse(const char *list, int32_t *policy, char *err, size_t err_size) {
+    static const struct {
+        const char *name;
+        int32_t flag;
+    } names[] = {{"read", KVP_TIER_READ}, {"write-back", KVP_TIER_WRITE_BACK}, {"write-through", KVP_TIER_WRITE_THROUGH}};
+    int32_t flags = 0;
+    for (const char *at = list;;) {
+        size_t len = strcspn(at, ",");
+        int found = 0;
+        for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+            if (strlen(names[i].name) == len && !strncmp(at, names[i].name, len)) flags |= names[i].flag, found = 1;
+        if (!found) {
+            snprintf(err, err_size, "store policy '%.*s': expected read, write-back or write-through (comma-separated)",
+                     (int)len, at);
+            return -1;
+        }
+        if (!at[len]) break;
+        at += len + 1;
+    }
+    *policy = flags;
+    return 0;
+}
+
+/* Give the cache its identity and open its stores; -1 with err. */
+static int attach_stores(paged_kv *p, const kv_paged_opts_t *o, char *err, size_t err_size) {
+    if (o->n_stores > 0 && !o->has_identity) {
+        snprintf(err, err_size, "KV stores need the model's fingerprint (the cache's identity)");
+        return -1;
+    }
+    if (o->n_stores > 0 && !o->prefix_cache) {
+        snprintf(err, err_size, "KV stores need the prefix cache (it is off)");
+        return -1;
+    }
+    if (o->n_stores < 0 || o->n_stores > KV_MAX_STORES) {
+        snprintf(err, err_size, "at most %d KV stores", KV_MAX_STORES);
+        return -1;
+    }
+    if (!o->has_identity) return 0;
+    kvp_blob_params_t bp;
+    kvp_blob_params_init(&bp);
+    memcpy(bp.fingerprint, o->fingerprint, sizeof bp.fingerprint);
+    int rc = kvp_cache_set_blob(p->c, &bp);
+    if (rc != KVP_OK) {
+        snprintf(err, err_size, "libkvpage: identity: %s: %s", kvp_status_name(rc), kvp_cache_last_error(p->c));
+        return -1;
+    }
+    int32_t policy = o->store_policy ? o->store_policy
+                                     : KVP_TIER_READ | KVP_TIER_WRITE_BACK | KVP_TIER_WRITE_THROUGH;
+    for (int32_t i = 0; i < o->n_stores; i++) {
+        const char *rest;
+        int k = store_scheme(o->stores[i], &rest, err, err_size);
+        if (k < 0 || store_schemes[k].open(rest, &p->tiers[p->n_tiers], err, err_size)) return -1;
+        p->store_specs[p->n_tiers] = o->stores[i];
+        rc = kvp_cache_add_tier(p->c, p->tiers[p->n_tiers++], policy, NULL);
+        if (rc != KVP_OK) {
+            snprintf(err, err_size, "libkvpage: KV store '%s': %s: %s", o->stores[i], kvp_status_name(rc),
+                     kvp_cache_last_error(p->c));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int kv_paged_flush(kv_cache_t *kv) {
+    paged_kv *p = as_paged(kv);
+    int rc = kvp_cache_flush(p->c);
+    return rc == KVP_OK ? KV_OK : failed(p, "flush", rc);
+}
+
+int kv_paged_seq_export(kv_cache_t *kv, int32_t seq, const int32_t *tokens, int32_t n, void **buf,
+                        uint64_t *bytes) {
+    paged_kv *p = as_paged(kv);
+    int32_t blobs = 0;
+    uint64_t need = 0;
+    *buf = NULL;
+    *bytes = 0;
+    int rc = kvp_cache_seq_export_size(p->c, seq, &blobs, &need);
+    if (rc != KVP_OK) return failed(p, "seq_export_size", rc);
+    void *b = malloc(need ? need : 1);
+    if (!b) {
+        snprintf(p->err, sizeof p->err, "seq_export: out of memory (%llu bytes)", (unsigned long long)need);
+        return KV_ENOMEM;
+    }
+    rc = kvp_cache_seq_export(p->c, seq, tokens, n, b, need);
+    if (rc != KVP_OK) {
+        free(b);
+        return failed(p, "seq_export", rc);
+    }
+    *buf = b;
+    *bytes = need;
+    return KV_OK;
+}
+
+int kv_paged_seq_import(kv_cache_t *kv, int32_t seq, const int32_t *tokens, int32_t n, const void *buf,
+                        uint64_t bytes) {
+    paged_kv *p = as_paged(kv);
+    int32_t reason = KVP_BLOB_OK;
+    int rc = kvp_cache_seq_import(p->c, seq, tokens, n, buf, bytes, &reason);
+    if (rc == KVP_OK) {
+        sample_peaks(p);
+        return KV_OK;
+    }
+    failed(p, "seq_import", rc);
+    if (reason != KVP_BLOB_OK)
+        snprintf(p->err + strlen(p->err), sizeof p->err - strlen(p->err), " (rejected: %s)",
+                 kvp_blob_reason_name(reason));
+    return rc == KVP_ENOSPC ? KV_ENOSPC : KV_EINVAL;
 }
 
 static const kv_ops_t paged_ops = {
@@ -300,6 +512,10 @@ kv_cache_t *kv_paged_create(const kv_shape_t *shape, pool_t *pool, const kv_page
     }
     if (rc != KVP_OK) {
         snprintf(err, err_size, "libkvpage: %s: %s", kvp_status_name(rc), e);
+        paged_destroy(&p->base);
+        return NULL;
+    }
+    if (attach_stores(p, o, err, err_size)) {
         paged_destroy(&p->base);
         return NULL;
     }

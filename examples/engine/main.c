@@ -8,10 +8,19 @@
  *   kvpage-engine demo     MODEL [options]          several prompts, one decode loop
  *   kvpage-engine eval     MODEL [options]          perplexity table + JSON
  *   kvpage-engine bench    MODEL [options]          prefill / decode tokens per second
+ *   kvpage-engine run      MODEL --prompt TEXT      one prompt, greedy, in this process
+ *   kvpage-engine prefill  MODEL --prompt TEXT --out FILE   prefill + first token, KV exported to FILE
+ *   kvpage-engine decode   MODEL --in FILE          import FILE's KV, continue decoding
+ *
+ * --kv-store SPEC (demo, run, prefill, decode) puts a KV store behind the
+ * paged cache: prompts are looked up in the pool, then in the store, and
+ * the cache's full pages are written to it, so another process over the
+ * same store prefills only what is new.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <kvpage.h>
+#include <kvpage_blob.h> /* kvp_tier_policy */
 #include <kvpage_ext.h>  /* kvp_version_string */
 #include <kvpage_plan.h> /* kvp_layout_compute */
 #include <math.h>
@@ -22,6 +31,7 @@
 
 #include "eval.h"
 #include "gguf.h"
+#include "handoff.h"
 #include "model.h"
 #include "serve.h"
 #include "tokenizer.h"
@@ -36,7 +46,7 @@ static void usage(FILE *o) {
             "  tokenize [--ids] [--file F | TEXT]  token ids (all with --ids); checks decoding gives the text back\n"
             "  demo [options]               serve several prompts at once (continuous batching)\n"
             "      --prompt TEXT            a user prompt (repeat; default: eight built-in prompts)\n"
-            "      --system TEXT            the shared system prompt\n"
+            "      --system TEXT            the shared system prompt (--system-file F: read from F)\n"
             "      --max-tokens N           tokens to generate per prompt (default 96)\n"
             "      --max-active N           sequences in the batch at once (default 4)\n"
             "      --temperature T --seed S sampling (default: greedy)\n"
@@ -47,6 +57,13 @@ static void usage(FILE *o) {
             "                               or sim:KEY/VALUE[@PAGE], a quantization experiment (kv.h)\n"
             "      --page N                 tokens per page (default 16)\n"
             "      --no-prefix-cache        prefill every prompt in full\n"
+            "  run --prompt TEXT [options]  one prompt, greedy (demo's --system, --raw, --max-tokens, --kv, --page):\n"
+            "                               the text on stdout, timings on stderr\n"
+            "  prefill --prompt TEXT --out FILE [options]   prefill it and sample the first token, then\n"
+            "                               write the token ids and the sequence's KV (page blobs) to FILE\n"
+            "  decode --in FILE [--max-tokens N] [options]  import FILE's KV into a fresh cache (validated)\n"
+            "                               and continue greedily: the same text as run (--kv, --page: the\n"
+            "                               file's unless given)\n"
             "  eval [options]               perplexity over a text\n"
             "      --file F                 the text (default /usr/share/common-licenses/GPL-3)\n"
             "      --window N --stride N    window and stride in tokens (default 512, 256)\n"
@@ -58,7 +75,11 @@ static void usage(FILE *o) {
             "                               prefill and decode tokens/s, batch 1 and 4 (last line JSON)\n"
             "common: --threads N (default 2): the engine's threads; --kv-threads N: libkvpage's attention\n"
             "        threads (default: the same number; the engine's workers sleep while they run);\n"
-            "        --kv-decode-threads N: libkvpage's threads in pure decode steps (default 1)\n");
+            "        --kv-decode-threads N: libkvpage's threads in pure decode steps (default 1)\n"
+            "        --kv-store SPEC (demo, run, prefill, decode; repeat for more, looked up in order):\n"
+            "        a KV store behind the paged cache: dir:PATH, a directory of page blobs (created if\n"
+            "        missing) that later runs over the same prompts read instead of prefilling;\n"
+            "        --kv-store-policy LIST: read,write-back,write-through (default all three)\n");
 }
 
 /* ---- small helpers ---------------------------------------------------------------------- */
@@ -176,7 +197,20 @@ typedef struct {
     char (*line)[160];
     size_t *line_len;
     int32_t eos;
+    const kv_cache_t *kv;   /* the paged cache with stores, or NULL */
+    int32_t kv_page;        /* its page size */
+    int64_t store_pages;    /* pages found in the stores so far */
 } demo_ctx;
+
+/* Pages found in the cache's stores so far (all of them). */
+static int64_t store_hit_pages(const kv_cache_t *kv) {
+    if (!kv) return 0;
+    kv_stats_t ks;
+    kv->ops->stats(kv, &ks);
+    int64_t pages = 0;
+    for (int32_t t = 0; t < ks.n_stores; t++) pages += ks.stores[t].hit_pages;
+    return pages;
+}
 
 static void flush_line(demo_ctx *d, int32_t i, const char *suffix) {
     if (d->line_len[i] == 0 && !*suffix) return;
@@ -209,7 +243,13 @@ static void demo_event(void *ctx, int32_t i, const char *what) {
     demo_ctx *d = ctx;
     request_t *r = &d->reqs[i];
     if (!strcmp(what, "join")) {
-        if (r->cached)
+        int64_t now = store_hit_pages(d->kv), from_store = (now - d->store_pages) * d->kv_page;
+        d->store_pages = now;
+        if (d->kv && r->cached)
+            printf("  [%d] joins the batch (prompt %d tokens, %d of them found: %lld in the KV store, %lld in the "
+                   "pool)\n", i + 1, r->n_prompt, r->cached, (long long)from_store,
+                   (long long)(r->cached - from_store));
+        else if (r->cached)
             printf("  [%d] joins the batch (prompt %d tokens, %d of them found in the prefix cache)\n", i + 1,
                    r->n_prompt, r->cached);
         else printf("  [%d] joins the batch (prompt %d tokens)\n", i + 1, r->n_prompt);
@@ -247,6 +287,9 @@ typedef struct {
     int raw;          /* prompts as plain text, no chat template */
     const char *kv;   /* "contig" or a paged spec (kv_paged_parse) */
     int prefix_cache; /* 0: --no-prefix-cache */
+    int kv_given, page_given;
+    char *system_buf; /* --system-file's text (malloc'ed) */
+    const char *in, *out; /* decode's --in, prefill's --out */
 } demo_opts;
 
 /* The KV cache named by `spec`: "contig" (the engine's contiguous fp32
@@ -256,8 +299,24 @@ typedef struct {
  * --kv-decode-threads: theirs in pure decode steps (0: 1) */
 static long g_kv_threads, g_kv_decode_threads;
 
+/* --kv-store (repeatable) and --kv-store-policy; the identity (model
+ * fingerprint) is set once the model is loaded, for the stores and for
+ * prefill/decode's export and import. */
+static struct {
+    int32_t n;
+    const char *specs[KV_MAX_STORES];
+    int32_t policy;
+    int has_identity;
+    uint8_t fingerprint[KV_FINGERPRINT_BYTES];
+    double fingerprint_s;
+} g_store;
+
 static kv_cache_t *make_kv(const char *spec, long page, int prefix_cache, const kv_shape_t *shape, pool_t *pool,
                            char *err, size_t err_size) {
+    if ((!strcmp(spec, "contig") || !strncmp(spec, "sim:", 4)) && g_store.n > 0 && prefix_cache) {
+        snprintf(err, err_size, "--kv-store needs libkvpage's paged cache (not '%s')", spec);
+        return NULL;
+    }
     if (!strcmp(spec, "contig")) {
         kv_cache_t *kv = kv_contig_create(shape, pool);
         if (!kv) snprintf(err, err_size, "cannot create the contiguous cache");
@@ -275,6 +334,13 @@ static kv_cache_t *make_kv(const char *spec, long page, int prefix_cache, const 
     if (isa) o.isa = !strcmp(isa, "portable") ? KVP_ISA_PORTABLE : !strcmp(isa, "avx2") ? KVP_ISA_AVX2
                      : !strcmp(isa, "avx512") ? KVP_ISA_AVX512 : KVP_ISA_AUTO;
     if (kv_paged_parse(spec, &o, err, err_size)) return NULL;
+    o.has_identity = g_store.has_identity;
+    memcpy(o.fingerprint, g_store.fingerprint, sizeof o.fingerprint);
+    o.store_policy = g_store.policy;
+    if (prefix_cache) { /* without it nothing is looked up (eval, bench): no store */
+        o.n_stores = g_store.n;
+        memcpy(o.stores, g_store.specs, sizeof o.stores);
+    }
     return kv_paged_create(shape, pool, &o, err, err_size);
 }
 
@@ -358,10 +424,38 @@ static void memory_report(const model_cfg_t *c, const kv_stats_t *kvs, const ser
            st->prefill_s > 0 ? st->prefill_tokens / st->prefill_s : 0.0);
 }
 
-static void demo_parse(int argc, char **argv, demo_opts *o) {
+/* demo's options; run, prefill and decode take the same (one --prompt),
+ * plus prefill's --out and decode's --in. */
+static void demo_parse(const char *cmd, int argc, char **argv, demo_opts *o) {
     *o = (demo_opts){.system = default_system, .max_tokens = 96, .max_active = 4, .threads = 2, .page = 16,
                      .kv = "int8", .prefix_cache = 1};
+    int demo = !strcmp(cmd, "demo");
     for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--system-file")) {
+            size_t len;
+            free(o->system_buf);
+            o->system = o->system_buf = read_file(opt_value(argc, argv, &i), &len);
+            if (!o->system_buf) {
+                fprintf(stderr, "kvpage-engine %s: --system-file %s: %s\n", cmd, argv[i], strerror(errno));
+                exit(2);
+            }
+            continue;
+        }
+        if (!strcmp(cmd, "prefill") && !strcmp(argv[i], "--out")) {
+            o->out = opt_value(argc, argv, &i);
+            continue;
+        }
+        if (!strcmp(cmd, "decode") && !strcmp(argv[i], "--in")) {
+            o->in = opt_value(argc, argv, &i);
+            continue;
+        }
+        if (!strcmp(argv[i], "--kv")) o->kv_given = 1;
+        if (!strcmp(argv[i], "--page")) o->page_given = 1;
+        if (!demo && (!strcmp(argv[i], "--max-active") || !strcmp(argv[i], "--temperature") ||
+                      !strcmp(argv[i], "--seed") || (!strcmp(cmd, "decode") && !strcmp(argv[i], "--prompt")))) {
+            fprintf(stderr, "kvpage-engine %s: %s is not an option of this command\n", cmd, argv[i]);
+            exit(2);
+        }
         if (!strcmp(argv[i], "--prompt") && o->n_prompts < 16) o->prompts[o->n_prompts++] = opt_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--system")) o->system = opt_value(argc, argv, &i);
         else if (!strcmp(argv[i], "--max-tokens")) o->max_tokens = opt_long(argc, argv, &i, 1, 4096);
@@ -374,10 +468,21 @@ static void demo_parse(int argc, char **argv, demo_opts *o) {
         else if (!strcmp(argv[i], "--page")) o->page = opt_long(argc, argv, &i, 1, 4096);
         else if (!strcmp(argv[i], "--no-prefix-cache")) o->prefix_cache = 0;
         else {
-            fprintf(stderr, "kvpage-engine demo: unknown option '%s'\n", argv[i]);
+            fprintf(stderr, "kvpage-engine %s: unknown option '%s'\n", cmd, argv[i]);
             usage(stderr);
             exit(2);
         }
+    }
+    if (!demo) {
+        const char *missing = !strcmp(cmd, "decode") ? (o->in ? NULL : "--in FILE")
+                              : o->n_prompts != 1   ? "exactly one --prompt TEXT"
+                              : !strcmp(cmd, "prefill") && !o->out ? "--out FILE"
+                                                                   : NULL;
+        if (missing) {
+            fprintf(stderr, "kvpage-engine %s: needs %s\n", cmd, missing);
+            exit(2);
+        }
+        return;
     }
     if (o->n_prompts == 0)
         for (size_t i = 0; i < sizeof default_prompts / sizeof *default_prompts; i++)
@@ -406,16 +511,48 @@ static int demo_requests(const tokenizer_t *tok, const demo_opts *o, request_t *
     return 0;
 }
 
+/* `text` on one line, newlines as spaces, cut after about `max` bytes (at
+ * a UTF-8 character's start) with its full length said. */
+static void print_abbreviated(const char *text, size_t max) {
+    size_t len = strlen(text), k = 0;
+    for (; k < len && (k < max || ((unsigned char)text[k] & 0xC0) == 0x80); k++)
+        putchar(text[k] == '\n' ? ' ' : text[k]);
+    if (k < len) printf("... (%zu bytes in all)", len);
+}
+
+static void store_header(const kv_cache_t *kv);
+
 static void demo_header(const model_t *m, const demo_opts *o, const pool_t *pool, const kv_cache_t *kv) {
     const model_cfg_t *c = model_cfg(m);
     printf("kvpage-engine: %s, %d layers, dim %d, %d/%d heads, vocab %d; libkvpage %s; %d threads, %s kernels\n",
            c->arch, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->vocab, kvp_version_string(),
            pool_threads(pool), qmat_isa_name(qmat_isa()));
     if (o->raw) printf("raw prompts (no chat template), %d requests\n", o->n_prompts);
-    else printf("system prompt (shared by all %d requests): \"%s\"\n", o->n_prompts, o->system);
+    else {
+        printf("system prompt (shared by all %d requests): \"", o->n_prompts);
+        print_abbreviated(o->system, 240);
+        printf("\"\n");
+    }
     for (int32_t i = 0; i < o->n_prompts; i++) printf("  [%d] user: %s\n", i + 1, o->prompts[i]);
-    printf("KV cache: %s; up to %d sequences at once, %d tokens each; %s decoding\n\n", kv_name(o->kv, kv),
+    printf("KV cache: %s; up to %d sequences at once, %d tokens each; %s decoding\n", kv_name(o->kv, kv),
            kv->shape.max_seqs, kv->shape.max_len, o->temperature > 0 ? "temperature" : "greedy");
+    store_header(kv);
+    printf("\n");
+}
+
+/* The stores behind the cache and the model's identity. */
+static void store_header(const kv_cache_t *kv) {
+    if (g_store.n == 0 || !kv || kv->ops->stats == NULL) return;
+    kv_stats_t ks;
+    kv->ops->stats(kv, &ks);
+    int32_t pol = g_store.policy ? g_store.policy : KVP_TIER_READ | KVP_TIER_WRITE_BACK | KVP_TIER_WRITE_THROUGH;
+    for (int32_t t = 0; t < ks.n_stores; t++)
+        printf("KV store %d: %s (%s%s%s), after the pool\n", t, ks.stores[t].spec,
+               pol & KVP_TIER_READ ? "read " : "", pol & KVP_TIER_WRITE_BACK ? "write-back " : "",
+               pol & KVP_TIER_WRITE_THROUGH ? "write-through" : "");
+    printf("model fingerprint ");
+    for (int i = 0; i < 8; i++) printf("%02x", g_store.fingerprint[i]);
+    printf("... (SHA-256 of the architecture and the whole weights file, %.2f s)\n", g_store.fingerprint_s);
 }
 
 static void demo_answers(const tokenizer_t *tok, const request_t *reqs, int32_t n, const serve_stats_t *st) {
@@ -439,9 +576,52 @@ static void demo_answers(const tokenizer_t *tok, const request_t *reqs, int32_t 
            st->decode_s > 0 ? st->decode_tokens / st->decode_s : 0.0);
 }
 
+/* Per store: the prompt tokens found there, pages written, rejected. */
+static void store_report(FILE *f, const kv_stats_t *ks) {
+    for (int32_t t = 0; t < ks->n_stores; t++) {
+        const struct kv_store_stats *s = &ks->stores[t];
+        fprintf(f, "  KV store %d (%s): %lld prompt tokens found there (%lld pages x %d) of %lld pages looked up; "
+               "%lld pages written (%.2f MiB); %lld rejected, %lld errors; reading %.3f s, writing %.3f s\n",
+               t, s->spec, (long long)(s->hit_pages * ks->page_size), (long long)s->hit_pages, ks->page_size,
+               (long long)s->lookups, (long long)s->written, mib((double)s->bytes_out), (long long)s->rejected,
+               (long long)s->errors, s->read_s, s->write_s);
+    }
+}
+
+/* Time to first token of each request (from its arrival: queueing, prefix
+ * lookups and store reads included), then one JSON line a script can
+ * compare between runs (e.g. a cold and a warm run over the same store). */
+static void demo_summary(const request_t *reqs, int32_t n, const kv_stats_t *ks, const serve_stats_t *st) {
+    printf("\ntime to first token:");
+    for (int32_t i = 0; i < n; i++)
+        printf(" [%d] %.1f ms", i + 1, reqs[i].t_first >= 0 ? 1e3 * (reqs[i].t_first - reqs[i].t_arrive) : -1.0);
+    printf("\n");
+    int64_t prompt = 0, cached = 0, gen = 0, store = 0, written = 0, rejected = 0, errors = 0;
+    uint64_t digest = 1469598103934665603ull; /* FNV-1a 64 of every request's output token ids */
+    for (int32_t i = 0; i < n; i++) {
+        prompt += reqs[i].n_prompt, cached += reqs[i].cached, gen += reqs[i].n_out;
+        for (int32_t k = 0; k < reqs[i].n_out; k++)
+            for (int b = 0; b < 4; b++) digest = (digest ^ (((uint32_t)reqs[i].out[k] >> (8 * b)) & 0xFF)) * 1099511628211ull;
+        digest = (digest ^ 0xFF) * 1099511628211ull; /* end of a request */
+    }
+    for (int32_t t = 0; t < ks->n_stores; t++) {
+        store += ks->stores[t].hit_pages * ks->page_size;
+        written += ks->stores[t].written, rejected += ks->stores[t].rejected, errors += ks->stores[t].errors;
+    }
+    printf("{\"requests\": %d, \"prompt_tokens\": %lld, \"store_hit_tokens\": %lld, \"pool_hit_tokens\": %lld, "
+           "\"prefilled_tokens\": %lld, \"generated_tokens\": %lld, \"ttft_ms_first\": %.1f, \"ttft_ms\": [",
+           n, (long long)prompt, (long long)store, (long long)(cached - store), (long long)(prompt - cached),
+           (long long)gen, reqs[0].t_first >= 0 ? 1e3 * (reqs[0].t_first - reqs[0].t_arrive) : -1.0);
+    for (int32_t i = 0; i < n; i++)
+        printf("%s%.1f", i ? ", " : "", reqs[i].t_first >= 0 ? 1e3 * (reqs[i].t_first - reqs[i].t_arrive) : -1.0);
+    printf("], \"store_pages_written\": %lld, \"store_rejected\": %lld, \"store_errors\": %lld, "
+           "\"output_digest\": \"%016llx\", \"seconds\": %.2f}\n",
+           (long long)written, (long long)rejected, (long long)errors, (unsigned long long)digest, st->total_s);
+}
+
 static int cmd_demo(model_t *m, int argc, char **argv) {
     demo_opts o;
-    demo_parse(argc, argv, &o);
+    demo_parse("demo", argc, argv, &o);
     char err[ERR_LEN];
     tokenizer_t *tok = tokenizer_load(model_gguf(m), err, sizeof err);
     if (!tok) {
@@ -457,33 +637,199 @@ static int cmd_demo(model_t *m, int argc, char **argv) {
     kv_cache_t *kv = pool ? make_kv(o.kv, o.page, o.prefix_cache, &shape, pool, err, sizeof err) : NULL;
     if (!kv) {
         fprintf(stderr, "kvpage-engine: cannot create the KV cache '%s': %s\n", o.kv, pool ? err : "no threads");
+        pool_destroy(pool);
+        for (int32_t i = 0; i < n; i++) {
+            free((void *)(uintptr_t)reqs[i].prompt);
+            free(reqs[i].out);
+        }
+        free(o.system_buf);
+        tokenizer_free(tok);
         return 1;
     }
     char lines[16][160];
     size_t line_len[16] = {0};
     /* stop at ChatML's end-of-turn token, else at the file's eos */
     int32_t im_end = tokenizer_find(tok, "<|im_end|>"), eos = im_end >= 0 ? im_end : tokenizer_eos(tok);
-    demo_ctx d = {tok, reqs, lines, line_len, eos};
+    kv_stats_t ks;
+    kv->ops->stats(kv, &ks);
+    demo_ctx d = {tok, reqs, lines, line_len, eos, g_store.n > 0 ? kv : NULL, ks.page_size, 0};
     serve_cfg_t cfg = {m, kv, pool, (int32_t)o.max_active, 64, 64 + (int32_t)o.max_active, eos,
-                       (float)o.temperature, (uint64_t)o.seed, demo_token, demo_event, &d};
+                       (float)o.temperature, (uint64_t)o.seed, demo_token, demo_event, &d,
+                       /* paged: prefill chunks end on page edges (serve.h) */ ks.page_size};
     demo_header(m, &o, pool, kv);
     serve_stats_t st;
     int rc = serve_run(&cfg, reqs, n, &st);
+    int paged = strcmp(o.kv, "contig") && strncmp(o.kv, "sim:", 4);
     if (rc != 0)
-        fprintf(stderr, "kvpage-engine: serving failed (%d)%s%s\n", rc, strcmp(o.kv, "contig") ? ": " : "",
-                strcmp(o.kv, "contig") ? kv_paged_last_error(kv) : "");
-    kv_stats_t ks;
+        fprintf(stderr, "kvpage-engine: serving failed (%d)%s%s\n", rc, paged ? ": " : "",
+                paged ? kv_paged_last_error(kv) : "");
+    if (paged && kv_paged_flush(kv) != KV_OK) /* pending write-through pages, before the counts */
+        fprintf(stderr, "kvpage-engine: flushing the KV stores: %s\n", kv_paged_last_error(kv));
     kv->ops->stats(kv, &ks);
     demo_answers(tok, reqs, n, &st);
     memory_report(model_cfg(m), &ks, &st, reqs, n, max_len);
+    store_report(stdout, &ks);
+    demo_summary(reqs, n, &ks, &st);
     kv->ops->destroy(kv);
     pool_destroy(pool);
+    free(o.system_buf);
     for (int32_t i = 0; i < n; i++) {
         free((void *)(uintptr_t)reqs[i].prompt);
         free(reqs[i].out);
     }
     tokenizer_free(tok);
     return rc == 0 ? 0 : 1;
+}
+
+/* ---- run / prefill / decode: one request, in one process or split across two ------------------ */
+
+static char *ids_text(const tokenizer_t *tok, const int32_t *ids, int32_t n) {
+    size_t cap = 1;
+    for (int32_t k = 0; k < n; k++) {
+        size_t len;
+        tokenizer_piece(tok, ids[k], &len);
+        cap += len;
+    }
+    char *text = malloc(cap);
+    if (text && tokenizer_decode(tok, ids, n, 1, text, cap) < 0) text[0] = 0;
+    return text;
+}
+
+/* run: prefill + decode here. prefill: prefill + first token, then the
+ * sequence's KV and token ids to --out. decode: --in's KV imported into a
+ * fresh cache, then decode. The text goes to stdout (run, decode), the rest
+ * to stderr, so `run` and `decode` outputs compare with cmp. */
+static int cmd_one(model_t *m, const char *cmd, int argc, char **argv) {
+    demo_opts o;
+    demo_parse(cmd, argc, argv, &o);
+    const int is_run = !strcmp(cmd, "run"), is_prefill = !strcmp(cmd, "prefill"), is_decode = !strcmp(cmd, "decode");
+    char err[ERR_LEN], spec[64];
+    tokenizer_t *tok = tokenizer_load(model_gguf(m), err, sizeof err);
+    if (!tok) {
+        fprintf(stderr, "kvpage-engine: %s\n", err);
+        return 1;
+    }
+    int32_t im_end = tokenizer_find(tok, "<|im_end|>"), eos = im_end >= 0 ? im_end : tokenizer_eos(tok);
+    handoff_t h = {0};
+    int32_t *prompt = NULL, n = 0;
+    const char *kvspec = o.kv;
+    long page = o.page;
+    int rc = 0;
+    if (is_decode) {
+        if (handoff_read(o.in, &h, err, sizeof err)) {
+            fprintf(stderr, "kvpage-engine decode: %s\n", err);
+            rc = 1;
+        } else if (memcmp(h.fingerprint, g_store.fingerprint, KV_FINGERPRINT_BYTES) != 0) {
+            fprintf(stderr, "kvpage-engine decode: %s was prefilled with another model (its fingerprint differs "
+                    "from this one's)\n", o.in);
+            rc = 1;
+        } else {
+            prompt = h.tokens, n = h.n_tokens;
+            if (!o.kv_given) { /* the exporter's formats and page size, unless told otherwise */
+                snprintf(spec, sizeof spec, "%s/%s", kvp_format_name(h.k_format), kvp_format_name(h.v_format));
+                kvspec = spec;
+            }
+            if (!o.page_given) page = h.page_size;
+        }
+    } else {
+        char *text = o.raw ? strdup(o.prompts[0]) : tokenizer_chat_prompt(tok, o.system, o.prompts[0], err, sizeof err);
+        prompt = text ? encode_alloc(tok, text, strlen(text), 1, &n) : NULL;
+        if (!prompt || n < 1) {
+            fprintf(stderr, "kvpage-engine %s: %s\n", cmd, text ? "empty prompt" : err);
+            rc = 1;
+        }
+        free(text);
+    }
+    if (rc == 0 && !is_run && (!strcmp(kvspec, "contig") || !strncmp(kvspec, "sim:", 4))) {
+        fprintf(stderr, "kvpage-engine %s: needs libkvpage's paged cache (--kv), not '%s'\n", cmd, kvspec);
+        rc = 2;
+    }
+    pool_t *pool = rc == 0 ? pool_create((int)o.threads) : NULL;
+    kv_shape_t shape = model_kv_shape(m, 1, n + (int32_t)o.max_tokens);
+    kv_cache_t *kv = pool ? make_kv(kvspec, page, o.prefix_cache, &shape, pool, err, sizeof err) : NULL;
+    if (rc == 0 && !kv) {
+        fprintf(stderr, "kvpage-engine %s: cannot create the KV cache '%s': %s\n", cmd, kvspec,
+                pool ? err : "no threads");
+        rc = 1;
+    }
+    int paged = kv && strcmp(kvspec, "contig") && strncmp(kvspec, "sim:", 4);
+    gen_cfg_t g = {m, kv, pool, 64, eos}; /* prefill chunks of 64, as demo's */
+    int32_t seq = -1, cached = 0, first = -1, n_out = 0;
+    int32_t *out = malloc(sizeof(int32_t) * (size_t)o.max_tokens);
+    double t0 = now_seconds(), t1 = t0, t2 = t0;
+    if (rc == 0 && is_decode) {
+        int k = kv->ops->seq_open(kv, &seq);
+        if (k == KV_OK) k = kv_paged_seq_import(kv, seq, prompt, n, h.blobs, h.blob_bytes);
+        if (k != KV_OK) {
+            fprintf(stderr, "kvpage-engine decode: importing %s: %s\n", o.in, kv_paged_last_error(kv));
+            rc = 1;
+        }
+        first = h.first_token;
+    } else if (rc == 0 && gen_prefill(&g, prompt, n, &seq, &cached, &first) != KV_OK) {
+        fprintf(stderr, "kvpage-engine %s: prefill failed: %s\n", cmd, paged ? kv_paged_last_error(kv) : "");
+        rc = 1;
+    }
+    t1 = now_seconds();
+    if (rc == 0 && is_prefill) {
+        handoff_t w = {.n_tokens = n, .first_token = first, .tokens = prompt};
+        kv_paged_opts_t po;
+        kv_paged_opts_init(&po);
+        po.page_size = (int32_t)page;
+        kv_paged_parse(kvspec, &po, err, sizeof err); /* checked by make_kv */
+        w.k_format = po.k_format, w.v_format = po.v_format, w.page_size = po.page_size;
+        memcpy(w.fingerprint, g_store.fingerprint, KV_FINGERPRINT_BYTES);
+        if (kv_paged_seq_export(kv, seq, prompt, n, &w.blobs, &w.blob_bytes) != KV_OK) {
+            fprintf(stderr, "kvpage-engine prefill: export: %s\n", kv_paged_last_error(kv));
+            rc = 1;
+        } else if (handoff_write(o.out, &w, err, sizeof err)) {
+            fprintf(stderr, "kvpage-engine prefill: %s\n", err);
+            rc = 1;
+        }
+        t2 = now_seconds();
+        if (rc == 0) {
+            size_t len;
+            const char *piece = tokenizer_piece(tok, first, &len);
+            fprintf(stderr, "kvpage-engine prefill: prompt %d tokens (%d found in the cache), prefilled in %.3f s; "
+                    "first token %d \"%.*s\"; KV (%s, page %ld): %llu bytes of page blobs -> %s (%.3f s)\n",
+                    n, cached, t1 - t0, first, (int)len, piece, kvspec, page, (unsigned long long)w.blob_bytes,
+                    o.out, t2 - t1);
+        }
+        free(w.blobs);
+    } else if (rc == 0) {
+        if (gen_decode(&g, seq, first, (int32_t)o.max_tokens, out, &n_out) != KV_OK) {
+            fprintf(stderr, "kvpage-engine %s: decode failed: %s\n", cmd, paged ? kv_paged_last_error(kv) : "");
+            rc = 1;
+        }
+        t2 = now_seconds();
+        char *text = ids_text(tok, out, n_out);
+        printf("%s\n", text ? text : "");
+        fflush(stdout);
+        free(text);
+        if (is_decode)
+            fprintf(stderr, "kvpage-engine decode: the KV of %d prompt tokens imported from %s (%llu bytes of page "
+                    "blobs) in %.3f s; %d tokens in %.3f s (KV %s)\n", n, o.in, (unsigned long long)h.blob_bytes,
+                    t1 - t0, n_out, t2 - t1, kv_name(kvspec, kv));
+        else
+            fprintf(stderr, "kvpage-engine run: prompt %d tokens (%d found in the cache), first token after %.3f s; "
+                    "%d tokens in %.3f s (KV %s)\n", n, cached, t1 - t0, n_out, t2 - t1, kv_name(kvspec, kv));
+    }
+    if (kv) {
+        if (seq >= 0) kv->ops->seq_close(kv, seq);
+        if (paged) {
+            kv_stats_t ks;
+            kv_paged_flush(kv);
+            kv->ops->stats(kv, &ks);
+            store_report(stderr, &ks);
+        }
+        kv->ops->destroy(kv);
+    }
+    pool_destroy(pool);
+    free(out);
+    if (is_decode) handoff_free(&h);
+    else free(prompt);
+    free(o.system_buf);
+    tokenizer_free(tok);
+    return rc;
 }
 
 /* ---- bench ------------------------------------------------------------------------------------ */
@@ -719,29 +1065,67 @@ int main(int argc, char **argv) {
                 kvp_version_string());
         return 1;
     }
-    for (int i = 3; i < argc; i++) /* a common option: take it out of the command's arguments */
+    char err[ERR_LEN];
+    for (int i = 3; i < argc; i++) { /* a common option: take it out of the command's arguments */
+        int taken = 1;
         if (!strcmp(argv[i], "--kv-threads") || !strcmp(argv[i], "--kv-decode-threads")) {
             long *dst = !strcmp(argv[i], "--kv-threads") ? &g_kv_threads : &g_kv_decode_threads;
             *dst = opt_long(argc, argv, &i, 1, 256);
+        } else if (!strcmp(argv[i], "--kv-store")) {
+            const char *spec = opt_value(argc, argv, &i);
+            if (g_store.n == KV_MAX_STORES || kv_store_check(spec, err, sizeof err)) {
+                fprintf(stderr, "kvpage-engine: --kv-store: %s\n",
+                        g_store.n == KV_MAX_STORES ? "too many stores" : err);
+                return 2;
+            }
+            g_store.specs[g_store.n++] = spec;
+        } else if (!strcmp(argv[i], "--kv-store-policy")) {
+            if (kv_store_policy_parse(opt_value(argc, argv, &i), &g_store.policy, err, sizeof err)) {
+                fprintf(stderr, "kvpage-engine: --kv-store-policy: %s\n", err);
+                return 2;
+            }
+        } else {
+            taken = 0;
+        }
+        if (taken) {
             memmove(argv + i - 1, argv + i + 1, sizeof *argv * (size_t)(argc - i));
             argc -= 2, i -= 2;
         }
+    }
     const char *cmd = argv[1], *path = argv[2];
     if (!strcmp(cmd, "dump") || !strcmp(cmd, "--dump")) return cmd_dump(path);
-    if (strcmp(cmd, "tokenize") && strcmp(cmd, "demo") && strcmp(cmd, "eval") && strcmp(cmd, "bench")) {
+    static const char *const commands[] = {"tokenize", "demo", "eval", "bench", "run", "prefill", "decode"};
+    int known = 0, one = !strcmp(cmd, "run") || !strcmp(cmd, "prefill") || !strcmp(cmd, "decode");
+    for (size_t k = 0; k < sizeof commands / sizeof *commands; k++) known |= !strcmp(cmd, commands[k]);
+    if (!known) {
         fprintf(stderr, "kvpage-engine: unknown command '%s'\n", cmd);
         usage(stderr);
         return 2;
     }
-    char err[ERR_LEN];
+    if (g_store.n > 0 && !one && strcmp(cmd, "demo")) {
+        fprintf(stderr, "kvpage-engine %s: --kv-store applies to demo, run, prefill and decode\n", cmd);
+        return 2;
+    }
     model_t *m = model_load(path, err, sizeof err);
     if (!m) {
         fprintf(stderr, "kvpage-engine: %s\n", err);
         return 1;
     }
+    /* the identity: for the stores, and for prefill/decode's export and import */
+    if (g_store.n > 0 || (one && strcmp(cmd, "run"))) {
+        double t0 = now_seconds();
+        if (model_fingerprint(m, g_store.fingerprint, err, sizeof err)) {
+            fprintf(stderr, "kvpage-engine: %s\n", err);
+            model_free(m);
+            return 1;
+        }
+        g_store.fingerprint_s = now_seconds() - t0;
+        g_store.has_identity = 1;
+    }
     int rc = !strcmp(cmd, "tokenize") ? cmd_tokenize(m, argc - 3, argv + 3)
              : !strcmp(cmd, "demo")   ? cmd_demo(m, argc - 3, argv + 3)
              : !strcmp(cmd, "bench")  ? cmd_bench(m, argc - 3, argv + 3)
+             : one                    ? cmd_one(m, cmd, argc - 3, argv + 3)
                                       : cmd_eval(m, argc - 3, argv + 3);
     model_free(m);
     return rc;

@@ -12,6 +12,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "model.h"
 
+#include <kvpage_blob.h> /* kvp_fingerprint */
+#include <kvpage_ext.h>  /* kvp_status_name */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,6 +218,36 @@ void model_free(model_t *m) {
 }
 
 const model_cfg_t *model_cfg(const model_t *m) { return &m->cfg; }
+
+/* What decides the K/V this engine computes for a token: the architecture
+ * and its hyperparameters, how the engine computes them (fp32 activations,
+ * the RoPE pairing), then the whole GGUF file. The file is already mapped
+ * (gguf_open maps all of it), so its bytes are hashed straight from the map:
+ * every weight, the tokenizer and the metadata, ~0.1-0.3 s for this 98 MB
+ * file, once per process. The matmul kernels' instruction set (AVX-512,
+ * AVX2, portable) is left out on purpose: they compute the same function,
+ * and KV written on one machine is meant to be read on another. */
+int model_fingerprint(const model_t *m, uint8_t out[32], char *err, size_t n) {
+    const model_cfg_t *c = &m->cfg;
+    char desc[512];
+    int len = snprintf(desc, sizeof desc,
+                       "kvpage-engine K/V v1: arch %s, layers %d, dim %d, ffn %d, heads %d, kv heads %d, "
+                       "head dim %d, rope dim %d, rope base %.9g, rope pairs %s, rms eps %.9g, vocab %d, tied %d, "
+                       "activations fp32",
+                       c->arch, c->n_layers, c->dim, c->ffn_dim, c->n_heads, c->n_kv_heads, c->head_dim,
+                       c->rope_dim, (double)c->rope_base, m->rope_neox ? "(i, i+d/2)" : "(2i, 2i+1)",
+                       (double)c->norm_eps, c->vocab, c->tied_output);
+    const void *parts[2] = {desc, m->f->map};
+    const uint64_t sizes[2] = {(uint64_t)len, (uint64_t)m->f->size};
+    int rc = kvp_fingerprint(parts, sizes, m->f->size ? 2 : 1, out);
+    if (rc != KVP_OK) {
+        snprintf(err, n, "kvp_fingerprint: %s%s", kvp_status_name(rc),
+                 rc == KVP_ENOTSUP ? " (libkvpage was built without the blob layer: libssl-dev, libxxhash-dev)"
+                                   : "");
+        return -1;
+    }
+    return 0;
+}
 gguf_file *model_gguf(const model_t *m) { return m->f; }
 
 kv_shape_t model_kv_shape(const model_t *m, int32_t max_seqs, int32_t max_len) {

@@ -46,6 +46,11 @@ void model_free(model_t *m);
 const model_cfg_t *model_cfg(const model_t *m);
 gguf_file *model_gguf(const model_t *m);
 
+/* The model's identity for KV that leaves the process (kvp_fingerprint):
+ * SHA-256 over a description of the architecture and of how this engine
+ * computes K/V, then every byte of the GGUF file. 0, or -1 with err. */
+int model_fingerprint(const model_t *m, uint8_t out[32], char *err, size_t err_size);
+
 /* The KV shape this model needs, for max_seqs sequences of max_len tokens. */
 kv_shape_t model_kv_shape(const model_t *m, int32_t max_seqs, int32_t max_len);
 

@@ -107,6 +107,14 @@ static void gather(const serve_cfg_t *cfg, request_t *reqs, int32_t n, step_buf 
         if (left > 0) {
             take = left < cfg->prefill_chunk ? left : cfg->prefill_chunk;
             if (take > room) take = room;
+            int32_t a = cfg->chunk_align;
+            /* end on a page edge; the first prefilling sequence always has room
+             * for one page (the others decode: one row each), so none waits forever */
+            if (a > 1 && a <= cfg->prefill_chunk && a <= cfg->step_rows - cfg->max_active + 1 && take < left) {
+                int32_t end = (r->n_fed + take) / a * a;
+                take = end > r->n_fed ? end - r->n_fed : 0;
+                if (take == 0) continue; /* a later step */
+            }
             memcpy(b->tokens + b->rows, r->prompt + r->n_fed, (size_t)take * sizeof(int32_t));
             *has_prefill = 1;
         } else {
@@ -164,6 +172,7 @@ static void consume(const serve_cfg_t *cfg, request_t *reqs, step_buf *b, int32_
         int32_t tok = cfg->temperature > 0 ? sample_temperature(lg, vocab, cfg->temperature, rng)
                                            : sample_argmax(lg, vocab);
         r->out[r->n_out++] = tok;
+        if (r->n_out == 1) r->t_first = now_seconds();
         if (cfg->on_token) cfg->on_token(cfg->ctx, i, tok);
         int32_t len = cfg->kv->ops->seq_len(cfg->kv, r->seq);
         if (tok == cfg->eos) finish(cfg, r, i, 1, step, active);
@@ -186,6 +195,7 @@ int serve_run(const serve_cfg_t *cfg, request_t *reqs, int32_t n, serve_stats_t 
         reqs[i].seq = -1;
         reqs[i].n_out = reqs[i].n_fed = reqs[i].cached = 0;
         reqs[i].finished = 0;
+        reqs[i].t_arrive = reqs[i].t_first = -1;
     }
     step_buf b = {0};
     int rc = step_alloc(&b, cfg);
@@ -193,6 +203,9 @@ int serve_run(const serve_cfg_t *cfg, request_t *reqs, int32_t n, serve_stats_t 
     int32_t active = 0;
     double t0 = now_seconds();
     for (int32_t step = 0; rc == 0 && !all_done(reqs, n); step++) {
+        double ts0 = now_seconds();
+        for (int32_t i = 0; i < n; i++)
+            if (reqs[i].t_arrive < 0 && reqs[i].arrive_step <= step) reqs[i].t_arrive = ts0;
         admit(cfg, reqs, n, step, &active);
         int has_prefill, has_decode;
         gather(cfg, reqs, n, &b, &has_prefill, &has_decode);

@@ -25,6 +25,9 @@ typedef struct {
     int32_t cached;      /* prompt tokens served by the cache's prefix cache */
     int32_t admit_step, finish_step;
     int finished;        /* 1: eos, 2: max_new, 3: cache full (length) */
+    double t_arrive;     /* now_seconds() when it arrived (the start of step arrive_step) */
+    double t_first;      /* ... when its first token was sampled: t_first - t_arrive is its
+                            time to first token (queueing included); -1 if none */
     /* state */
     int32_t seq, n_fed;
 } request_t;
@@ -47,6 +50,11 @@ struct serve_cfg {
     serve_token_fn on_token;
     serve_event_fn on_event; /* "join", "leave" */
     void *ctx;
+    int32_t chunk_align;   /* 0 or 1: none; else (a paged cache's page size, <= prefill_chunk)
+                              prefill chunks cut short by the step's room end on a multiple of it,
+                              so a page's K/V never depend on how the batch was cut: int8/int4
+                              keys are quantized when their page fills, and the rows of that
+                              step see the quantized page, earlier steps' rows the fp16 one */
 };
 
 typedef struct {

@@ -11,6 +11,7 @@
  *   - the architecture numbers are those of the model card (and the issue).
  */
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,9 +21,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <kvpage_ext.h> /* kvp_build_has */
 
 #include "eval.h"
 #include "gguf.h"
+#include "handoff.h"
 #include "kv.h"
 #include "model.h"
 #include "pool.h"
@@ -295,7 +300,7 @@ static void test_batch_equals_single(void **state) {
     }
     kv_shape_t sh = model_kv_shape(g_model, 2, 64);
     kv_cache_t *kv = kv_contig_create(&sh, g_pool);
-    serve_cfg_t cfg = {g_model, kv, g_pool, 2, 4, 8, -1, 0, 0, NULL, NULL, NULL};
+    serve_cfg_t cfg = {g_model, kv, g_pool, 2, 4, 8, -1, 0, 0, NULL, NULL, NULL, 0};
     serve_stats_t st;
     assert_int_equal(serve_run(&cfg, reqs, N, &st), 0);
     for (int i = 0; i < N; i++) {
@@ -477,7 +482,7 @@ static void serve_three(kv_cache_t *kv, int32_t *const *p, const int32_t *n, int
     for (int i = 0; i < 3; i++)
         reqs[i] = (request_t){.prompt = p[i], .n_prompt = n[i], .max_new = LONG_STEPS,
                               .arrive_step = i < 2 ? 0 : 8, .out = outs[i]};
-    serve_cfg_t cfg = {g_model, kv, g_pool, 2, 16, 20, -1, 0, 0, NULL, NULL, NULL};
+    serve_cfg_t cfg = {g_model, kv, g_pool, 2, 16, 20, -1, 0, 0, NULL, NULL, NULL, 0};
     serve_stats_t st;
     assert_int_equal(serve_run(&cfg, reqs, 3, &st), 0);
     for (int i = 0; i < 3; i++) assert_int_equal(reqs[i].n_out, LONG_STEPS);
@@ -582,6 +587,204 @@ static void test_perplexity_window(void **state) {
     free(text);
 }
 
+/* ---- KV leaving the process (handoff.h, --kv-store) --------------------------------------- */
+
+#define SPLIT_STEPS 12
+
+/* The blob layer is an optional part of libkvpage (libssl-dev, libxxhash-dev). */
+#define NEED_BLOB()                                                                                 \
+    do {                                                                                            \
+        if (!kvp_build_has(KVP_FEATURE_BLOB)) {                                                     \
+            print_message("SKIPPED: libkvpage was built without the blob layer (HAVE_BLOB=0)\n");  \
+            skip();                                                                                 \
+        }                                                                                           \
+    } while (0)
+
+/* A paged cache with the model's identity, and a store when `store` is set. */
+static kv_cache_t *paged_identity(const char *spec, int32_t max_len, const char *store) {
+    kv_paged_opts_t o;
+    kv_paged_opts_init(&o);
+    char err[512];
+    assert_int_equal(kv_paged_parse(spec, &o, err, sizeof err), 0);
+    assert_int_equal(model_fingerprint(g_model, o.fingerprint, err, sizeof err), 0);
+    o.has_identity = 1;
+    if (store) o.stores[o.n_stores++] = store;
+    kv_shape_t sh = model_kv_shape(g_model, 1, max_len);
+    kv_cache_t *kv = kv_paged_create(&sh, g_pool, &o, err, sizeof err);
+    if (!kv) print_error("paged cache %s: %s\n", spec, err);
+    assert_non_null(kv);
+    return kv;
+}
+
+/* One process: prefill, then SPLIT_STEPS greedy tokens (the `run` command). */
+static int32_t run_one(kv_cache_t *kv, const int32_t *prompt, int32_t n, int32_t *out) {
+    gen_cfg_t g = {g_model, kv, g_pool, 64, -1};
+    int32_t seq, cached, first, n_out;
+    assert_int_equal(gen_prefill(&g, prompt, n, &seq, &cached, &first), KV_OK);
+    assert_int_equal(gen_decode(&g, seq, first, SPLIT_STEPS, out, &n_out), KV_OK);
+    assert_int_equal(n_out, SPLIT_STEPS);
+    kv->ops->seq_close(kv, seq);
+    return cached;
+}
+
+/* Split across two caches through a handoff file (what `prefill --out` and
+ * `decode --in` do in two processes) gives the one-process greedy text, in
+ * fp16 and in int8 (whose prompt ends in an fp16 staging page: the prompt is
+ * not a multiple of the page size). A corrupted blob, or a cache of another
+ * format, is refused, leaving the sequence empty. */
+static void test_split_prefill_decode(void **state) {
+    (void)state;
+    NEED_MODEL();
+    NEED_BLOB();
+    int32_t n;
+    int32_t *prompt = chat_ids("Name three colours of the rainbow.", &n);
+    assert_true(n % 16 != 0);
+    static const char *const specs[] = {"fp16", "int8"};
+    char path[] = "/tmp/kvpage-handoff-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    for (int k = 0; k < 2; k++) {
+        int32_t ref[SPLIT_STEPS], got[SPLIT_STEPS], n_out, seq, cached, first;
+        kv_cache_t *kv = paged_identity(specs[k], n + SPLIT_STEPS, NULL);
+        run_one(kv, prompt, n, ref);
+        kv->ops->destroy(kv);
+
+        /* process 1: prefill, first token, export */
+        kv = paged_identity(specs[k], n + SPLIT_STEPS, NULL);
+        gen_cfg_t g = {g_model, kv, g_pool, 64, -1};
+        assert_int_equal(gen_prefill(&g, prompt, n, &seq, &cached, &first), KV_OK);
+        assert_int_equal(first, ref[0]);
+        handoff_t w = {.n_tokens = n, .first_token = first, .tokens = prompt, .page_size = 16};
+        kv_paged_opts_t po;
+        kv_paged_opts_init(&po);
+        char err[512];
+        assert_int_equal(kv_paged_parse(specs[k], &po, err, sizeof err), 0);
+        w.k_format = po.k_format, w.v_format = po.v_format;
+        assert_int_equal(model_fingerprint(g_model, w.fingerprint, err, sizeof err), 0);
+        assert_int_equal(kv_paged_seq_export(kv, seq, prompt, n, &w.blobs, &w.blob_bytes), KV_OK);
+        assert_int_equal(handoff_write(path, &w, err, sizeof err), 0);
+        free(w.blobs);
+        kv->ops->destroy(kv);
+
+        /* process 2: a fresh cache imports it and decodes */
+        handoff_t h;
+        assert_int_equal(handoff_read(path, &h, err, sizeof err), 0);
+        assert_int_equal(h.n_tokens, n);
+        assert_int_equal(h.first_token, first);
+        assert_int_equal(h.k_format, po.k_format);
+        assert_memory_equal(h.tokens, prompt, sizeof(int32_t) * (size_t)n);
+        kv = paged_identity(specs[k], n + SPLIT_STEPS, NULL);
+        g.kv = kv;
+        assert_int_equal(kv->ops->seq_open(kv, &seq), KV_OK);
+        assert_int_equal(kv_paged_seq_import(kv, seq, h.tokens, h.n_tokens, h.blobs, h.blob_bytes), KV_OK);
+        assert_int_equal(kv->ops->seq_len(kv, seq), n);
+        assert_int_equal(gen_decode(&g, seq, h.first_token, SPLIT_STEPS, got, &n_out), KV_OK);
+        assert_memory_equal(got, ref, sizeof ref);
+        char text[512];
+        tokenizer_decode(g_tok, got, SPLIT_STEPS, 1, text, sizeof text);
+        print_message("%s: prefill -> %llu bytes of page blobs -> decode: \"%s\" (= one process)\n", specs[k],
+                      (unsigned long long)h.blob_bytes, text);
+        kv->ops->seq_close(kv, seq);
+
+        /* a flipped payload byte: refused (checksum), the sequence stays empty */
+        ((uint8_t *)h.blobs)[h.blob_bytes - 7] ^= 0x40;
+        assert_int_equal(kv->ops->seq_open(kv, &seq), KV_OK);
+        assert_int_not_equal(kv_paged_seq_import(kv, seq, h.tokens, h.n_tokens, h.blobs, h.blob_bytes), KV_OK);
+        assert_non_null(strstr(kv_paged_last_error(kv), "checksum"));
+        assert_int_equal(kv->ops->seq_len(kv, seq), 0);
+        kv->ops->seq_close(kv, seq);
+        ((uint8_t *)h.blobs)[h.blob_bytes - 7] ^= 0x40;
+        kv->ops->destroy(kv);
+
+        /* a cache of the other format refuses the blobs */
+        kv = paged_identity(specs[1 - k], n + SPLIT_STEPS, NULL);
+        assert_int_equal(kv->ops->seq_open(kv, &seq), KV_OK);
+        assert_int_not_equal(kv_paged_seq_import(kv, seq, h.tokens, h.n_tokens, h.blobs, h.blob_bytes), KV_OK);
+        assert_int_equal(kv->ops->seq_len(kv, seq), 0);
+        kv->ops->destroy(kv);
+        handoff_free(&h);
+    }
+    remove(path);
+    free(prompt);
+}
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char file[512];
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(file, sizeof file, "%s/%s", dir, e->d_name);
+        remove(file);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* A second cache over the same --kv-store directory (a later process) finds
+ * the prompt's pages there, prefills only the rest, and gives the same
+ * greedy text as the cold run (int8: the store holds the quantized pages and
+ * their scales, exactly what the cold cache attended to). */
+static void test_store_second_cache(void **state) {
+    (void)state;
+    NEED_MODEL();
+    NEED_BLOB();
+    int32_t n;
+    int32_t *prompt = chat_ids("What is two plus two?", &n);
+    char dir[] = "/tmp/kvpage-store-XXXXXX", spec[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(spec, sizeof spec, "dir:%s/kv", dir);
+    int32_t cold[SPLIT_STEPS], warm[SPLIT_STEPS];
+    kv_stats_t ks;
+
+    kv_cache_t *kv = paged_identity("int8", n + SPLIT_STEPS, spec);
+    assert_int_equal(run_one(kv, prompt, n, cold), 0);
+    kv->ops->stats(kv, &ks);
+    assert_int_equal(ks.n_stores, 1);
+    assert_int_equal(ks.stores[0].hit_pages, 0);
+    kv->ops->destroy(kv); /* flushes */
+
+    kv = paged_identity("int8", n + SPLIT_STEPS, spec);
+    int32_t cached = run_one(kv, prompt, n, warm);
+    kv->ops->stats(kv, &ks);
+    print_message("second cache over %s: %d of %d prompt tokens found in the store (%lld pages), %lld rejected\n",
+                  spec, cached, n, (long long)ks.stores[0].hit_pages, (long long)ks.stores[0].rejected);
+    assert_true(ks.stores[0].hit_pages > 0);
+    assert_int_equal(cached, (n - 1) / 16 * 16);
+    assert_int_equal(ks.stores[0].hit_pages * 16, cached);
+    assert_int_equal(ks.stores[0].rejected, 0);
+    assert_int_equal(ks.prefix_hit_pages, 0); /* nothing from the pool: a fresh process */
+    assert_memory_equal(warm, cold, sizeof cold);
+    kv->ops->destroy(kv);
+
+    /* another model's cache (another fingerprint) over the same store finds nothing */
+    kv_paged_opts_t o;
+    kv_paged_opts_init(&o);
+    char err[512];
+    assert_int_equal(kv_paged_parse("int8", &o, err, sizeof err), 0);
+    memset(o.fingerprint, 0x5A, sizeof o.fingerprint);
+    o.has_identity = 1;
+    o.stores[o.n_stores++] = spec;
+    kv_shape_t sh = model_kv_shape(g_model, 1, n + SPLIT_STEPS);
+    kv = kv_paged_create(&sh, g_pool, &o, err, sizeof err);
+    assert_non_null(kv);
+    int32_t seq;
+    assert_int_equal(kv->ops->seq_open(kv, &seq), KV_OK);
+    assert_int_equal(kv->ops->seq_attach_prefix(kv, seq, prompt, n), 0);
+    kv->ops->destroy(kv);
+
+    /* a store scheme that is not built in is refused by name */
+    assert_int_not_equal(kv_store_check("redis://localhost:6379", err, sizeof err), 0);
+    assert_non_null(strstr(err, "not built in"));
+    assert_int_equal(kv_store_check(spec, err, sizeof err), 0);
+
+    snprintf(spec, sizeof spec, "%s/kv", dir);
+    remove_dir(spec);
+    remove_dir(dir);
+    free(prompt);
+}
+
 kv_cache_t *test_make_contig(const kv_shape_t *shape, pool_t *pool, void *ctx) {
     (void)ctx;
     return kv_contig_create(shape, pool);
@@ -594,7 +797,8 @@ int main(void) {
         cmocka_unit_test(test_batch_equals_single), cmocka_unit_test(test_fork_continues),
         cmocka_unit_test(test_perplexity_window), cmocka_unit_test(test_paged_fp32_equals_contig),
         cmocka_unit_test(test_paged_fp16_matches_fp32), cmocka_unit_test(test_paged_prefix_cache_on_off),
-        cmocka_unit_test(test_paged_fork_continues),
+        cmocka_unit_test(test_paged_fork_continues), cmocka_unit_test(test_split_prefill_decode),
+        cmocka_unit_test(test_store_second_cache),
     };
     return cmocka_run_group_tests_name("engine on SmolLM2-135M", tests, setup, teardown);
 }
