@@ -494,6 +494,70 @@ KVP_API void kvp_file_tier_params_init(kvp_file_tier_params_t *p);
 KVP_API int kvp_file_tier_create(const kvp_file_tier_params_t *params, kvp_blob_tier_t **out,
                                  char *err, size_t err_size);
 
+/** @brief Queue tier parameters. Fill with kvp_queue_tier_params_init(). */
+typedef struct kvp_queue_tier_params {
+    uint32_t struct_size;      /**< sizeof(kvp_queue_tier_params_t); set by init. */
+    int32_t reserved_;         /**< Must be 0. */
+    kvp_blob_tier_t *inner;    /**< The tier written from the queue's thread (required; not
+                                    owned: destroy it after the queue tier). */
+    uint64_t max_bytes;        /**< Most blob bytes waiting at once (default 256 MiB); a put
+                                    beyond it is dropped and counted. */
+    kvp_allocator_t allocator; /**< Host allocator hooks; NULL functions = libc. */
+} kvp_queue_tier_params_t;
+
+/**
+ * @brief Defaults: 256 MiB of queue, libc allocator; `inner` must be set.
+ * @param[out] p Parameters; NULL is ignored.
+ */
+KVP_API void kvp_queue_tier_params_init(kvp_queue_tier_params_t *p);
+
+/**
+ * @brief A tier whose puts never wait: blobs are copied into a queue and
+ *        written to `inner` by a thread of the queue's own.
+ *
+ * For a cache whose decode loop must not wait for a disk or a network:
+ * write-back and write-through then cost a copy per page. When the queue
+ * is full a put drops the blob (kvp_queue_tier_info() counts it): a later
+ * miss, never a stall. Blobs waiting or being written are visible to `get`
+ * and `exists`. Every call on `inner` is made under one lock, so `inner`
+ * need not be thread-safe; a `get` may wait for the batch being written.
+ * Destroying the queue tier first writes what is queued.
+ *
+ * @param[in]  params   Parameters.
+ * @param[out] out      The tier.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK, #KVP_EINVAL, #KVP_ENOMEM (also when the thread cannot start).
+ */
+KVP_API int kvp_queue_tier_create(const kvp_queue_tier_params_t *params, kvp_blob_tier_t **out,
+                                  char *err, size_t err_size);
+
+/** @brief A queue tier's state (kvp_queue_tier_info()). */
+typedef struct kvp_queue_tier_info {
+    uint32_t struct_size;  /**< Set by the caller to sizeof(kvp_queue_tier_info_t). */
+    int32_t reserved_;     /**< Padding; 0. */
+    uint64_t queued;       /**< Blobs waiting or being written. */
+    uint64_t queued_bytes; /**< Their bytes. */
+    uint64_t dropped;      /**< Blobs not queued: the queue was full (or out of memory). */
+    uint64_t failed;       /**< Blobs the tier behind refused (its put failed; why:
+                                kvp_blob_tier_last_error() of that tier). */
+} kvp_queue_tier_info_t;
+
+/**
+ * @brief A queue tier's counters.
+ * @param[in]  tier A tier made by kvp_queue_tier_create().
+ * @param[out] info Filled in; `info->struct_size` must be set.
+ * @return #KVP_OK or #KVP_EINVAL (another kind of tier, bad `info`).
+ */
+KVP_API int kvp_queue_tier_info(kvp_blob_tier_t *tier, kvp_queue_tier_info_t *info);
+
+/**
+ * @brief Wait until every queued blob has been written (or refused) behind.
+ * @param[in] tier A tier made by kvp_queue_tier_create().
+ * @return #KVP_OK or #KVP_EINVAL (another kind of tier).
+ */
+KVP_API int kvp_queue_tier_drain(kvp_blob_tier_t *tier);
+
 /** @} */
 
 /**
@@ -514,8 +578,8 @@ KVP_API int kvp_file_tier_create(const kvp_file_tier_params_t *params, kvp_blob_
  * previous step at the start of kvp_cache_begin_step() (or on
  * kvp_cache_flush(), a release, destruction). A tier's `put` runs on the
  * calling thread: a file tier with fsync waits for the disk there, so an
- * engine whose decode loop must not wait on a disk gives the cache a tier
- * whose `put` only queues (and writes from a thread of its own).
+ * engine whose decode loop must not wait on a disk puts a queue in front
+ * of it (kvp_queue_tier_create(): a put is then a copy).
  */
 enum kvp_tier_policy {
     KVP_TIER_READ = 1,          /**< Look prompts up in it on admission. */

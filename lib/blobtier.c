@@ -38,6 +38,20 @@ static int fail(kvp_blob_tier_t *t, int status, const char *fmt, ...) {
     return status;
 }
 
+int kvp__blob_tier_fail(kvp_blob_tier_t *t, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    kvp__verrf(t->err, sizeof t->err, status, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+void *kvp__blob_tier_self(const kvp_blob_tier_t *t,
+                          int (*put)(void *, int32_t, const kvp_hash_t *, const void *const *,
+                                     const uint64_t *)) {
+    return t != NULL && t->ops.put == put ? t->self : NULL;
+}
+
 static uint64_t monotonic_ns(void) {
     struct timespec ts = {0, 0};
     (void)clock_gettime(CLOCK_MONOTONIC, &ts);

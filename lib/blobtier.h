@@ -20,6 +20,15 @@ int kvp__blob_tier_create(const kvp_blob_tier_ops_t *ops, void *self, const char
                           const kvp_allocator_t *alloc, kvp_blob_tier_t **out, char *err,
                           size_t err_size);
 
+/* The implementation's `self` of a tier whose put function is `put` (a
+ * tier the library made, recognised by its function), else NULL. */
+void *kvp__blob_tier_self(const kvp_blob_tier_t *tier,
+                          int (*put)(void *, int32_t, const kvp_hash_t *, const void *const *,
+                                     const uint64_t *));
+/* Record a detail message on the tier and return `status`. */
+int kvp__blob_tier_fail(kvp_blob_tier_t *tier, int status, const char *fmt, ...)
+    KVP__PRINTF(3, 4);
+
 #ifdef __cplusplus
 }
 #endif
