@@ -373,16 +373,17 @@ static void write_header(const kvp_blob_codec_t *c, uint8_t *b, bool staging, in
     put64(b + OFF_SCALES, c->scale_digest);
 }
 
-/* A partly filled page's slots past its tokens still hold whatever the page
- * held before (another sequence's K/V, another tenant's): the blob carries
- * encoded zeros there instead, so nothing but this sequence's tokens leaves
- * the process, every scale stays well formed, and equal pages give equal
- * blobs. Keys quantized per channel are never partly filled (they stage). */
-static void clear_unwritten(const kvp_blob_codec_t *c, uint8_t *payload, bool staging,
-                            int32_t tokens) {
+/* Bytes of a page that no token of it wrote leave the process as zeros: a
+ * partly filled page's slots past its tokens (they hold whatever the page
+ * held before: another sequence's K/V, another tenant's), as encoded zeros
+ * so every scale stays well formed; and every block's padding, which
+ * nothing writes (a CPU arena's comes from the allocator, a CUDA arena's
+ * from the device). CPU and CUDA blobs of a page are then equal, and equal
+ * pages give equal blobs. Keys quantized per channel are never partly
+ * filled (they stage). */
+static void scrub(const kvp_blob_codec_t *c, uint8_t *payload, bool staging, int32_t tokens) {
     const kvp_store_t *s = c->store;
     const int32_t P = c->layout.page_size, H = c->layout.kv_heads;
-    if (tokens >= P) return;
     static const float zeros[KVP_MAX_HEAD_DIM]; /* one row, read with stride 0 */
     const kvp__blockfmt *fmt[2] = {staging ? &s->skfmt : &s->kfmt, staging ? &s->svfmt : &s->vfmt};
     const uint64_t side_bytes[2] = {staging ? s->spage_stride_k : s->page_stride_k,
@@ -392,9 +393,13 @@ static void clear_unwritten(const kvp_blob_codec_t *c, uint8_t *payload, bool st
         for (int side = 0; side < 2; side++) {
             const kvp__blockfmt *f = fmt[side];
             bool per_channel = f->is_key && !kvp__format_is_plain(f->format);
-            uint64_t block = side_bytes[side] / (uint64_t)H;
-            for (int32_t h = 0; h < H && !per_channel; h++)
-                kvp__block_encode(f, p + (uint64_t)h * block, tokens, P - tokens, zeros, 0, 1.0f);
+            uint64_t block = side_bytes[side] / (uint64_t)H, used = kvp__block_used_bytes(f);
+            for (int32_t h = 0; h < H; h++) {
+                uint8_t *blk = p + (uint64_t)h * block;
+                if (tokens < P && !per_channel)
+                    kvp__block_encode(f, blk, tokens, P - tokens, zeros, 0, 1.0f);
+                if (used < block) memset(blk + used, 0, (size_t)(block - used));
+            }
             p += side_bytes[side];
         }
 }
@@ -426,7 +431,7 @@ int kvp_blob_export(kvp_blob_codec_t *c, int32_t page, int32_t tokens, const kvp
     if (rc != KVP_OK)
         return kvp__blob_fail(c, rc, "reading page %d: %s", (int)page,
                               kvp_store_last_error(c->store));
-    clear_unwritten(c, b + HEADER_BYTES, staging, tokens);
+    scrub(c, b + HEADER_BYTES, staging, tokens);
     write_header(c, b, staging, tokens, hash, payload);
     checksum(c, b, b + HEADER_BYTES, payload, b + OFF_CHECKSUM);
     if (c->auth && tag(c, b, b + HEADER_BYTES, payload, b + OFF_TAG) != KVP_OK)
@@ -566,11 +571,6 @@ static int check_page(kvp_blob_codec_t *c, const uint8_t *b, const kvp_hash_t *e
     return KVP_OK;
 }
 
-/* The payload's invariants (kvp_store_page_check()). A partly filled pool
- * page (layouts without staging) has per-token value scales only for the
- * tokens it holds: the slots of the others hold bytes no encoder wrote, so
- * a copy with those slots zeroed is checked (docs/formats.md: int8 values
- * `scale[P]`, int4 values `scale[G][P]` then `min[G][P]`, after the data). */
 /* The payload's invariants, over the tokens the page holds: a partly
  * filled page's per-token scale slots past them were never written. */
 static int check_payload(kvp_blob_codec_t *c, bool staging, uint32_t tokens, const uint8_t *p,

@@ -452,7 +452,7 @@ static int write_pages(kvp_cache_t *c, int32_t seq, const int32_t *tokens, int64
      * a partly filled last page is never stored */
     roll_back(c, seq, (k + bad) * P, pages + bad, bad < count ? count - bad : 0);
     *written = bad < count ? bad : count;
-    return kvp__cache_fail(c, rc, "import: page %lld: %s", (long long)(k + bad), why);
+    return kvp__cache_fail(c, rc, "blob %lld: %s", (long long)(k + bad), why);
 }
 
 /* One batch from one tier: fetch, precheck in order, import the run that
