@@ -40,8 +40,11 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <unistd.h>
 
 #include "kvpage.h"
+#include "kvpage_blob.h"
 #include "kvpage_cuda.h"
 #include "kvpage_ext.h"
 #include "kvpage_plan.h"
@@ -1793,6 +1796,590 @@ static void test_foreign_page_bytes(void **state) {
     kvp_ctx_destroy(gc);
 }
 
+/* ---- page blobs: sequences between CPU and CUDA caches ------------------------------------ */
+
+/* Formats the blob tests run over: int8 and int4 keys keep a partly filled
+ * last page in an fp16 staging page; k8v4 is int8 keys with int4 values. */
+static const int32_t blob_formats[][2] = {
+    {KVP_FORMAT_FP16, KVP_FORMAT_FP16},
+    {KVP_FORMAT_INT8, KVP_FORMAT_INT8},
+    {KVP_FORMAT_INT4, KVP_FORMAT_INT4},
+    {KVP_FORMAT_INT8, KVP_FORMAT_INT4},
+    {KVP_FORMAT_FP16, KVP_FORMAT_INT8}, /* a partly filled pool page with per-token value scales */
+};
+#define BLOB_NUM_FORMATS ((int)(sizeof blob_formats / sizeof blob_formats[0]))
+#define BLOB_MAX_PAGES 16
+#define BLOB_LAYERS 2
+#define BLOB_H 2
+#define BLOB_QH 4
+#define BLOB_D 64
+#define BLOB_P 16 /* cache_params()'s shape */
+
+/* A cache of cache_params()'s shape: on the CPU (portable kernels, the
+ * reference) or on the device. */
+static kvp_cache_t *blob_cache(int32_t kf, int32_t vf, bool gpu) {
+    kvp_cache_params_t p = cache_params(kf, vf, 0);
+    char err[KVP_ERR_SIZE] = "";
+    kvp_cache_t *c = nullptr;
+    int rc;
+    if (gpu) {
+        rc = kvp_cuda_cache_create(&p, NULL, &c, err, sizeof err);
+    } else {
+        p.isa = KVP_ISA_PORTABLE;
+        rc = kvp_cache_create(&p, &c, err, sizeof err);
+    }
+    if (rc != KVP_OK) print_error("%s cache: %s\n", gpu ? "cuda" : "cpu", err);
+    assert_int_equal(rc, KVP_OK);
+    return c;
+}
+
+/* Every cache of these tests gets the same identity (fingerprint, shard 0 of 1, no key). */
+static void blob_identity(kvp_cache_t *c) {
+    kvp_blob_params_t bp;
+    kvp_blob_params_init(&bp);
+    for (int i = 0; i < KVP_FINGERPRINT_BYTES; i++) bp.fingerprint[i] = (uint8_t)(0xC3 ^ (7 * i + 1));
+    int rc = kvp_cache_set_blob(c, &bp);
+    if (rc != KVP_OK) print_error("set_blob: %s\n", kvp_cache_last_error(c));
+    assert_int_equal(rc, KVP_OK);
+}
+
+/* Built without page blobs: the façade says KVP_ENOTSUP on a CUDA cache too,
+ * and the caller skips. */
+static bool blob_built(void) {
+    if (kvp_build_has(KVP_FEATURE_BLOB)) return true;
+    kvp_cache_t *g = blob_cache(KVP_FORMAT_FP16, KVP_FORMAT_FP16, true);
+    kvp_blob_params_t bp;
+    kvp_blob_params_init(&bp);
+    bp.fingerprint[0] = 1;
+    assert_int_equal(kvp_cache_set_blob(g, &bp), KVP_ENOTSUP);
+    kvp_cache_destroy(g);
+    print_message("built without page blobs (KVP_FEATURE_BLOB): skipped\n");
+    return false;
+}
+
+static kvp_cache_parts_t blob_parts(const kvp_cache_t *c) {
+    kvp_cache_parts_t p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    assert_int_equal(kvp_cache_parts(c, &p), KVP_OK);
+    return p;
+}
+
+/* A sequence's description and (with `pages`) its pages, a staging page last. */
+static kvp_seq_info_t blob_seq_info(const kvp_cache_t *c, int32_t seq, int32_t *pages) {
+    kvp_table_t *t = blob_parts(c).table;
+    kvp_seq_info_t info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    assert_int_equal(kvp_table_seq_info(t, seq, &info), KVP_OK);
+    assert_true(info.num_pages <= BLOB_MAX_PAGES);
+    if (pages != nullptr) assert_int_equal(kvp_table_seq_pages(t, seq, pages, BLOB_MAX_PAGES), KVP_OK);
+    return info;
+}
+
+static int32_t blob_new_seq(kvp_cache_t *c, uint64_t salt) {
+    int32_t s = -1;
+    assert_int_equal(kvp_cache_seq_create(c, 0, salt, &s), KVP_OK);
+    return s;
+}
+
+static kvp_pool_stats_t blob_pool_stats(const kvp_cache_t *c) {
+    kvp_pool_stats_t st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    assert_int_equal(kvp_pool_stats(blob_parts(c).pool, &st), KVP_OK);
+    return st;
+}
+
+static kvp_cache_tier_stats_t blob_tier_stats(const kvp_cache_t *c, int32_t index) {
+    kvp_cache_tier_stats_t st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    assert_int_equal(kvp_cache_tier_stats(c, index, &st), KVP_OK);
+    return st;
+}
+
+/* K/V rows of positions pos0.. of one layer: a function of (seed, layer,
+ * position), so every cache that asks gets the same rows. */
+static void blob_rows(uint32_t seed, int32_t layer, int64_t pos0, int32_t n, float *k, float *v) {
+    const int32_t width = BLOB_H * BLOB_D;
+    for (int32_t t = 0; t < n; t++) {
+        uint32_t s = seed * 2654435761u + (uint32_t)(pos0 + t) * 40503u + (uint32_t)layer * 977u;
+        for (int32_t i = 0; i < width; i++) {
+            k[(size_t)t * width + i] = cache_rand(&s) + (i % 64 == 7 ? 4.0f : 0.0f); /* an outlier channel */
+            v[(size_t)t * width + i] = cache_rand(&s);
+        }
+    }
+}
+
+/* One step of `n` new tokens (ids `tokens`, positions pos0..) of one
+ * sequence: every layer's K/V written (device copies for a CUDA cache);
+ * with `out` (host, [layers][n][QH][D]), attention with queries of
+ * (seed, layer, pos0) after each layer's write. */
+static void blob_step(kvp_cache_t *c, bool gpu, int32_t seq, const int32_t *tokens, int32_t n,
+                      int64_t pos0, uint32_t seed, float *out) {
+    int rc = kvp_cache_begin_step(c, &seq, 1, &n, tokens);
+    if (rc != KVP_OK) print_error("%s begin_step: %s\n", gpu ? "cuda" : "cpu", kvp_cache_last_error(c));
+    assert_int_equal(rc, KVP_OK);
+    size_t kv_n = (size_t)n * BLOB_H * BLOB_D, q_n = (size_t)n * BLOB_QH * BLOB_D;
+    float *k = (float *)malloc(kv_n * 4), *v = (float *)malloc(kv_n * 4), *q = (float *)malloc(q_n * 4);
+    assert_true(k && v && q);
+    for (int32_t layer = 0; layer < BLOB_LAYERS; layer++) {
+        blob_rows(seed, layer, pos0, n, k, v);
+        void *kd = gpu ? dev_copy(k, kv_n * 4) : nullptr, *vd = gpu ? dev_copy(v, kv_n * 4) : nullptr;
+        rc = kvp_cache_write(c, layer, KVP_FORMAT_FP32, gpu ? kd : (void *)k, gpu ? vd : (void *)v, 0, 0);
+        if (rc != KVP_OK) print_error("%s write: %s\n", gpu ? "cuda" : "cpu", kvp_cache_last_error(c));
+        assert_int_equal(rc, KVP_OK);
+        if (out != nullptr) {
+            uint32_t s = seed ^ (0x9E3779B9u * (uint32_t)(layer + 1)) ^ ((uint32_t)pos0 * 31u);
+            for (size_t i = 0; i < q_n; i++) q[i] = cache_rand(&s);
+            float *o = out + (size_t)layer * q_n;
+            void *qd = gpu ? dev_copy(q, q_n * 4) : nullptr, *od = gpu ? dev_alloc(q_n * 4) : nullptr;
+            kvp_attention_params_t ap;
+            kvp_attention_params_init(&ap);
+            ap.layer = layer;
+            ap.q_heads = BLOB_QH;
+            ap.dtype = KVP_FORMAT_FP32;
+            ap.sm_scale = 0.125f;
+            ap.q = gpu ? qd : (void *)q;
+            ap.out = gpu ? od : (void *)o;
+            rc = kvp_cache_attend(c, &ap);
+            if (rc != KVP_OK) print_error("%s attend: %s\n", gpu ? "cuda" : "cpu", kvp_cache_last_error(c));
+            assert_int_equal(rc, KVP_OK);
+            if (gpu) {
+                to_host(o, od, q_n * 4);
+                assert_int_equal(cudaFree(qd), cudaSuccess);
+                assert_int_equal(cudaFree(od), cudaSuccess);
+            }
+        }
+        if (gpu) { /* the write has read the device copies before they go */
+            assert_int_equal(kvp_store_synchronize(blob_parts(c).store), KVP_OK);
+            assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+            assert_int_equal(cudaFree(kd), cudaSuccess);
+            assert_int_equal(cudaFree(vd), cudaSuccess);
+        }
+    }
+    free(k);
+    free(v);
+    free(q);
+}
+
+/* A whole sequence's blobs (malloc'd). */
+static uint8_t *blob_export(kvp_cache_t *c, int32_t seq, const int32_t *tokens, int64_t n,
+                            int32_t *blobs, uint64_t *bytes) {
+    int rc = kvp_cache_seq_export_size(c, seq, blobs, bytes);
+    if (rc != KVP_OK) print_error("seq_export_size: %s\n", kvp_cache_last_error(c));
+    assert_int_equal(rc, KVP_OK);
+    uint8_t *buf = (uint8_t *)malloc((size_t)*bytes);
+    assert_non_null(buf);
+    rc = kvp_cache_seq_export(c, seq, tokens, n, buf, *bytes);
+    if (rc != KVP_OK) print_error("seq_export: %s\n", kvp_cache_last_error(c));
+    assert_int_equal(rc, KVP_OK);
+    return buf;
+}
+
+/* The first `count` pages of two sequences (every page when count < 0:
+ * then the sequences have the same length and page count) decode
+ * (kvp_store_read, the tokens each page holds) to the same values; either
+ * cache on either backend. */
+static void blob_same_decode(const kvp_cache_t *a, int32_t sa, const kvp_cache_t *b, int32_t sb,
+                             int32_t count, const char *what) {
+    int32_t pa[BLOB_MAX_PAGES], pb[BLOB_MAX_PAGES];
+    kvp_seq_info_t ia = blob_seq_info(a, sa, pa), ib = blob_seq_info(b, sb, pb);
+    if (count < 0) {
+        assert_int_equal(ia.num_pages, ib.num_pages);
+        assert_true(ia.length == ib.length);
+        count = ia.num_pages;
+    }
+    assert_true(count <= ia.num_pages && count <= ib.num_pages);
+    assert_true((int64_t)count * BLOB_P <= ia.length + BLOB_P - 1);
+    kvp_store_t *xa = blob_parts(a).store, *xb = blob_parts(b).store;
+    kvp_layout_t l;
+    memset(&l, 0, sizeof l);
+    l.struct_size = sizeof l;
+    assert_int_equal(kvp_store_layout(xa, &l), KVP_OK);
+    size_t row = (size_t)BLOB_H * BLOB_D;
+    float *ka = (float *)malloc((size_t)BLOB_P * row * 4), *va = (float *)malloc((size_t)BLOB_P * row * 4);
+    float *kb = (float *)malloc((size_t)BLOB_P * row * 4), *vb = (float *)malloc((size_t)BLOB_P * row * 4);
+    assert_true(ka && va && kb && vb);
+    for (int32_t i = 0; i < count; i++) {
+        int64_t left = ia.length - (int64_t)i * BLOB_P;
+        int32_t tokens = (int32_t)(left < BLOB_P ? left : BLOB_P);
+        assert_true(tokens >= 1);
+        for (int32_t layer = 0; layer < BLOB_LAYERS; layer++) {
+            int rc = kvp_store_read(xa, layer, pa[i], 0, tokens, ka, va);
+            if (rc != KVP_OK) print_error("read: %s\n", kvp_store_last_error(xa));
+            assert_int_equal(rc, KVP_OK);
+            rc = kvp_store_read(xb, layer, pb[i], 0, tokens, kb, vb);
+            if (rc != KVP_OK) print_error("read: %s\n", kvp_store_last_error(xb));
+            assert_int_equal(rc, KVP_OK);
+            size_t n = (size_t)tokens * row * 4;
+            bool same_k = memcmp(ka, kb, n) == 0, same_v = memcmp(va, vb, n) == 0;
+            if (!same_k || !same_v)
+                print_error("%s: page %d (ids %d / %d), layer %d, %d tokens: %s differ; K %s V %s\n",
+                            what, (int)i, (int)pa[i], (int)pb[i], (int)layer, (int)tokens,
+                            same_k ? "values" : "keys", kvp_format_name(l.k_format),
+                            kvp_format_name(l.v_format));
+            assert_true(same_k && same_v);
+        }
+    }
+    free(ka);
+    free(va);
+    free(kb);
+    free(vb);
+}
+
+/* Attention outputs ([layers][rows][QH][D]) of a CUDA cache within the CPU
+ * reference's tolerance, layer by layer. */
+static void blob_close(const float *gpu_out, const float *cpu_out, int32_t rows, int32_t kf,
+                       int32_t vf, const char *what) {
+    size_t per = (size_t)rows * BLOB_QH * BLOB_D;
+    double tol = tolerance(kf, vf);
+    for (int32_t layer = 0; layer < BLOB_LAYERS; layer++) {
+        double d = rel_diff(gpu_out + (size_t)layer * per, cpu_out + (size_t)layer * per, per);
+        if (d >= tol)
+            print_error("%s: K %s V %s layer %d: cuda vs cpu %.2e (tol %.1e)\n", what,
+                        kvp_format_name(kf), kvp_format_name(vf), (int)layer, d, tol);
+        assert_true(d < tol);
+    }
+}
+
+/* A sequence of 2.5 pages prefilled alike in a CPU cache A and a CUDA cache
+ * G; G's blobs imported into a CPU cache B decode as A's pages; A's blobs
+ * imported into a CUDA cache G2 decode as A's, and decoding goes on (across
+ * the staging page's seal) within the CUDA tolerance of A, B bit for bit. */
+static void blob_transfer_case(int32_t kf, int32_t vf) {
+    const int32_t n = 2 * BLOB_P + BLOB_P / 2, tail = n % BLOB_P;
+    const uint64_t salt = 7;
+    const uint32_t seed = 4242u + (uint32_t)kf * 16u + (uint32_t)vf;
+    int32_t toks[2 * BLOB_P + BLOB_P / 2];
+    for (int32_t i = 0; i < n; i++) toks[i] = 3000 + 11 * i;
+    kvp_cache_t *a = blob_cache(kf, vf, false), *g = blob_cache(kf, vf, true);
+    blob_identity(a);
+    blob_identity(g);
+    int32_t sa = blob_new_seq(a, salt), sg = blob_new_seq(g, salt);
+    blob_step(a, false, sa, toks, n, 0, seed, nullptr);
+    blob_step(g, true, sg, toks, n, 0, seed, nullptr);
+    blob_same_decode(a, sa, g, sg, -1, "prefill, cpu vs cuda");
+
+    /* the CUDA cache's blobs: as many, as long as the CPU cache's */
+    int32_t gblobs = 0, ablobs = 0;
+    uint64_t gbytes = 0, abytes = 0;
+    uint8_t *gbuf = blob_export(g, sg, toks, n, &gblobs, &gbytes);
+    uint8_t *abuf = blob_export(a, sa, toks, n, &ablobs, &abytes);
+    assert_int_equal(gblobs, 3);
+    assert_int_equal(ablobs, 3);
+    assert_true(gbytes == abytes);
+
+    /* CUDA -> CPU */
+    kvp_cache_t *b = blob_cache(kf, vf, false);
+    blob_identity(b);
+    int32_t sb = blob_new_seq(b, salt), r = -1;
+    int rc = kvp_cache_seq_import(b, sb, toks, n, gbuf, gbytes, &r);
+    if (rc != KVP_OK) print_error("import into a cpu cache: %s\n", kvp_cache_last_error(b));
+    assert_int_equal(rc, KVP_OK);
+    assert_int_equal(r, KVP_BLOB_OK);
+    assert_true(blob_seq_info(b, sb, nullptr).length == n);
+    blob_same_decode(a, sa, b, sb, -1, "cuda blobs in a cpu cache");
+
+    /* CPU -> CUDA */
+    kvp_cache_t *g2 = blob_cache(kf, vf, true);
+    blob_identity(g2);
+    int32_t s2 = blob_new_seq(g2, salt);
+    r = -1;
+    rc = kvp_cache_seq_import(g2, s2, toks, n, abuf, abytes, &r);
+    if (rc != KVP_OK) print_error("import into a cuda cache: %s\n", kvp_cache_last_error(g2));
+    assert_int_equal(rc, KVP_OK);
+    assert_int_equal(r, KVP_BLOB_OK);
+    assert_true(blob_seq_info(g2, s2, nullptr).length == n);
+    blob_same_decode(a, sa, g2, s2, -1, "cpu blobs in a cuda cache");
+
+    /* decode steps, the last page filled and one more token: the CUDA
+     * cache within its tolerance of A, the CPU cache B as A exactly */
+    size_t per = (size_t)BLOB_LAYERS * BLOB_QH * BLOB_D;
+    float *oa = (float *)malloc(per * 4), *ob = (float *)malloc(per * 4), *og = (float *)malloc(per * 4);
+    assert_true(oa && ob && og);
+    for (int32_t s = 0; s <= BLOB_P - tail; s++) {
+        int32_t tok = 5000 + s;
+        uint32_t step_seed = seed + 100u + (uint32_t)s;
+        blob_step(a, false, sa, &tok, 1, n + s, step_seed, oa);
+        blob_step(b, false, sb, &tok, 1, n + s, step_seed, ob);
+        blob_step(g2, true, s2, &tok, 1, n + s, step_seed, og);
+        blob_close(og, oa, 1, kf, vf, "decode after import into a cuda cache");
+        if (memcmp(oa, ob, per * 4) != 0)
+            print_error("decode step %d after import into a cpu cache: outputs differ\n", (int)s);
+        assert_memory_equal(oa, ob, per * 4);
+    }
+    blob_same_decode(a, sa, g2, s2, -1, "cuda cache after decoding on");
+    blob_same_decode(a, sa, b, sb, -1, "cpu cache after decoding on");
+    free(oa);
+    free(ob);
+    free(og);
+    free(gbuf);
+    free(abuf);
+    kvp_cache_destroy(a);
+    kvp_cache_destroy(b);
+    kvp_cache_destroy(g);
+    kvp_cache_destroy(g2);
+}
+
+static void test_blob_transfer(void **state) {
+    (void)state;
+    if (!blob_built()) skip();
+    for (int i = 0; i < BLOB_NUM_FORMATS; i++) blob_transfer_case(blob_formats[i][0], blob_formats[i][1]);
+}
+
+/* A file tier on `dir`, without fsync (a test directory). */
+static kvp_blob_tier_t *blob_file_tier(const char *dir) {
+    kvp_file_tier_params_t fp;
+    kvp_file_tier_params_init(&fp);
+    fp.path = dir;
+    fp.fsync = 0;
+    kvp_blob_tier_t *t = nullptr;
+    char err[KVP_ERR_SIZE] = "";
+    int rc = kvp_file_tier_create(&fp, &t, err, sizeof err);
+    if (rc != KVP_OK) print_error("file tier: %s\n", err);
+    assert_int_equal(rc, KVP_OK);
+    return t;
+}
+
+/* Files in `dir` whose names end in `suffix`. */
+static int blob_count_files(const char *dir, const char *suffix) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    size_t sl = strlen(suffix);
+    const struct dirent *de;
+    while ((de = readdir(d)) != nullptr) {
+        size_t l = strlen(de->d_name);
+        if (l >= sl && strcmp(de->d_name + l - sl, suffix) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Remove a test directory of files (the file tier makes no subdirectories). */
+static int blob_remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d != nullptr) {
+        const struct dirent *de;
+        while ((de = readdir(d)) != nullptr) {
+            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+            char p[512];
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            (void)unlink(p);
+        }
+        closedir(d);
+    }
+    return rmdir(dir);
+}
+
+/* The file tier test's directory while it exists: removed by the teardown
+ * too, when a failed assertion ends the test early. */
+static char blob_tier_dir[64];
+
+static int blob_tier_teardown(void **state) {
+    (void)state;
+    if (blob_tier_dir[0] != '\0') (void)blob_remove_dir(blob_tier_dir);
+    blob_tier_dir[0] = '\0';
+    return 0;
+}
+
+/* A CUDA cache writes 3 full pages through to a file tier; a CPU cache
+ * reading the same directory (its own tier, open all along, as another
+ * process's would be) attaches the prompt from it: the same values, and
+ * decoding goes on within the CUDA tolerance. A second CUDA cache reading
+ * the directory does the same. */
+static void blob_tier_case(int32_t kf, int32_t vf) {
+    const int32_t full = 3, n = full * BLOB_P;
+    const uint64_t salt = 11;
+    const uint32_t seed = 777u + (uint32_t)kf * 16u + (uint32_t)vf;
+    char *dir = blob_tier_dir;
+    snprintf(dir, sizeof blob_tier_dir, "/tmp/kvp_cuda_blob_XXXXXX");
+    if (mkdtemp(dir) == nullptr) dir[0] = '\0';
+    assert_true(dir[0] != '\0');
+    kvp_blob_tier_t *wt = blob_file_tier(dir), *rt = blob_file_tier(dir);
+    int32_t toks[3 * BLOB_P];
+    for (int32_t i = 0; i < n; i++) toks[i] = 70000 + 13 * i;
+
+    kvp_cache_t *g = blob_cache(kf, vf, true), *c = blob_cache(kf, vf, false);
+    blob_identity(g);
+    blob_identity(c);
+    int32_t gi = -1, ci = -1;
+    assert_int_equal(kvp_cache_add_tier(g, wt, KVP_TIER_WRITE_THROUGH, &gi), KVP_OK);
+    assert_int_equal(kvp_cache_add_tier(c, rt, KVP_TIER_READ, &ci), KVP_OK);
+    assert_int_equal(gi, 0);
+    assert_int_equal(ci, 0);
+    kvp_blob_codec_t *codec = nullptr;
+    assert_int_equal(kvp_cache_blob_codec(g, &codec), KVP_OK);
+    uint64_t bb = 0;
+    assert_int_equal(kvp_blob_size(codec, 0, &bb), KVP_OK);
+
+    int32_t sg = blob_new_seq(g, salt);
+    blob_step(g, true, sg, toks, n, 0, seed, nullptr);
+    kvp_cache_tier_stats_t ts = blob_tier_stats(g, gi);
+    assert_true(ts.written == 0); /* the step's K/V are complete at the next step or a flush */
+    int rc = kvp_cache_flush(g);
+    if (rc != KVP_OK) print_error("flush: %s\n", kvp_cache_last_error(g));
+    assert_int_equal(rc, KVP_OK);
+    ts = blob_tier_stats(g, gi);
+    if (ts.written != (uint64_t)full || ts.errors != 0)
+        print_error("write-through: %llu pages written, %llu errors (%s)\n",
+                    (unsigned long long)ts.written, (unsigned long long)ts.errors,
+                    kvp_blob_tier_last_error(wt));
+    assert_true(ts.written == (uint64_t)full);
+    assert_true(ts.errors == 0);
+    assert_true(ts.bytes_out == (uint64_t)full * bb);
+    assert_int_equal(blob_count_files(dir, ".kvpb"), full);
+
+    int32_t sc = blob_new_seq(c, salt);
+    int64_t matched = -1;
+    rc = kvp_cache_seq_attach_prefix(c, sc, toks, n, &matched);
+    if (rc != KVP_OK) print_error("attach_prefix: %s\n", kvp_cache_last_error(c));
+    assert_int_equal(rc, KVP_OK);
+    ts = blob_tier_stats(c, ci);
+    if (matched != n || ts.hit_pages != (uint64_t)full)
+        print_error("attach_prefix: %lld tokens matched; tier: %llu lookups, %llu hits, %llu misses, "
+                    "%llu rejected (%s)\n",
+                    (long long)matched, (unsigned long long)ts.lookups, (unsigned long long)ts.hit_pages,
+                    (unsigned long long)ts.miss_pages, (unsigned long long)ts.rejected,
+                    kvp_cache_last_error(c));
+    assert_true(matched == n);
+    assert_true(ts.lookups == (uint64_t)full);
+    assert_true(ts.hit_pages == (uint64_t)full);
+    assert_true(ts.miss_pages == 0);
+    assert_true(ts.rejected == 0);
+    assert_true(ts.bytes_in == (uint64_t)full * bb);
+    assert_true(blob_seq_info(c, sc, nullptr).length == n);
+    blob_same_decode(g, sg, c, sc, full, "file tier, cuda writer, cpu reader");
+
+    /* a CUDA reader */
+    kvp_blob_tier_t *rt2 = blob_file_tier(dir);
+    kvp_cache_t *g2 = blob_cache(kf, vf, true);
+    blob_identity(g2);
+    assert_int_equal(kvp_cache_add_tier(g2, rt2, KVP_TIER_READ, NULL), KVP_OK);
+    int32_t s2 = blob_new_seq(g2, salt);
+    matched = -1;
+    rc = kvp_cache_seq_attach_prefix(g2, s2, toks, n, &matched);
+    if (rc != KVP_OK) print_error("attach_prefix (cuda): %s\n", kvp_cache_last_error(g2));
+    assert_int_equal(rc, KVP_OK);
+    assert_true(matched == n);
+    ts = blob_tier_stats(g2, 0);
+    assert_true(ts.hit_pages == (uint64_t)full);
+    assert_true(ts.rejected == 0);
+    blob_same_decode(g, sg, g2, s2, full, "file tier, cuda writer, cuda reader");
+
+    /* one decode step on each */
+    size_t per = (size_t)BLOB_LAYERS * BLOB_QH * BLOB_D;
+    float *oc = (float *)malloc(per * 4), *og = (float *)malloc(per * 4), *og2 = (float *)malloc(per * 4);
+    assert_true(oc && og && og2);
+    int32_t tok = 9;
+    blob_step(c, false, sc, &tok, 1, n, seed + 1, oc);
+    blob_step(g, true, sg, &tok, 1, n, seed + 1, og);
+    blob_step(g2, true, s2, &tok, 1, n, seed + 1, og2);
+    blob_close(og, oc, 1, kf, vf, "decode after a file tier's prefix (writer)");
+    blob_close(og2, oc, 1, kf, vf, "decode after a file tier's prefix (cuda reader)");
+    free(oc);
+    free(og);
+    free(og2);
+
+    kvp_cache_destroy(c);
+    kvp_cache_destroy(g);
+    kvp_cache_destroy(g2);
+    kvp_blob_tier_destroy(rt2);
+    kvp_blob_tier_destroy(rt);
+    kvp_blob_tier_destroy(wt);
+    assert_int_equal(blob_remove_dir(dir), 0);
+    dir[0] = '\0';
+}
+
+static void test_blob_file_tier(void **state) {
+    (void)state;
+    if (!blob_built()) skip();
+    for (int i = 0; i < BLOB_NUM_FORMATS; i++) blob_tier_case(blob_formats[i][0], blob_formats[i][1]);
+}
+
+/* Corrupt blobs of a CUDA cache's sequence are refused by another CUDA
+ * cache (KVP_EBADBLOB, a checksum), the sequence left empty and the pool
+ * as it was; then the intact bytes import and decode as the exporter's
+ * (pages the failed imports wrote before the bad blob stay cached, and
+ * must be right). */
+static void blob_corrupt_case(int32_t kf, int32_t vf) {
+    const int32_t n = 2 * BLOB_P + BLOB_P / 2;
+    const uint64_t salt = 3;
+    const uint32_t seed = 31u + (uint32_t)kf * 16u + (uint32_t)vf;
+    int32_t toks[2 * BLOB_P + BLOB_P / 2];
+    for (int32_t i = 0; i < n; i++) toks[i] = 12 + 5 * i;
+    kvp_cache_t *g0 = blob_cache(kf, vf, true), *g = blob_cache(kf, vf, true);
+    blob_identity(g0);
+    blob_identity(g);
+    int32_t s0 = blob_new_seq(g0, salt);
+    blob_step(g0, true, s0, toks, n, 0, seed, nullptr);
+    int32_t blobs = 0;
+    uint64_t bytes = 0;
+    uint8_t *buf = blob_export(g0, s0, toks, n, &blobs, &bytes);
+    assert_int_equal(blobs, 3);
+    /* where each blob starts (the payload length is at offset 80) */
+    uint64_t start[4] = {0, 0, 0, 0};
+    for (int32_t i = 0; i < blobs; i++) {
+        uint64_t payload = 0;
+        for (int j = 7; j >= 0; j--) payload = payload << 8 | buf[start[i] + 80 + (uint64_t)j];
+        start[i + 1] = start[i] + KVP_BLOB_HEADER_BYTES + payload;
+    }
+    assert_true(start[blobs] == bytes);
+    /* in this order, so that no page a failed import left cached hides a
+     * later corruption: a header field (the token count) of the second
+     * blob, then a payload byte of the first, the second, the last */
+    const struct {
+        int32_t blob;
+        bool header;
+    } flips[] = {{1, true}, {0, false}, {1, false}, {2, false}};
+    uint8_t *bad = (uint8_t *)malloc((size_t)bytes);
+    assert_non_null(bad);
+    kvp_pool_stats_t before = blob_pool_stats(g);
+    for (size_t f = 0; f < sizeof flips / sizeof flips[0]; f++) {
+        int32_t i = flips[f].blob;
+        uint64_t off = flips[f].header ? start[i] + 12
+                                       : start[i] + KVP_BLOB_HEADER_BYTES +
+                                             (start[i + 1] - start[i] - KVP_BLOB_HEADER_BYTES) / 3;
+        memcpy(bad, buf, (size_t)bytes);
+        bad[off] ^= 0x10;
+        int32_t s = blob_new_seq(g, salt), r = -1;
+        int rc = kvp_cache_seq_import(g, s, toks, n, bad, bytes, &r);
+        if (rc != KVP_EBADBLOB || r != KVP_BLOB_CHECKSUM)
+            print_error("blob %d (%s) flipped: import %d, reason %s: %s\n", (int)i,
+                        flips[f].header ? "header" : "payload", rc, kvp_blob_reason_name(r),
+                        kvp_cache_last_error(g));
+        assert_int_equal(rc, KVP_EBADBLOB);
+        assert_int_equal(r, KVP_BLOB_CHECKSUM);
+        assert_non_null(strstr(kvp_cache_last_error(g), "checksum"));
+        kvp_seq_info_t info = blob_seq_info(g, s, nullptr);
+        assert_true(info.length == 0);
+        assert_int_equal(info.num_pages, 0);
+        assert_int_equal(kvp_cache_seq_release(g, s), KVP_OK);
+        kvp_pool_stats_t after = blob_pool_stats(g);
+        assert_true(after.used_pages == before.used_pages);
+        assert_true(after.live_tokens == before.live_tokens);
+        assert_true(after.used_staging == before.used_staging);
+    }
+    int32_t s = blob_new_seq(g, salt), r = -1;
+    int rc = kvp_cache_seq_import(g, s, toks, n, buf, bytes, &r);
+    if (rc != KVP_OK) print_error("import of the intact blobs: %s\n", kvp_cache_last_error(g));
+    assert_int_equal(rc, KVP_OK);
+    assert_int_equal(r, KVP_BLOB_OK);
+    blob_same_decode(g0, s0, g, s, -1, "cuda cache after refused imports");
+    free(bad);
+    free(buf);
+    kvp_cache_destroy(g0);
+    kvp_cache_destroy(g);
+}
+
+static void test_blob_corrupt(void **state) {
+    (void)state;
+    if (!blob_built()) skip();
+    for (int i = 0; i < BLOB_NUM_FORMATS; i++) blob_corrupt_case(blob_formats[i][0], blob_formats[i][1]);
+}
+
 static int setup(void **state) {
     (void)state;
     if (!have_device()) {
@@ -1819,6 +2406,9 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_info_and_conventions),
         cmocka_unit_test(test_foreign_page_bytes),
+        cmocka_unit_test(test_blob_transfer),
+        cmocka_unit_test_teardown(test_blob_file_tier, blob_tier_teardown),
+        cmocka_unit_test(test_blob_corrupt),
 #ifdef KVP_CUDASIM
         cmocka_unit_test(test_injected_failures),
 #endif
