@@ -68,6 +68,7 @@ typedef struct {
     int64_t prefix_hit_pages;
     /* KV stores behind the pool (owned here: destroyed after the cache) */
     kvp_blob_tier_t *tiers[KV_MAX_STORES];
+    kvp_blob_tier_t *behind[KV_MAX_STORES]; /* what a queue in tiers[i] writes to, or NULL */
     const char *store_specs[KV_MAX_STORES];
     int32_t n_tiers;
     char name[64];
@@ -107,7 +108,10 @@ static void paged_destroy(kv_cache_t *kv) {
     if (!p) return;
     kvp_cache_flush(p->c); /* write-through pages still pending (destroy would too) */
     kvp_cache_destroy(p->c);
-    for (int32_t i = 0; i < p->n_tiers; i++) kvp_blob_tier_destroy(p->tiers[i]); /* after their cache */
+    for (int32_t i = 0; i < p->n_tiers; i++) { /* after their cache; a queue before its tier */
+        kvp_blob_tier_destroy(p->tiers[i]);
+        kvp_blob_tier_destroy(p->behind[i]);
+    }
     kvp_ctx_destroy(p->decode_ctx);
     free(p->num_new);
     free(p);
@@ -290,16 +294,32 @@ static void paged_stats(const kv_cache_t *kv, kv_stats_t *out) {
  * "dir:PATH", libkvpage's file tier. Another kind (a shared Redis, the
  * engine's own) is one more row here: its opener wraps its functions in a
  * kvp_blob_tier_t (kvp_blob_tier_create) and the cache does the rest. */
-typedef int (*store_open_fn)(const char *rest, kvp_blob_tier_t **out, char *err, size_t err_size);
+typedef int (*store_open_fn)(const char *rest, kvp_blob_tier_t **out, kvp_blob_tier_t **behind,
+                             char *err, size_t err_size);
 
-static int open_dir(const char *path, kvp_blob_tier_t **out, char *err, size_t err_size) {
+/* The file tier behind a queue: pages written back or through during a
+ * step cost the decode loop a copy, not a file write and an fsync. */
+static int open_dir(const char *path, kvp_blob_tier_t **out, kvp_blob_tier_t **behind, char *err,
+                    size_t err_size) {
     kvp_file_tier_params_t fp;
     kvp_file_tier_params_init(&fp);
     fp.path = path;
     char e[KVP_ERR_SIZE] = "";
-    int rc = kvp_file_tier_create(&fp, out, e, sizeof e);
-    if (rc != KVP_OK) snprintf(err, err_size, "dir:%s: %s: %s", path, kvp_status_name(rc), e);
-    return rc == KVP_OK ? 0 : -1;
+    kvp_blob_tier_t *files = NULL;
+    int rc = kvp_file_tier_create(&fp, &files, e, sizeof e);
+    if (rc == KVP_OK) {
+        kvp_queue_tier_params_t qp;
+        kvp_queue_tier_params_init(&qp);
+        qp.inner = files;
+        rc = kvp_queue_tier_create(&qp, out, e, sizeof e);
+        if (rc != KVP_OK) kvp_blob_tier_destroy(files);
+    }
+    if (rc != KVP_OK) {
+        snprintf(err, err_size, "dir:%s: %s: %s", path, kvp_status_name(rc), e);
+        return -1;
+    }
+    *behind = files;
+    return 0;
 }
 
 static const struct {
@@ -393,7 +413,9 @@ static int attach_stores(paged_kv *p, const kv_paged_opts_t *o, char *err, size_
     for (int32_t i = 0; i < o->n_stores; i++) {
         const char *rest;
         int k = store_scheme(o->stores[i], &rest, err, err_size);
-        if (k < 0 || store_schemes[k].open(rest, &p->tiers[p->n_tiers], err, err_size)) return -1;
+        if (k < 0 || store_schemes[k].open(rest, &p->tiers[p->n_tiers], &p->behind[p->n_tiers], err,
+                                           err_size))
+            return -1;
         p->store_specs[p->n_tiers] = o->stores[i];
         rc = kvp_cache_add_tier(p->c, p->tiers[p->n_tiers++], policy, NULL);
         if (rc != KVP_OK) {

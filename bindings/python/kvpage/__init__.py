@@ -14,7 +14,7 @@ carrying the library's detail text.
 from . import _lib, blob, cuda
 from ._handle import Closed
 from .blob import (BlobCodec, BlobInfo, BlobReason, BlobStorage, BlobTier, CacheEvent, FileTier,
-                   PyTier, TierPolicy, fingerprint, hash_hex)
+                   PyTier, QueueTier, TierPolicy, fingerprint, hash_hex)
 from .cache import Cache, StepView
 from .context import Context, ContextInfo, Isa, isa_supported
 from .errors import (BadBlob, BadState, CudaError, Error, HostFull, InternalError,
@@ -47,7 +47,7 @@ __all__ = [
     "EventKind", "Export", "OpKind", "PageOp", "Pool", "PoolEvent", "Table",
     "HostFull", "PageIO", "Tier",
     "BadBlob", "BlobCodec", "BlobInfo", "BlobReason", "BlobStorage", "BlobTier", "CacheEvent",
-    "FileTier", "PyTier", "TierIOError", "TierPolicy", "blob", "fingerprint", "hash_hex",
+    "FileTier", "PyTier", "QueueTier", "TierIOError", "TierPolicy", "blob", "fingerprint", "hash_hex",
     "BadState", "CudaDevice", "CudaError", "Error", "Feature", "Format", "GpuPreset",
     "InternalError", "InvalidArgument", "Layout", "ModelPreset", "NoDevice", "NoSpace",
     "NotFound", "NotSupported", "OutOfMemory", "Plan", "build_has", "build_has_cuda",

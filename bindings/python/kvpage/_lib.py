@@ -1000,6 +1000,21 @@ class FileTierParamsC(ctypes.Structure):
     ]
 
 
+class QueueTierParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("reserved_", c_i32),
+        ("inner", _vp),
+        ("max_bytes", c_u64),
+        ("allocator", Allocator),
+    ]
+
+
+class QueueTierInfoC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("reserved_", c_i32)] + [
+        (n, c_u64) for n in ("queued", "queued_bytes", "dropped", "failed")]
+
+
 class CacheTierStatsC(ctypes.Structure):
     _fields_ = [("struct_size", c_u32), ("reserved_", c_i32)] + [
         (n, c_u64) for n in ("lookups", "hit_pages", "miss_pages", "rejected")] + [
@@ -1032,6 +1047,8 @@ MIRRORED.update({
     "kvp_blob_tier_ops_t": BlobTierOpsC,
     "kvp_blob_tier_stats_t": BlobTierStatsC,
     "kvp_file_tier_params_t": FileTierParamsC,
+    "kvp_queue_tier_params_t": QueueTierParamsC,
+    "kvp_queue_tier_info_t": QueueTierInfoC,
     "kvp_cache_tier_stats_t": CacheTierStatsC,
     "kvp_cache_event_t": CacheEventC,
 })
@@ -1063,6 +1080,10 @@ _sig("kvp_blob_tier_remove", ctypes.c_int, _vp, c_i32, _hp)
 _sig("kvp_blob_tier_stats", ctypes.c_int, _vp, _P(BlobTierStatsC))
 _sig("kvp_file_tier_params_init", None, _P(FileTierParamsC))
 _sig("kvp_file_tier_create", ctypes.c_int, _P(FileTierParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_queue_tier_params_init", None, _P(QueueTierParamsC))
+_sig("kvp_queue_tier_create", ctypes.c_int, _P(QueueTierParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_queue_tier_info", ctypes.c_int, _vp, _P(QueueTierInfoC))
+_sig("kvp_queue_tier_drain", ctypes.c_int, _vp)
 _sig("kvp_cache_set_blob", ctypes.c_int, _vp, _P(BlobParamsC))
 _sig("kvp_cache_blob_codec", ctypes.c_int, _vp, _P(_vp))
 _sig("kvp_cache_add_tier", ctypes.c_int, _vp, _vp, c_i32, _i32p)

@@ -517,6 +517,43 @@ class FileTier(BlobTier):
         super().__init__(ptr)
 
 
+class QueueTier(BlobTier):
+    """A tier whose puts never wait (``kvp_queue_tier_create``): blobs are
+    copied into a queue and written to ``inner`` by a thread of its own.
+
+    Blobs waiting or being written are visible to ``get`` and ``exists``.
+    A put beyond ``max_bytes`` is dropped and counted (:meth:`info`).
+    Closing the queue writes what is queued first. ``inner`` must stay open
+    while the queue is (close the queue first); this object keeps a
+    reference to it.
+
+    Args:
+        inner: the tier written from the queue's thread.
+        max_bytes: most blob bytes waiting at once; default 256 MiB.
+    """
+
+    def __init__(self, inner: BlobTier, max_bytes: int = 256 << 20):
+        p = _lib.new_struct(_lib.QueueTierParamsC)
+        L.kvp_queue_tier_params_init(ctypes.byref(p))
+        p.inner = inner._p()
+        p.max_bytes = max_bytes
+        ptr = ctypes.c_void_p()
+        err = errbuf()
+        check(L.kvp_queue_tier_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err)), err)
+        self.inner = inner
+        super().__init__(ptr)
+
+    def info(self) -> dict[str, int]:
+        """``queued``, ``queued_bytes``, ``dropped``, ``failed`` blobs."""
+        info = _lib.new_struct(_lib.QueueTierInfoC)
+        self._check(L.kvp_queue_tier_info(self._p(), ctypes.byref(info)))
+        return {n: int(getattr(info, n)) for n in ("queued", "queued_bytes", "dropped", "failed")}
+
+    def drain(self) -> None:
+        """Wait until every queued blob has been written (or refused) behind."""
+        self._check(L.kvp_queue_tier_drain(self._p()))
+
+
 class BlobStorage(Protocol):
     """What a Python object implements to be a tier (:class:`PyTier`).
 
