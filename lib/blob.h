@@ -49,14 +49,14 @@ int kvp__memeq_const(const uint8_t *a, const uint8_t *b, size_t n);
 
 /* Validate a blob (want_staging: -1 any, 0 a pool page, 1 a staging
  * page); `payload` receives where its payload starts. Counts a rejection
- * (or an acceptance) in the codec's statistics. */
+ * (or an accepted blob) in the codec's statistics. */
 int kvp__blob_check(kvp_blob_codec_t *c, const uint8_t *blob, uint64_t bytes,
                     const kvp_hash_t *expect, int32_t tokens, int32_t want_staging,
                     kvp_blob_info_t *info, int32_t *reason, const uint8_t **payload);
 /* Every check of the header (a blob the cache then writes with
  * kvp__blob_write(), which checks the payload and integrity); when one
  * fails, integrity decides the reason, so corruption is counted as such.
- * Counts a rejection, not an acceptance. */
+ * Counts a rejection, not an accepted blob. */
 int kvp__blob_precheck(kvp_blob_codec_t *c, const uint8_t *blob, uint64_t bytes,
                        const kvp_hash_t *expect, int32_t tokens, int32_t want_staging,
                        int32_t *reason);
@@ -64,7 +64,7 @@ int kvp__blob_precheck(kvp_blob_codec_t *c, const uint8_t *blob, uint64_t bytes,
  * the way (one pass on the CPU) and then the payload's invariants.
  * KVP_EBADBLOB when either fails: the page may then hold bytes of no
  * meaning, and the caller must not let anything read it (roll the import
- * back). Counts the acceptance or the rejection. */
+ * back). Counts the blob as accepted or rejected. */
 int kvp__blob_write(kvp_blob_codec_t *c, int32_t page, const uint8_t *blob, uint64_t bytes,
                     int32_t *reason);
 /* The codec's store. */

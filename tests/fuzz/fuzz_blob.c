@@ -141,7 +141,7 @@ static kvp_store_t *fb_store(kvp_cache_t *c) {
 }
 
 /* Import `blob` into `page`: a rejection leaves the page as it was; an
- * acceptance leaves the payload in it. */
+ * accepted blob leaves the payload in it. */
 static void fb_import(kvp_cache_t *c, int32_t page, const uint8_t *blob, size_t n, int32_t tokens) {
     kvp_store_t *s = fb_store(c);
     kvp_blob_codec_t *codec = fb_codec(c);
