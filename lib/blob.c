@@ -87,15 +87,15 @@ struct kvp_blob_codec {
     char err[KVP_ERR_SIZE];
 };
 
-int kvp__blob_fail(kvp_blob_codec_t *c, int status, const char *fmt, ...) {
+static int codec_fail(kvp_blob_codec_t *c, int status, const char *fmt, ...)
+    KVP__PRINTF(3, 4);
+static int codec_fail(kvp_blob_codec_t *c, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     kvp__verrf(c->err, sizeof c->err, status, fmt, ap);
     va_end(ap);
     return status;
 }
-
-kvp_store_t *kvp__blob_store(const kvp_blob_codec_t *c) { return c->store; }
 
 static const char *const REASON_NAMES[KVP_BLOB_REASONS] = {
     "ok",   "truncated", "magic",  "version", "fingerprint", "layout",  "format",
@@ -250,7 +250,7 @@ int kvp_blob_codec_stats(const kvp_blob_codec_t *c, kvp_blob_stats_t *stats) {
 
 int kvp_blob_chain_root(kvp_blob_codec_t *c, uint64_t salt, kvp_hash_t *root) {
     if (c == NULL) return KVP_EINVAL;
-    if (root == NULL) return kvp__blob_fail(c, KVP_EINVAL, "root is NULL");
+    if (root == NULL) return codec_fail(c, KVP_EINVAL, "root is NULL");
     uint8_t b[88];
     const kvp_layout_t *l = &c->layout;
     memcpy(b, CHAIN_DOMAIN, 16);
@@ -264,7 +264,7 @@ int kvp_blob_chain_root(kvp_blob_codec_t *c, uint64_t salt, kvp_hash_t *root) {
     int rc = kvp__sha_begin(c->h);
     if (rc == KVP_OK) rc = kvp__sha_update(c->h, b, sizeof b);
     if (rc == KVP_OK) rc = kvp__sha_end(c->h, root->bytes);
-    return rc == KVP_OK ? KVP_OK : kvp__blob_fail(c, rc, "libcrypto's SHA-256 failed");
+    return rc == KVP_OK ? KVP_OK : codec_fail(c, rc, "libcrypto's SHA-256 failed");
 }
 
 /* One page's hash: SHA-256(parent || its token ids as little-endian u32). */
@@ -286,14 +286,14 @@ int kvp_blob_chain(kvp_blob_codec_t *c, const kvp_hash_t *parent, const int32_t 
                    int64_t n, kvp_hash_t *hashes) {
     if (c == NULL) return KVP_EINVAL;
     if (parent == NULL || (n > 0 && (tokens == NULL || hashes == NULL)))
-        return kvp__blob_fail(c, KVP_EINVAL, "parent, tokens or hashes is NULL");
-    if (n < 0) return kvp__blob_fail(c, KVP_EINVAL, "n must be >= 0, got %lld", (long long)n);
+        return codec_fail(c, KVP_EINVAL, "parent, tokens or hashes is NULL");
+    if (n < 0) return codec_fail(c, KVP_EINVAL, "n must be >= 0, got %lld", (long long)n);
     int64_t P = c->layout.page_size;
     const uint8_t *prev = parent->bytes;
     for (int64_t i = 0; i * P < n; i++) {
         int64_t m = n - i * P < P ? n - i * P : P;
         if (page_hash(c, prev, tokens + i * P, m, hashes[i].bytes) != KVP_OK)
-            return kvp__blob_fail(c, KVP_EINTERNAL, "libcrypto's SHA-256 failed");
+            return codec_fail(c, KVP_EINTERNAL, "libcrypto's SHA-256 failed");
         prev = hashes[i].bytes;
     }
     return KVP_OK;
@@ -319,11 +319,11 @@ static uint64_t payload_of(const kvp_blob_codec_t *c, bool staging) {
 int kvp_blob_size(const kvp_blob_codec_t *c, int32_t staging, uint64_t *bytes) {
     if (c == NULL) return KVP_EINVAL;
     kvp_blob_codec_t *w = (kvp_blob_codec_t *)(uintptr_t)c; /* the error text is mutable */
-    if (bytes == NULL) return kvp__blob_fail(w, KVP_EINVAL, "bytes is NULL");
+    if (bytes == NULL) return codec_fail(w, KVP_EINVAL, "bytes is NULL");
     if (staging != 0 && staging != 1)
-        return kvp__blob_fail(w, KVP_EINVAL, "staging must be 0 or 1, got %d", (int)staging);
+        return codec_fail(w, KVP_EINVAL, "staging must be 0 or 1, got %d", (int)staging);
     if (staging && !c->layout.needs_staging)
-        return kvp__blob_fail(w, KVP_EINVAL, "this layout has no staging pages");
+        return codec_fail(w, KVP_EINVAL, "this layout has no staging pages");
     *bytes = HEADER_BYTES + payload_of(c, staging);
     return KVP_OK;
 }
@@ -407,20 +407,20 @@ static void scrub(const kvp_blob_codec_t *c, uint8_t *payload, bool staging, int
 int kvp_blob_export(kvp_blob_codec_t *c, int32_t page, int32_t tokens, const kvp_hash_t *hash,
                     void *dst, uint64_t dst_bytes) {
     if (c == NULL) return KVP_EINVAL;
-    if (hash == NULL || dst == NULL) return kvp__blob_fail(c, KVP_EINVAL, "hash or dst is NULL");
+    if (hash == NULL || dst == NULL) return codec_fail(c, KVP_EINVAL, "hash or dst is NULL");
     if (page < 0 || page >= c->num_pages + c->num_staging)
-        return kvp__blob_fail(c, KVP_EINVAL, "page %d is out of range (0..%d)", (int)page,
+        return codec_fail(c, KVP_EINVAL, "page %d is out of range (0..%d)", (int)page,
                               (int)(c->num_pages + c->num_staging - 1));
     bool staging = page >= c->num_pages;
     int32_t P = c->layout.page_size;
     /* what validation accepts: with staging pages, a pool page is always full */
     int32_t least = c->layout.needs_staging && !staging ? P : 1, most = staging ? P - 1 : P;
     if (tokens < least || tokens > most)
-        return kvp__blob_fail(c, KVP_EINVAL, "tokens must be %d..%d for a %s page, got %d",
+        return codec_fail(c, KVP_EINVAL, "tokens must be %d..%d for a %s page, got %d",
                               (int)least, (int)most, staging ? "staging" : "pool", (int)tokens);
     uint64_t payload = payload_of(c, staging);
     if (dst_bytes < HEADER_BYTES + payload)
-        return kvp__blob_fail(c, KVP_EINVAL, "dst has %llu bytes, the blob needs %llu",
+        return codec_fail(c, KVP_EINVAL, "dst has %llu bytes, the blob needs %llu",
                               (unsigned long long)dst_bytes,
                               (unsigned long long)(HEADER_BYTES + payload));
     uint8_t *b = (uint8_t *)dst;
@@ -429,13 +429,13 @@ int kvp_blob_export(kvp_blob_codec_t *c, int32_t page, int32_t tokens, const kvp
     rc = kvp_store_page_to_host(c->store, page, 0, b + HEADER_BYTES, payload);
     if (rc == KVP_OK) rc = kvp_store_synchronize(c->store);
     if (rc != KVP_OK)
-        return kvp__blob_fail(c, rc, "reading page %d: %s", (int)page,
+        return codec_fail(c, rc, "reading page %d: %s", (int)page,
                               kvp_store_last_error(c->store));
     scrub(c, b + HEADER_BYTES, staging, tokens);
     write_header(c, b, staging, tokens, hash, payload);
     checksum(c, b, b + HEADER_BYTES, payload, b + OFF_CHECKSUM);
     if (c->auth && tag(c, b, b + HEADER_BYTES, payload, b + OFF_TAG) != KVP_OK)
-        return kvp__blob_fail(c, KVP_EINTERNAL, "libcrypto's HMAC failed");
+        return codec_fail(c, KVP_EINTERNAL, "libcrypto's HMAC failed");
     c->stats.exported++;
     c->stats.bytes_out += HEADER_BYTES + payload;
     return KVP_OK;
@@ -449,7 +449,7 @@ static int count_reject(kvp_blob_codec_t *c, int32_t reason, int32_t *reason_out
     c->stats.rejected++;
     c->stats.rejects[reason]++;
     if (reason_out) *reason_out = reason;
-    return kvp__blob_fail(c, KVP_EBADBLOB, "blob rejected (%s): %s", REASON_NAMES[reason], what);
+    return codec_fail(c, KVP_EBADBLOB, "blob rejected (%s): %s", REASON_NAMES[reason], what);
 }
 
 static int reject(kvp_blob_codec_t *c, int32_t reason, int32_t *reason_out, const char *fmt,
@@ -541,7 +541,7 @@ static int check_integrity(kvp_blob_codec_t *c, const uint8_t *b, uint64_t paylo
     }
     uint8_t t[32];
     if (tag(c, b, b + HEADER_BYTES, payload, t) != KVP_OK)
-        return kvp__blob_fail(c, KVP_EINTERNAL, "libcrypto's HMAC failed");
+        return codec_fail(c, KVP_EINTERNAL, "libcrypto's HMAC failed");
     if (!kvp__memeq_const(t, b + OFF_TAG, 32))
         return reject(c, KVP_BLOB_AUTH, reason, "wrong authentication tag (another key?)");
     return KVP_OK;
@@ -581,7 +581,7 @@ static int check_payload(kvp_blob_codec_t *c, bool staging, uint32_t tokens, con
     return KVP_OK;
 }
 
-int kvp__blob_check(kvp_blob_codec_t *c, const uint8_t *b, uint64_t bytes,
+static int full_check(kvp_blob_codec_t *c, const uint8_t *b, uint64_t bytes,
                     const kvp_hash_t *expect, int32_t tokens, int32_t want_staging,
                     kvp_blob_info_t *info, int32_t *reason, const uint8_t **payload) {
     if (reason) *reason = KVP_BLOB_OK;
@@ -648,6 +648,23 @@ static const uint8_t *arena_run(const kvp_store_t *s, int32_t page, int32_t laye
     return side ? kvp__block_v(s, layer, page, 0) : kvp__block_k(s, layer, page, 0);
 }
 
+/* Stream a payload into a CPU page run by run, feeding each run to the
+ * checksum (and the tag) first when asked, while it is in the cache. */
+static int stream_runs(kvp_blob_codec_t *c, int32_t page, const uint8_t *p, bool sum, bool mac) {
+    int rc = KVP_OK;
+    for (int32_t layer = 0; layer < c->layout.layers && rc == KVP_OK; layer++)
+        for (int side = 0; side < 2 && rc == KVP_OK; side++) {
+            uint64_t len = 0;
+            uint8_t *dst = (uint8_t *)(uintptr_t)arena_run(c->store, page, layer, side, &len);
+            if (sum) kvp__xxh_update(c->h, p, (size_t)len);
+            if (mac) rc = kvp__mac_update(c->h, p, (size_t)len);
+            kvp__copy_stream(dst, p, (size_t)len, c->stream);
+            p += len;
+        }
+    kvp__copy_stream_end(c->stream);
+    return rc;
+}
+
 /* Copy a checked payload into a page: streamed runs on the CPU, the store's
  * page I/O elsewhere. */
 static int write_payload(kvp_blob_codec_t *c, int32_t page, const uint8_t *p, uint64_t n) {
@@ -655,18 +672,10 @@ static int write_payload(kvp_blob_codec_t *c, int32_t page, const uint8_t *p, ui
         int rc = kvp_store_page_from_host(c->store, page, 0, p, n);
         if (rc == KVP_OK) rc = kvp_store_synchronize(c->store); /* the caller may free p */
         return rc == KVP_OK ? KVP_OK
-                            : kvp__blob_fail(c, rc, "writing page %d: %s", (int)page,
+                            : codec_fail(c, rc, "writing page %d: %s", (int)page,
                                              kvp_store_last_error(c->store));
     }
-    for (int32_t layer = 0; layer < c->layout.layers; layer++)
-        for (int side = 0; side < 2; side++) {
-            uint64_t len = 0;
-            uint8_t *dst = (uint8_t *)(uintptr_t)arena_run(c->store, page, layer, side, &len);
-            kvp__copy_stream(dst, p, (size_t)len, c->stream);
-            p += len;
-        }
-    kvp__copy_stream_end(c->stream);
-    return KVP_OK;
+    return stream_runs(c, page, p, false, false);
 }
 
 int kvp__blob_write(kvp_blob_codec_t *c, int32_t page, const uint8_t *b, uint64_t bytes,
@@ -695,21 +704,11 @@ int kvp__blob_write(kvp_blob_codec_t *c, int32_t page, const uint8_t *b, uint64_
     kvp__xxh_update(c->h, b, OFF_CHECKSUM);
     int rc = authed ? kvp__mac_begin(c->h) : KVP_OK;
     if (rc == KVP_OK && authed) rc = kvp__mac_update(c->h, b, OFF_TAG);
-    const uint8_t *p = b + HEADER_BYTES;
-    for (int32_t layer = 0; layer < c->layout.layers && rc == KVP_OK; layer++)
-        for (int side = 0; side < 2 && rc == KVP_OK; side++) {
-            uint64_t len = 0;
-            uint8_t *dst = (uint8_t *)(uintptr_t)arena_run(c->store, page, layer, side, &len);
-            kvp__xxh_update(c->h, p, (size_t)len);
-            if (authed) rc = kvp__mac_update(c->h, p, (size_t)len);
-            kvp__copy_stream(dst, p, (size_t)len, c->stream);
-            p += len;
-        }
-    kvp__copy_stream_end(c->stream);
+    if (rc == KVP_OK) rc = stream_runs(c, page, b + HEADER_BYTES, true, authed);
     uint8_t sum[16], t[32];
     kvp__xxh_end(c->h, sum);
     if (rc == KVP_OK && authed) rc = kvp__mac_end(c->h, t);
-    if (rc != KVP_OK) return kvp__blob_fail(c, KVP_EINTERNAL, "libcrypto's HMAC failed");
+    if (rc != KVP_OK) return codec_fail(c, KVP_EINTERNAL, "libcrypto's HMAC failed");
     if (memcmp(sum, b + OFF_CHECKSUM, 16) != 0)
         return reject(c, KVP_BLOB_CHECKSUM, reason, "checksum mismatch (corrupt bytes)");
     if (authed && !kvp__memeq_const(t, b + OFF_TAG, 32))
@@ -723,9 +722,9 @@ int kvp__blob_write(kvp_blob_codec_t *c, int32_t page, const uint8_t *b, uint64_
 
 static int check_call(kvp_blob_codec_t *c, const void *blob, int32_t tokens,
                       kvp_blob_info_t *info) {
-    if (blob == NULL) return kvp__blob_fail(c, KVP_EINVAL, "blob is NULL");
+    if (blob == NULL) return codec_fail(c, KVP_EINVAL, "blob is NULL");
     if (tokens < 0 || tokens > c->layout.page_size)
-        return kvp__blob_fail(c, KVP_EINVAL, "tokens must be 0..%d, got %d",
+        return codec_fail(c, KVP_EINVAL, "tokens must be 0..%d, got %d",
                               (int)c->layout.page_size, (int)tokens);
     if (info != NULL) return kvp__check_struct(info, sizeof *info, "info", c->err, KVP_ERR_SIZE);
     return KVP_OK;
@@ -737,7 +736,7 @@ int kvp_blob_validate(kvp_blob_codec_t *c, const void *blob, uint64_t bytes,
     if (c == NULL) return KVP_EINVAL;
     int rc = check_call(c, blob, tokens, info);
     if (rc != KVP_OK) return rc;
-    return kvp__blob_check(c, (const uint8_t *)blob, bytes, expect, tokens, -1, info, reason,
+    return full_check(c, (const uint8_t *)blob, bytes, expect, tokens, -1, info, reason,
                            NULL);
 }
 
@@ -747,11 +746,11 @@ int kvp_blob_import(kvp_blob_codec_t *c, int32_t page, const void *blob, uint64_
     int rc = check_call(c, blob, tokens, NULL);
     if (rc != KVP_OK) return rc;
     if (page < 0 || page >= c->num_pages + c->num_staging)
-        return kvp__blob_fail(c, KVP_EINVAL, "page %d is out of range (0..%d)", (int)page,
+        return codec_fail(c, KVP_EINVAL, "page %d is out of range (0..%d)", (int)page,
                               (int)(c->num_pages + c->num_staging - 1));
     kvp_blob_info_t info = {.struct_size = sizeof info};
     const uint8_t *payload = NULL;
-    rc = kvp__blob_check(c, (const uint8_t *)blob, bytes, expect, tokens, page >= c->num_pages,
+    rc = full_check(c, (const uint8_t *)blob, bytes, expect, tokens, page >= c->num_pages,
                          &info, reason, &payload);
     if (rc != KVP_OK) return rc;
     return write_payload(c, page, payload, info.payload_bytes);

@@ -47,12 +47,6 @@ int kvp__memeq_const(const uint8_t *a, const uint8_t *b, size_t n);
 
 /* ---- the codec, for the cache façade --------------------------------------- */
 
-/* Validate a blob (want_staging: -1 any, 0 a pool page, 1 a staging
- * page); `payload` receives where its payload starts. Counts a rejection
- * (or an accepted blob) in the codec's statistics. */
-int kvp__blob_check(kvp_blob_codec_t *c, const uint8_t *blob, uint64_t bytes,
-                    const kvp_hash_t *expect, int32_t tokens, int32_t want_staging,
-                    kvp_blob_info_t *info, int32_t *reason, const uint8_t **payload);
 /* Every check of the header (a blob the cache then writes with
  * kvp__blob_write(), which checks the payload and integrity); when one
  * fails, integrity decides the reason, so corruption is counted as such.
@@ -67,10 +61,6 @@ int kvp__blob_precheck(kvp_blob_codec_t *c, const uint8_t *blob, uint64_t bytes,
  * back). Counts the blob as accepted or rejected. */
 int kvp__blob_write(kvp_blob_codec_t *c, int32_t page, const uint8_t *blob, uint64_t bytes,
                     int32_t *reason);
-/* The codec's store. */
-kvp_store_t *kvp__blob_store(const kvp_blob_codec_t *c);
-/* Record a detail message on the codec and return `status`. */
-int kvp__blob_fail(kvp_blob_codec_t *c, int status, const char *fmt, ...) KVP__PRINTF(3, 4);
 
 #ifdef __cplusplus
 }
