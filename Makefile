@@ -17,7 +17,7 @@
 #   make bench docs install uninstall clean
 #
 # Variables: CC CFLAGS LDFLAGS PREFIX DESTDIR LIBDIR INCLUDEDIR BINDIR
-#            PKGCONFIGDIR NVCC CUDA_ARCHS HAVE_CUDA HAVE_BLOB SAN V WERROR
+#            PKGCONFIGDIR NVCC CUDA_ARCHS HAVE_CUDA HAVE_BLOB HAVE_REDIS SAN V WERROR
 
 .DEFAULT_GOAL := all
 .DELETE_ON_ERROR:
@@ -70,6 +70,13 @@ HAVE_BLOB := $(shell printf '\043include <openssl/evp.h>\n\043include <xxhash.h>
     $(CC) -x c - -o /dev/null -lcrypto -lxxhash >/dev/null 2>&1 && echo 1 || echo 0)
 endif
 
+# The Redis/Valkey tier needs hiredis (Debian: libhiredis-dev; `make test`
+# installs it): built when it links, or forced with HAVE_REDIS=0|1.
+ifeq ($(origin HAVE_REDIS),undefined)
+HAVE_REDIS := $(shell printf '\043include <hiredis/hiredis.h>\nint main(void){return 0;}\n' | \
+    $(CC) -x c - -o /dev/null -lhiredis >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+
 ifeq ($(V),1)
 Q :=
 else
@@ -106,6 +113,11 @@ ifeq ($(HAVE_BLOB),1)
 DEFS += -DKVP_HAVE_BLOB
 BLOB_LIBS := -lcrypto -lxxhash
 endif
+REDIS_LIBS :=
+ifeq ($(HAVE_REDIS),1)
+DEFS += -DKVP_HAVE_REDIS
+REDIS_LIBS := -lhiredis
+endif
 ALL_CFLAGS := -std=c11 $(WARN) $(CFLAGS) $(SANFLAGS) -fPIC -fvisibility=hidden \
               -Iinclude -Ilib $(DEFS) -MMD -MP
 TOOL_CFLAGS := -std=c11 $(WARN) $(CFLAGS) $(SANFLAGS) -Iinclude -Ilib -Itools -MMD -MP
@@ -116,7 +128,7 @@ ifeq ($(HAVE_CUDA),1)
 # (libcuda.so.1, loaded at run time) and runs on machines without a GPU.
 CUDA_LIBS := -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt
 endif
-LIBS := $(CUDA_LIBS) $(BLOB_LIBS) $(SYS_LIBS)
+LIBS := $(CUDA_LIBS) $(BLOB_LIBS) $(REDIS_LIBS) $(SYS_LIBS)
 
 NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                 -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
@@ -165,6 +177,7 @@ TESTS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 test_plan_cli_EXTRA := tools/plan_cli.c
 test_sim_EXTRA := tools/sim.c tools/sim_cli.c
 test_fuzz_cli_EXTRA := tools/plan_cli.c tools/sim.c tools/sim_cli.c
+test_redistier_EXTRA := tests/redis_server.c
 # test_tool_flags runs the built tools ($(BIN)): they come first
 $(BUILD)/tests/test_tool_flags: | $(TOOLS)
 
@@ -205,7 +218,7 @@ SHARED_LIBS := $(SHARED_REAL) $(BUILD)/$(SONAME) $(BUILD)/libkvpage.so
 # HAVE_CUDA, CC or CFLAGS rebuilds what it must (SAN=1 has its own directory).
 # nvcc objects have a stamp of their own: C flags (WERROR, CC) do not reach
 # them, and rebuilding the kernels takes minutes.
-CONFIG_LINE := $(CC) $(ALL_CFLAGS) | blob=$(HAVE_BLOB) cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS) | $(LIBS)
+CONFIG_LINE := $(CC) $(ALL_CFLAGS) | blob=$(HAVE_BLOB) redis=$(HAVE_REDIS) cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS) | $(LIBS)
 CONFIG_STAMP := $(BUILD)/.config
 NVCC_CONFIG_LINE := cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS)
 NVCC_STAMP := $(BUILD)/.config-nvcc
@@ -233,6 +246,7 @@ print-config:
 	@echo "CC         $(CC)"
 	@echo "HAVE_CUDA  $(HAVE_CUDA) $(if $(filter 1,$(HAVE_CUDA)),($(NVCC), archs $(CUDA_ARCHS)))"
 	@echo "HAVE_BLOB  $(HAVE_BLOB)"
+	@echo "HAVE_REDIS $(HAVE_REDIS)"
 	@echo "SAN        $(SAN)"
 	@echo "BUILD      $(BUILD)"
 
@@ -324,7 +338,7 @@ $(BUILD)/tests/test_cuda_sim: $(OBJ)/sim/tests/test_cuda_backend.o $(SIM_CU_OBJS
                               $(OBJ)/sim/tests/cudasim/cudasim.o $(LIB_C_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) -lm -lpthread
+	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) $(REDIS_LIBS) -lm -lpthread
 
 # The attention and store fuzz harnesses on the CUDA backend (FZ_CUDA), in
 # the simulator: C sources that call the CUDA runtime API, linked like
@@ -340,7 +354,7 @@ $(BUILD)/tests/test_fuzz_cuda_sim: $(FUZZ_CUDA_OBJS) $(SIM_CU_OBJS) \
                                    $(OBJ)/sim/tests/cudasim/cudasim.o $(LIB_C_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) -lm -lpthread
+	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) $(REDIS_LIBS) -lm -lpthread
 
 $(OBJ)/gpu/tests/%.o: tests/%.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
@@ -351,7 +365,7 @@ $(OBJ)/gpu/tests/%.o: tests/%.cu $(NVCC_STAMP)
 $(BUILD)/tests/test_cuda_gpu: $(OBJ)/gpu/tests/test_cuda_backend.o $(STATIC_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(NVCC) $(NVCC_GENCODE) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) -lm -lpthread -ldl -lrt
+	$(Q)$(NVCC) $(NVCC_GENCODE) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) $(REDIS_LIBS) -lm -lpthread -ldl -lrt
 
 # ---- tests ----------------------------------------------------------------------
 deps-test:
@@ -544,7 +558,7 @@ $(FUZZ_DIR)/obj/%.o: %.c $(wildcard lib/*.h lib/cpu/*.h tools/*.h) $(PUBLIC_HEAD
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_OBJS) $(wildcard tests/fuzz/*.h)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  FUZZLD  $@")
-	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Itests $< $(FUZZ_LIB_OBJS) -o $@ $(BLOB_LIBS) -lm -lpthread
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -Itests $< $(FUZZ_LIB_OBJS) -o $@ $(BLOB_LIBS) $(REDIS_LIBS) -lm -lpthread
 
 fuzz:
 	@scripts/ensure-deps.sh fuzz

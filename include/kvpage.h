@@ -181,7 +181,8 @@ KVP_API unsigned kvp_version_number(void);
     X(KVP_EINTERNAL, -9, "internal error in libkvpage (please report)")        \
     X(KVP_EHOSTFULL, -10, "the host tier has no room for this sequence")     \
     X(KVP_EBADBLOB, -11, "a page blob failed validation")                     \
-    X(KVP_EIO, -12, "a tier's storage or connection failed")
+    X(KVP_EIO, -12, "a tier's storage or connection failed")                  \
+    X(KVP_EACCES, -13, "a server refused the credentials or a command")
 
 /** @brief Internal: expands one row of #KVP_STATUS_TABLE into an enumerator. */
 #define KVP__STATUS_ENUM(name, value, msg) name = value,
@@ -228,6 +229,11 @@ enum kvp_status { KVP_STATUS_TABLE(KVP__STATUS_ENUM) };
 /** @var KVP_EIO
  *  @brief A blob tier's storage or connection failed (file system error,
  *         unreachable server); the detail text has the system's message. */
+/** @var KVP_EACCES
+ *  @brief A server refused the credentials (wrong password, unknown user)
+ *         or a command the caller needs (an ACL without it); the detail text
+ *         has the server's reply. Retrying does not help: fix the
+ *         configuration. */
 
 /** @brief Recommended size of an error-detail buffer (`char err[KVP_ERR_SIZE]`). */
 #define KVP_ERR_SIZE 256

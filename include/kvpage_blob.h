@@ -1,8 +1,9 @@
 /**
  * @file kvpage_blob.h
  * @brief KV beyond one process: portable page blobs, chain hashes, blob
- *        tiers (a file tier, the engine's own), and the cache façade's use
- *        of them (prefix reuse across processes, sequence export/import).
+ *        tiers (a file tier, a queue, a Redis/Valkey tier, the engine's own),
+ *        and the cache façade's use of them (prefix reuse across processes
+ *        and machines, KV events, sequence export/import).
  *
  * A *page blob* is one page of KV (every layer's K and V blocks, in the
  * store's own bytes: int8/int4 travel quantized with their scales) behind a
@@ -29,7 +30,8 @@
  * (Debian: `libssl-dev`, `libxxhash-dev`). kvp_build_has(#KVP_FEATURE_BLOB)
  * tells; without it, the codec and the façade calls return #KVP_ENOTSUP
  * (the tier interface and the file tier, which move opaque bytes, still
- * work).
+ * work). The Redis/Valkey tier is a feature of its own, on hiredis (Debian:
+ * `libhiredis-dev`; kvp_build_has(#KVP_FEATURE_REDIS)).
  */
 #ifndef KVPAGE_BLOB_H
 #define KVPAGE_BLOB_H
@@ -558,6 +560,131 @@ KVP_API int kvp_queue_tier_info(kvp_blob_tier_t *tier, kvp_queue_tier_info_t *in
  */
 KVP_API int kvp_queue_tier_drain(kvp_blob_tier_t *tier);
 
+/** @brief Redis/Valkey tier parameters. Fill with kvp_redis_tier_params_init(). */
+typedef struct kvp_redis_tier_params {
+    uint32_t struct_size;      /**< sizeof(kvp_redis_tier_params_t); set by init. */
+    int32_t cluster;           /**< -1 (default): ask the first server that answers
+                                    (`CLUSTER SLOTS`); 0: standalone servers; 1: a
+                                    Redis/Valkey Cluster whose nodes `uri` lists some of. */
+    const char *uri;           /**< Required: one or more
+                                    `redis://[user[:password]@]host[:port][/db]` (port
+                                    6379, db 0 by default; user and password
+                                    percent-encoded; `redis://:password@host` for a
+                                    password alone),
+                                    separated by commas or spaces. Several standalone
+                                    servers form a sharded set: each key lives on one of
+                                    them, chosen by rendezvous hashing. Copied. */
+    const char *user;          /**< ACL user for URIs that name none (NULL: none, or the
+                                    server's `default` user with a password). Copied. */
+    const char *password;      /**< Password for URIs that carry none, so that it need not
+                                    appear in a URI (NULL: none). Copied. */
+    const char *prefix;        /**< Key namespace: a blob's key is the prefix and its chain
+                                    hash in hex. Default "kvp:"; at most 64 bytes; copied. */
+    int32_t connect_timeout_ms; /**< Longest wait for one connection (default 250). */
+    int32_t timeout_ms;        /**< Budget of one call, whatever it waits for (the lock,
+                                    connections, every server's replies): keys not answered
+                                    in time are misses (default 100). */
+    int32_t ttl_s;             /**< Expire each stored blob after this many seconds; 0
+                                    (default): never (the server's eviction policy decides). */
+    int32_t retry_min_ms;      /**< After a server fails, keys routed to it are misses at
+                                    once for this long before a reconnection is tried; the
+                                    wait doubles with each failure in a row (default 100). */
+    int32_t retry_max_ms;      /**< Longest wait between reconnection attempts (default
+                                    5000). */
+    int32_t reserved_;         /**< Must be 0. */
+    kvp_allocator_t allocator; /**< Host allocator hooks for the tier's own state; NULL
+                                    functions = libc (hiredis's buffers use libc). */
+} kvp_redis_tier_params_t;
+
+/**
+ * @brief Defaults: cluster auto-detected, prefix "kvp:", 250 ms connect,
+ *        100 ms per call, no TTL, reconnect backoff 100 ms to 5 s, libc
+ *        allocator; `uri` must be set.
+ * @param[out] p Parameters; NULL is ignored.
+ */
+KVP_API void kvp_redis_tier_params_init(kvp_redis_tier_params_t *p);
+
+/**
+ * @brief A tier on Redis or Valkey: one key per blob, shared by every
+ *        process that uses the same servers, prefix and identity.
+ *
+ * Each call is one pipelined exchange per server (`GET`, `SET` with an
+ * optional `EX`, `EXISTS`, `UNLINK`), every server's batch written before
+ * any reply is read. In a Cluster, keys are routed to their hash slot's
+ * node from the slot map (`CLUSTER SLOTS`); a `MOVED` reply updates the map
+ * and sends the key to its new node, an `ASK` reply sends it once to the
+ * importing node, and the whole map is read again at the next call, so
+ * slots that move or nodes that join during a run are followed.
+ *
+ * A call never waits longer than `timeout_ms` in all: a server that is
+ * slow, dead or unreachable turns its keys into misses (gets), refusals
+ * (puts) or "absent" (exists), counted in kvp_redis_tier_info(); its
+ * connection is closed and retried after a backoff (kvp_redis_tier_reconnect()
+ * retries at once). A get or exists returns #KVP_EIO only when none of its
+ * keys could be asked (else the keys that could are answered); a put or
+ * removal returns it when any key failed. A cache counts such a call as an
+ * error and its keys as misses. A blob the server evicted or that expired is a miss
+ * like any other; every blob read is validated by the cache before use,
+ * so a corrupt, foreign or unauthenticated one is rejected, never attached.
+ *
+ * Creation connects to every URI, authenticates (`AUTH`), selects the
+ * database (`SELECT`, standalone only), reads the slot map, and checks that
+ * the server lets the tier run each command it uses on a probe key under
+ * the prefix, so that a wrong password or a missing ACL permission fails
+ * here, with the server's words, not later. Calls on one tier are
+ * serialized by a lock (waiting for it counts against the budget).
+ *
+ * @param[in]  params   Parameters.
+ * @param[out] out      The tier.
+ * @param[out] err      Optional error-detail buffer.
+ * @param[in]  err_size Its size.
+ * @return #KVP_OK; #KVP_EINVAL (a malformed URI, bad parameters);
+ *         #KVP_EIO (a server cannot be reached or answers wrongly);
+ *         #KVP_EACCES (credentials or a command refused); #KVP_ENOMEM;
+ *         #KVP_ENOTSUP (built without hiredis, see
+ *         kvp_build_has(#KVP_FEATURE_REDIS)).
+ */
+KVP_API int kvp_redis_tier_create(const kvp_redis_tier_params_t *params, kvp_blob_tier_t **out,
+                                  char *err, size_t err_size);
+
+/** @brief A Redis tier's state (kvp_redis_tier_info()). */
+typedef struct kvp_redis_tier_info {
+    uint32_t struct_size;    /**< Set by the caller to sizeof(kvp_redis_tier_info_t). */
+    int32_t cluster;         /**< 1: a Cluster; 0: standalone servers. */
+    int32_t nodes;           /**< Servers known: the URIs, or the Cluster's nodes. */
+    int32_t nodes_down;      /**< Of which failed and not connected again since. */
+    uint64_t round_trips;    /**< Pipelined exchanges with a server. */
+    uint64_t commands;       /**< Commands sent. */
+    uint64_t connects;       /**< Connections made (the first ones and reconnections). */
+    uint64_t failures;       /**< Connections refused, lost or timed out (each attempt:
+                                  a server down for a while fails once per backoff). */
+    uint64_t timeouts;       /**< Calls that ran out of their budget. */
+    uint64_t skipped;        /**< Keys not sent because their server was down. */
+    uint64_t server_errors;  /**< Error replies other than redirects (e.g. `OOM`). */
+    uint64_t moved;          /**< `MOVED` redirects followed. */
+    uint64_t asked;          /**< `ASK` redirects followed. */
+    uint64_t slot_refreshes; /**< Times the Cluster's slot map was read. */
+} kvp_redis_tier_info_t;
+
+/**
+ * @brief A Redis tier's counters and connection state.
+ * @param[in]  tier A tier made by kvp_redis_tier_create().
+ * @param[out] info Filled in; `info->struct_size` must be set.
+ * @return #KVP_OK or #KVP_EINVAL (another kind of tier, bad `info`).
+ */
+KVP_API int kvp_redis_tier_info(kvp_blob_tier_t *tier, kvp_redis_tier_info_t *info);
+
+/**
+ * @brief Re-enable a tier whose servers failed: forget every backoff and
+ *        connect now (each within the connect timeout), reading the slot
+ *        map again in a Cluster.
+ * @param[in] tier A tier made by kvp_redis_tier_create().
+ * @return #KVP_OK (every server answers), #KVP_EIO (some do not: they are
+ *         retried after their backoff), #KVP_EACCES, #KVP_EINVAL (another
+ *         kind of tier).
+ */
+KVP_API int kvp_redis_tier_reconnect(kvp_blob_tier_t *tier);
+
 /** @} */
 
 /**
@@ -595,8 +722,9 @@ enum kvp_tier_policy {
  * @brief Give the cache its blob identity (fingerprint, shard, key); needed
  *        by every other call of this group. Call once, before any tier.
  *
- * Allocates the cache's blob state: 32 bytes and one flag per pool page
- * (chain hashes), and two buffers of up to 32 pool-page blobs each, at most
+ * Allocates the cache's blob state: 64 bytes and one flag per pool page
+ * (chain hashes: its own and its parent's), and two buffers of up to 32
+ * pool-page blobs each, at most
  * 16 MiB each (lookups and write-back are batched in that many pages).
  *
  * @param[in] c      The cache.
@@ -667,21 +795,62 @@ KVP_API int kvp_cache_tier_stats(const kvp_cache_t *c, int32_t index,
  */
 KVP_API int kvp_cache_flush(kvp_cache_t *c);
 
-/** @brief A pool event with its tier and chain hash (kvp_cache_set_event_callback()). */
+/**
+ * @brief Event kinds a cache adds to its pool's (#kvp_cache_event_t::kind;
+ *        the pool's are #kvp_pool_event_kind).
+ *
+ * Together they describe what the cache holds where, in the terms prefix-aware
+ * routers use (vLLM's and Dynamo's KV events): a page is *stored* in a medium
+ * (#KVP_EVENT_PAGE_STORED: the pool; #KVP_EVENT_TIER_STORED: a tier), *removed*
+ * from it (#KVP_EVENT_PAGE_EVICTED, #KVP_EVENT_TIER_REMOVED), or the medium is
+ * *cleared* (#KVP_EVENT_CLEARED). Pages are named by chain hash, with their
+ * parent's, so a router that knows the hashing (docs/blob-format.md) matches
+ * a request's pages without token ids.
+ */
+enum kvp_cache_event_kind {
+    /** A page's blob was written to tier `tier` (write-back or write-through):
+     *  the tier holds `chain` now. Blobs the tier held already are not written
+     *  again and give no event. */
+    KVP_EVENT_TIER_STORED = 16,
+    /** The cache removed `chain` from tier `tier`: the blob it read there was
+     *  rejected (corrupt, or not this cache's), so that it is not fetched again
+     *  and a good blob can take its place. */
+    KVP_EVENT_TIER_REMOVED = 17,
+    /** The pool's prefix cache was emptied at once (kvp_cache_clear_prefix()):
+     *  every page stored before is gone; no EVICTED event is sent for them. */
+    KVP_EVENT_CLEARED = 18
+};
+
+/** @brief A cache event: a pool event with its tier and chain hash, or a tier
+ *         event (kvp_cache_set_event_callback()). */
 typedef struct kvp_cache_event {
-    uint32_t struct_size;  /**< sizeof(kvp_cache_event_t) of the library. */
-    int32_t kind;          /**< A #kvp_pool_event_kind. */
-    int32_t page;          /**< The pool page. */
-    int32_t parent;        /**< As #kvp_pool_event_t. */
-    int32_t priority;      /**< As #kvp_pool_event_t. */
+    uint32_t struct_size;  /**< sizeof(kvp_cache_event_t) of the library; read fields up
+                                to it. */
+    int32_t kind;          /**< A #kvp_pool_event_kind or a #kvp_cache_event_kind. */
+    int32_t page;          /**< The pool page; -1 for TIER_STORED of a page no longer in the
+                                pool, TIER_REMOVED and CLEARED. */
+    int32_t parent;        /**< As #kvp_pool_event_t; -1 for tier events and CLEARED. */
+    int32_t priority;      /**< As #kvp_pool_event_t; 0 for tier events and CLEARED. */
     int32_t tier;          /**< STORED: the tier index it was imported from; EVICTED:
-                                the tier index it was written back to; else
-                                #KVP_TIER_NONE. */
-    uint64_t hash;         /**< The pool's 64-bit hash, as #kvp_pool_event_t. */
-    kvp_hash_t chain;      /**< STORED/EVICTED: the page's chain hash (its blob key);
-                                FREED: zero. */
-    kvp_hash_t parent_chain; /**< STORED/EVICTED: the parent page's chain hash (the chain
-                                root for a first page); FREED: zero. */
+                                the tier index it was written back to; TIER_STORED,
+                                TIER_REMOVED: the tier; else #KVP_TIER_NONE (CLEARED: the
+                                pool). */
+    uint64_t hash;         /**< The pool's 64-bit hash, as #kvp_pool_event_t; 0 for tier
+                                events and CLEARED. */
+    kvp_hash_t chain;      /**< STORED/EVICTED/TIER_*: the page's chain hash (its blob key);
+                                zero for FREED, CLEARED, and pages of a cache with no
+                                identity (kvp_cache_set_blob()). */
+    kvp_hash_t parent_chain; /**< STORED/EVICTED/TIER_STORED: the parent page's chain hash
+                                (the chain root for a first page); zero where `chain` is,
+                                and for TIER_REMOVED. */
+    uint64_t seq_no;       /**< The event's number in this cache's stream: 0, 1, 2, ...
+                                A gap means events were produced while no callback was set
+                                (a router then resynchronizes). */
+    int32_t page_size;     /**< Tokens per page (vLLM's block_size). */
+    int32_t num_tokens;    /**< STORED: `page_size` (the page's token ids are in `tokens`);
+                                else 0. */
+    const int32_t *tokens; /**< STORED: the page's token ids, valid during the call;
+                                else NULL. */
 } kvp_cache_event_t;
 
 /**
@@ -693,8 +862,16 @@ typedef struct kvp_cache_event {
 typedef void (*kvp_cache_event_fn)(void *opaque, const kvp_cache_event_t *event);
 
 /**
- * @brief Pool events as the cache sees them, with the tier a page came
- *        from (STORED) or went to (EVICTED) and its chain hash.
+ * @brief The cache's events: pool events with the tier a page came from
+ *        (STORED) or went to (EVICTED) and its chain hash, and tier events
+ *        (#kvp_cache_event_kind), numbered in one stream.
+ *
+ * Replaying the stream gives what the cache holds: STORED adds `chain` to
+ * the pool's set and EVICTED removes it, CLEARED empties it; TIER_STORED
+ * adds `chain` to tier `tier`'s set and TIER_REMOVED removes it. A tier's
+ * own removals (a server's LRU eviction or TTL, another process) are not
+ * seen by the cache: for a shared tier the set is what this cache put
+ * there, a hint that a lookup confirms.
  *
  * With tiers, the cache listens to its pool's events itself: set the
  * engine's callback here, not with kvp_pool_set_event_callback() on the
@@ -703,12 +880,26 @@ typedef void (*kvp_cache_event_fn)(void *opaque, const kvp_cache_event_t *event)
  * @param[in] c      The cache.
  * @param[in] fn     Callback, or NULL.
  * @param[in] opaque Passed to `fn`.
- * @return #KVP_OK or #KVP_EINVAL.
+ * @return #KVP_OK, #KVP_EINVAL, #KVP_ENOMEM.
  */
 KVP_API int kvp_cache_set_event_callback(kvp_cache_t *c,
                                          kvp_cache_event_fn fn,
                                          void *opaque);
 
+/**
+ * @brief Empty the pool's prefix cache: every cached page is dropped, not
+ *        written back to any tier, and one #KVP_EVENT_CLEARED event is sent
+ *        (vLLM's reset of its prefix cache).
+ *
+ * For when cached KV must not be reused any more (new weights, a new
+ * adapter) or to measure a cold start. Tiers keep their blobs: they are
+ * named by a fingerprint that changes with the weights.
+ *
+ * @param[in] c The cache, with no live sequence.
+ * @return #KVP_OK, #KVP_EINVAL, #KVP_ESTATE (sequences are live: their pages
+ *         are in the prefix cache too; release them first).
+ */
+KVP_API int kvp_cache_clear_prefix(kvp_cache_t *c);
 
 /**
  * @brief Blobs and bytes kvp_cache_seq_export() writes for a sequence.

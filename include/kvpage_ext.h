@@ -40,8 +40,10 @@ KVP_API const char *kvp_status_name(int status);
 /** @brief Optional parts of the library a build may contain (kvp_build_has()). */
 enum kvp_feature {
     KVP_FEATURE_CUDA = 1, /**< The CUDA backend (kvpage_cuda.h). */
-    KVP_FEATURE_BLOB = 2  /**< Page blobs and chain hashes (kvpage_blob.h): built with
+    KVP_FEATURE_BLOB = 2, /**< Page blobs and chain hashes (kvpage_blob.h): built with
                                OpenSSL's libcrypto and libxxhash. */
+    KVP_FEATURE_REDIS = 4 /**< The Redis/Valkey tier (kvp_redis_tier_create()): built
+                               with hiredis. */
 };
 
 /**

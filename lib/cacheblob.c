@@ -41,6 +41,7 @@ struct kvp__cache_blob {
     tier_slot tiers[MAX_TIERS];
     int32_t ntiers;
     kvp_hash_t *chain;       /* [num_pages] chain hash of stored pages (F_CHAIN) */
+    kvp_hash_t *pchain;      /* [num_pages] their parents' chain hashes (events) */
     uint8_t *flags;          /* [num_pages] F_* */
     int32_t *pending;        /* [num_pages] pages to write through (F_PENDING) */
     int32_t npending;
@@ -48,6 +49,7 @@ struct kvp__cache_blob {
     int32_t batch;           /* blobs per buffer */
     uint8_t *buf;            /* batch blobs: the write-back buffer */
     kvp_hash_t *wkeys;       /* [batch] */
+    kvp_hash_t *wparents;    /* [batch] their parents' chain hashes (events) */
     uint8_t *wmask;          /* [batch] tiers each buffered blob goes to */
     int32_t wn;
     uint8_t *rbuf;           /* batch blobs: lookups */
@@ -57,8 +59,10 @@ struct kvp__cache_blob {
     int32_t importing_tier;  /* events: pages stored now come from this tier */
     bool importing;          /* pages stored now are copies of a tier's (persisted) */
     bool rolling_back;       /* pages evicted now hold wrong bytes: never write them */
+    bool clearing;           /* kvp_cache_clear_prefix(): pages leave without a trace */
     kvp_cache_event_fn fn;
     void *opaque;
+    uint64_t next_seq;       /* events' numbers */
 };
 
 static uint64_t now_ns(void) {
@@ -74,6 +78,29 @@ static int32_t policy_mask(const struct kvp__cache_blob *b, int32_t policy) {
     return m;
 }
 
+/* Number an event and deliver it. */
+static void emit(kvp_cache_t *c, kvp_cache_event_t *ev) {
+    struct kvp__cache_blob *b = c->blob;
+    ev->seq_no = b->next_seq++;
+    ev->page_size = c->page_size;
+    if (b->fn != NULL) b->fn(b->opaque, ev);
+}
+
+/* A tier event (TIER_STORED, TIER_REMOVED, CLEARED). */
+static void emit_tier(kvp_cache_t *c, int32_t kind, int32_t tier, const kvp_hash_t *chain,
+                      const kvp_hash_t *parent) {
+    kvp_cache_event_t ev;
+    memset(&ev, 0, sizeof ev);
+    ev.struct_size = sizeof ev;
+    ev.kind = kind;
+    ev.page = -1;
+    ev.parent = -1;
+    ev.tier = tier;
+    if (chain) ev.chain = *chain;
+    if (parent) ev.parent_chain = *parent;
+    emit(c, &ev);
+}
+
 /* ---- writing to the tiers ------------------------------------------------- */
 
 /* Put the buffered blobs, each to its tiers, batched per tier. */
@@ -83,12 +110,14 @@ static void flush_writes(kvp_cache_t *c) {
     const void *blobs[MAX_BATCH];
     uint64_t sizes[MAX_BATCH];
     kvp_hash_t keys[MAX_BATCH];
+    int32_t from[MAX_BATCH]; /* buffer index of each */
     for (int32_t t = 0; t < b->ntiers; t++) {
         int32_t n = 0;
         for (int32_t i = 0; i < b->wn; i++) {
             if (!(b->wmask[i] & (1 << t))) continue;
             blobs[n] = b->buf + (size_t)i * b->blob_bytes;
             sizes[n] = b->blob_bytes;
+            from[n] = i;
             keys[n++] = b->wkeys[i];
         }
         if (n == 0) continue;
@@ -101,6 +130,7 @@ static void flush_writes(kvp_cache_t *c) {
             for (int32_t i = 0; i < n; i++)
                 if (!present[i]) {
                     blobs[m] = blobs[i];
+                    from[m] = from[i];
                     keys[m++] = keys[i];
                 }
             n = m;
@@ -109,13 +139,16 @@ static void flush_writes(kvp_cache_t *c) {
             s->stats.write_ns += now_ns() - t0;
             continue;
         }
-        if (kvp_blob_tier_put(s->tier, n, keys, blobs, sizes) == KVP_OK) {
+        bool ok = kvp_blob_tier_put(s->tier, n, keys, blobs, sizes) == KVP_OK;
+        if (ok) {
             s->stats.written += (uint64_t)n;
             s->stats.bytes_out += (uint64_t)n * b->blob_bytes;
         } else {
             s->stats.errors++;
         }
         s->stats.write_ns += now_ns() - t0;
+        for (int32_t i = 0; ok && i < n; i++)
+            emit_tier(c, KVP_EVENT_TIER_STORED, t, &keys[i], &b->wparents[from[i]]);
     }
     b->wn = 0;
 }
@@ -135,6 +168,7 @@ static bool buffer_page(kvp_cache_t *c, int32_t page, int32_t mask) {
     }
     if (rc != KVP_OK) return false;
     b->wkeys[b->wn] = b->chain[page];
+    b->wparents[b->wn] = b->pchain[page];
     b->wmask[b->wn++] = (uint8_t)mask;
     return true;
 }
@@ -181,6 +215,7 @@ static void on_stored(kvp_cache_t *c, const kvp_pool_event_t *e, kvp_cache_event
     const int32_t *tokens = kvp__page_tokens(c->pool, page);
     if (kvp_blob_chain(b->codec, &parent, tokens, c->page_size, &b->chain[page]) != KVP_OK) return;
     b->flags[page] = F_CHAIN;
+    b->pchain[page] = parent;
     ev->chain = b->chain[page];
     ev->parent_chain = parent;
     if (b->importing) {
@@ -206,9 +241,9 @@ static void on_evicted(kvp_cache_t *c, const kvp_pool_event_t *e, kvp_cache_even
     }
     if (!(f & F_CHAIN)) return;
     ev->chain = b->chain[page];
-    parent_chain(c, page, e->parent, &ev->parent_chain);
+    ev->parent_chain = b->pchain[page];
     int32_t mask = policy_mask(b, KVP_TIER_WRITE_BACK);
-    if ((f & F_PERSISTED) || mask == 0 || b->rolling_back) return;
+    if ((f & F_PERSISTED) || mask == 0 || b->rolling_back || b->clearing) return;
     if (buffer_page(c, page, mask))
         for (int32_t t = 0; t < b->ntiers; t++)
             if (mask & (1 << t)) {
@@ -229,9 +264,14 @@ static void on_pool_event(void *opaque, const kvp_pool_event_t *e) {
     ev.priority = e->priority;
     ev.tier = KVP_TIER_NONE;
     ev.hash = e->hash;
+    if (e->kind == KVP_EVENT_PAGE_STORED) {
+        ev.num_tokens = c->page_size;
+        ev.tokens = kvp__page_tokens(c->pool, e->page);
+    }
     if (b->codec != NULL && e->kind == KVP_EVENT_PAGE_STORED) on_stored(c, e, &ev);
     if (b->codec != NULL && e->kind == KVP_EVENT_PAGE_EVICTED) on_evicted(c, e, &ev);
-    if (b->fn != NULL) b->fn(b->opaque, &ev);
+    if (b->clearing && e->kind == KVP_EVENT_PAGE_EVICTED) return; /* CLEARED says it */
+    emit(c, &ev);
 }
 
 /* ---- setup ------------------------------------------------------------------- */
@@ -257,8 +297,8 @@ int kvp_cache_set_event_callback(kvp_cache_t *c, kvp_cache_event_fn fn, void *op
 }
 
 static void free_buffers(const kvp_allocator_t *a, struct kvp__cache_blob *b) {
-    void *bufs[] = {b->chain, b->flags, b->pending, b->buf, b->wkeys, b->wmask,
-                    b->rbuf, b->ops,   b->keys};
+    void *bufs[] = {b->chain, b->pchain, b->flags, b->pending, b->buf, b->wkeys,
+                    b->wparents, b->wmask, b->rbuf, b->ops, b->keys};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvp__free(a, bufs[i]);
 }
 
@@ -278,15 +318,17 @@ int kvp_cache_set_blob(kvp_cache_t *c, const kvp_blob_params_t *params) {
     struct kvp__cache_blob fresh;
     memset(&fresh, 0, sizeof fresh);
     fresh.chain = (kvp_hash_t *)kvp__calloc(a, pages, sizeof(kvp_hash_t), 64);
+    fresh.pchain = (kvp_hash_t *)kvp__calloc(a, pages, sizeof(kvp_hash_t), 64);
     fresh.flags = (uint8_t *)kvp__calloc(a, pages, 1, 64);
     fresh.pending = (int32_t *)kvp__calloc(a, pages, sizeof(int32_t), 64);
     fresh.buf = (uint8_t *)kvp__calloc(a, nb, (size_t)blob_bytes, 64);
     fresh.rbuf = (uint8_t *)kvp__calloc(a, nb, (size_t)blob_bytes, 64);
     fresh.wkeys = (kvp_hash_t *)kvp__calloc(a, nb, sizeof(kvp_hash_t), 64);
+    fresh.wparents = (kvp_hash_t *)kvp__calloc(a, nb, sizeof(kvp_hash_t), 64);
     fresh.wmask = (uint8_t *)kvp__calloc(a, nb, 1, 64);
     fresh.ops = (kvp_page_op_t *)kvp__calloc(a, nb + 1, sizeof(kvp_page_op_t), 64);
-    bool ok = fresh.chain && fresh.flags && fresh.pending && fresh.buf && fresh.rbuf &&
-              fresh.wkeys && fresh.wmask && fresh.ops;
+    bool ok = fresh.chain && fresh.pchain && fresh.flags && fresh.pending && fresh.buf &&
+              fresh.rbuf && fresh.wkeys && fresh.wparents && fresh.wmask && fresh.ops;
     if (ok) ok = ensure_state(c) == KVP_OK;
     if (!ok) {
         free_buffers(a, &fresh);
@@ -296,6 +338,7 @@ int kvp_cache_set_blob(kvp_cache_t *c, const kvp_blob_params_t *params) {
     struct kvp__cache_blob *b = c->blob;
     fresh.fn = b->fn;
     fresh.opaque = b->opaque;
+    fresh.next_seq = b->next_seq;
     fresh.importing_tier = KVP_TIER_NONE;
     fresh.codec = codec;
     fresh.blob_bytes = blob_bytes;
@@ -362,6 +405,22 @@ int kvp_cache_flush(kvp_cache_t *c) {
     if (c == NULL) return KVP_EINVAL;
     flush_pending(c);
     flush_writes(c);
+    return KVP_OK;
+}
+
+int kvp_cache_clear_prefix(kvp_cache_t *c) {
+    if (c == NULL) return KVP_EINVAL;
+    if (c->pool->live_seqs > 0)
+        return kvp__cache_fail(c, KVP_ESTATE, "clear_prefix: %lld sequences are live (their "
+                               "pages are cached too); release them first",
+                               (long long)c->pool->live_seqs);
+    int rc = ensure_state(c);
+    if (rc != KVP_OK) return rc;
+    struct kvp__cache_blob *b = c->blob;
+    b->clearing = true;
+    kvp_pool_evict(c->pool, INT32_MAX, NULL);
+    b->clearing = false;
+    emit_tier(c, KVP_EVENT_CLEARED, KVP_TIER_NONE, NULL, NULL);
     return KVP_OK;
 }
 
@@ -488,7 +547,9 @@ static int32_t tier_batch(kvp_cache_t *c, int32_t t, int32_t seq, const int32_t 
     if (bad >= 0) {
         s->stats.rejected++;
         s->stats.rejects[reason]++;
-        kvp_blob_tier_remove(s->tier, 1, &b->keys[k + bad]); /* never fetched again */
+        /* never fetched again, and a good blob may take its place */
+        if (kvp_blob_tier_remove(s->tier, 1, &b->keys[k + bad]) == KVP_OK)
+            emit_tier(c, KVP_EVENT_TIER_REMOVED, t, &b->keys[k + bad], NULL);
     }
     for (int32_t i = 0; i < written; i++) s->stats.bytes_in += sizes[i];
     s->stats.hit_pages += (uint64_t)written;

@@ -126,6 +126,9 @@ int kvp_build_has(int32_t feature) {
 #ifdef KVP_HAVE_BLOB
     case KVP_FEATURE_BLOB: return 1;
 #endif
+#ifdef KVP_HAVE_REDIS
+    case KVP_FEATURE_REDIS: return 1;
+#endif
     default: return 0;
     }
 }

@@ -21,6 +21,10 @@ test)
     # the blob layer (kvpage_blob.h): optional in a build, tested here
     have_header openssl/evp.h || need libssl-dev
     have_header xxhash.h || need libxxhash-dev
+    # the Redis/Valkey tier: optional in a build, tested here against a real
+    # server the tests start (redis-server is installed below, apart: where
+    # it cannot be, those tests report SKIPPED)
+    have_header hiredis/hiredis.h || need libhiredis-dev
     command -v pkg-config >/dev/null 2>&1 || need pkg-config
     ;;
 docs)
@@ -68,7 +72,36 @@ ensure_python_packages() {
     fi
 }
 
+# Servers the tests start themselves; not fatal when they cannot be had.
+optional=""
+if [ "$what" = test ]; then
+    { command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; } ||
+        optional="redis-server"
+fi
+
+install_optional() {
+    [ -n "$optional" ] || return 0
+    echo "libkvpage: the Redis tier's tests need$optional — installing with apt-get"
+    if ! command -v apt-get >/dev/null 2>&1 || { [ "$(id -u)" != 0 ] && ! command -v sudo >/dev/null 2>&1; }; then
+        echo "libkvpage: cannot install$optional here; the tests that need it will be SKIPPED"
+        return 0
+    fi
+    s=""; [ "$(id -u)" != 0 ] && s="sudo"
+    # shellcheck disable=SC2086
+    if DEBIAN_FRONTEND=noninteractive $s apt-get install -y --no-install-recommends $optional \
+            >>/tmp/kvpage-apt.log 2>&1 ||
+        { DEBIAN_FRONTEND=noninteractive $s apt-get update >>/tmp/kvpage-apt.log 2>&1 &&
+          DEBIAN_FRONTEND=noninteractive $s apt-get install -y --no-install-recommends $optional \
+            >>/tmp/kvpage-apt.log 2>&1; }; then
+        echo "libkvpage: installed$optional"
+    else
+        echo "libkvpage: could not install$optional (see /tmp/kvpage-apt.log); the tests that need it will be SKIPPED"
+    fi
+    return 0
+}
+
 if [ -z "$missing" ]; then
+    install_optional
     [ "$what" = python ] && ensure_python_packages
     exit 0
 fi
@@ -97,5 +130,6 @@ if ! $sudo apt-get install -y --no-install-recommends $missing >/tmp/kvpage-apt.
     }
 fi
 echo "libkvpage: installed$missing"
+install_optional
 [ "$what" = python ] && ensure_python_packages
 exit 0

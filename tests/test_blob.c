@@ -2257,6 +2257,154 @@ static void test_tier_write_back(void **state) {
     tier_write_back(KVP_FORMAT_INT8, KVP_FORMAT_INT4);
 }
 
+/* ---- the event stream against what the cache holds ----------------------------------------- */
+
+#define HSET_CAP 256
+
+typedef struct {
+    int n;
+    kvp_hash_t h[HSET_CAP];
+} hset;
+
+static int hset_find(const hset *s, const kvp_hash_t *h) {
+    for (int i = 0; i < s->n; i++)
+        if (memcmp(s->h[i].bytes, h->bytes, 32) == 0) return i;
+    return -1;
+}
+
+static void hset_add(hset *s, const kvp_hash_t *h) {
+    if (hset_find(s, h) >= 0) return;
+    assert_true(s->n < HSET_CAP);
+    s->h[s->n++] = *h;
+}
+
+static void hset_del(hset *s, const kvp_hash_t *h) {
+    int i = hset_find(s, h);
+    if (i >= 0) s->h[i] = s->h[--s->n];
+}
+
+/* Replay a stream: the pool's set and tier 0's set; the numbers run on. */
+static void replay(const evlog *l, int32_t P, hset *pool, hset *tier) {
+    memset(pool, 0, sizeof *pool);
+    memset(tier, 0, sizeof *tier);
+    assert_true(l->n <= MAX_EVENTS);
+    for (int i = 0; i < l->n; i++) {
+        const kvp_cache_event_t *e = &l->ev[i];
+        assert_int_equal(e->seq_no, l->ev[0].seq_no + (uint64_t)i);
+        assert_int_equal(e->page_size, P);
+        switch (e->kind) {
+        case KVP_EVENT_PAGE_STORED:
+            assert_int_equal(e->num_tokens, P);
+            assert_non_null(e->tokens);
+            hset_add(pool, &e->chain);
+            break;
+        case KVP_EVENT_PAGE_EVICTED: hset_del(pool, &e->chain); break;
+        case KVP_EVENT_CLEARED:
+            assert_int_equal(e->tier, KVP_TIER_NONE);
+            pool->n = 0;
+            break;
+        case KVP_EVENT_TIER_STORED:
+            assert_int_equal(e->tier, 0);
+            assert_int_equal(e->page, -1);
+            hset_add(tier, &e->chain);
+            break;
+        case KVP_EVENT_TIER_REMOVED:
+            assert_int_equal(e->tier, 0);
+            hset_del(tier, &e->chain);
+            break;
+        default: assert_int_equal(e->kind, KVP_EVENT_PAGE_FREED); break;
+        }
+    }
+}
+
+/* Prompts that share prefixes run through a small pool with a write-back and
+ * write-through tier: replaying the events gives exactly the tier's keys and
+ * the pool's cached pages, at every point; a corrupt blob read back is
+ * removed with an event; clearing the prefix cache is one event. */
+static void test_event_stream_matches_contents(void **state) {
+    (void)state;
+    require_blob();
+    enum { P = 4, L = 24 };
+    memtier *m = NULL;
+    kvp_blob_tier_t *tier = mt_make(&m);
+    kvp_cache_t *c = cache_make(KVP_FORMAT_INT8, KVP_FORMAT_INT8, P, 16, 2, NULL);
+    cache_identity(c, 0, NULL, 0);
+    assert_int_equal(kvp_cache_add_tier(c, tier, KVP_TIER_READ | KVP_TIER_WRITE_BACK |
+                                        KVP_TIER_WRITE_THROUGH, NULL), KVP_OK);
+    evlog *l = ev_new(c);
+    hset pool, held;
+    int32_t toks[L];
+    for (int r = 0; r < 10; r++) {
+        /* prompts of 24 tokens (6 pages): the first 8 shared by all, the rest
+         * by pairs; 22 pages in all go through a pool of 16 */
+        for (int i = 0; i < L; i++) toks[i] = i < 8 ? 7 * i : 1000 * (r / 2 + 1) + i;
+        int32_t s = new_seq(c, 3);
+        int64_t matched = 0;
+        assert_int_equal(kvp_cache_seq_attach_prefix(c, s, toks, L, &matched), KVP_OK);
+        if (matched < L) step(c, s, toks + matched, (int32_t)(L - matched), matched, 5, NULL);
+        assert_int_equal(kvp_cache_seq_release(c, s), KVP_OK);
+        replay(l, P, &pool, &held);
+        assert_int_equal(held.n, m->n);
+        for (int i = 0; i < m->n; i++) assert_true(hset_find(&held, &m->key[i]) >= 0);
+        assert_int_equal(pool.n, pool_stats_of(c).cached_pages);
+    }
+    const kvp_cache_event_t *ev[MAX_EVENTS];
+    assert_true(ev_of(l, KVP_EVENT_PAGE_EVICTED, ev, MAX_EVENTS) > 0);
+    assert_int_equal(m->n, 22);
+    const kvp_cache_event_t *first = NULL;
+    for (int i = 0; i < l->n && first == NULL; i++)
+        if (l->ev[i].kind == KVP_EVENT_PAGE_STORED) first = &l->ev[i];
+    assert_non_null(first);
+    int32_t want[4] = {0, 7, 14, 21};
+    assert_memory_equal(first->tokens, want, sizeof want);
+
+    /* a corrupt blob of a prompt the pool no longer holds: removed, with an event */
+    assert_int_equal(kvp_cache_clear_prefix(c), KVP_OK);
+    assert_int_equal(pool_stats_of(c).cached_pages, 0);
+    const kvp_cache_event_t *cl[4];
+    assert_int_equal(ev_of(l, KVP_EVENT_CLEARED, cl, 4), 1);
+    assert_true(cl[0] == &l->ev[l->n - 1] || l->ev[l->n - 1].kind == KVP_EVENT_CLEARED);
+    for (int i = 0; i < L; i++) toks[i] = i < 8 ? 7 * i : 1000 + i;
+    kvp_hash_t root, hx[6];
+    chain_of(c, 3, toks, L, &root, hx);
+    int j = mt_find(m, &hx[0]);
+    assert_true(j >= 0);
+    m->blob[j][HDR + 3] ^= 1;
+    int before = l->n;
+    int32_t s = new_seq(c, 3);
+    int64_t matched = 0;
+    assert_int_equal(kvp_cache_seq_attach_prefix(c, s, toks, L, &matched), KVP_OK);
+    assert_int_equal(matched, 0);
+    const kvp_cache_event_t *rm[4];
+    assert_int_equal(ev_of(l, KVP_EVENT_TIER_REMOVED, rm, 4), 1);
+    assert_true(rm[0] >= &l->ev[before]);
+    assert_memory_equal(rm[0]->chain.bytes, hx[0].bytes, 32);
+    step(c, s, toks, L, 0, 5, NULL);
+    /* a live sequence keeps the prefix cache from being cleared */
+    assert_int_equal(kvp_cache_clear_prefix(c), KVP_ESTATE);
+    assert_non_null(strstr(kvp_cache_last_error(c), "live"));
+    assert_int_equal(kvp_cache_clear_prefix(NULL), KVP_EINVAL);
+    assert_int_equal(kvp_cache_seq_release(c, s), KVP_OK);
+    replay(l, P, &pool, &held);
+    assert_int_equal(held.n, m->n);
+    for (int i = 0; i < m->n; i++) assert_true(hset_find(&held, &m->key[i]) >= 0);
+    assert_true(mt_find(m, &hx[0]) >= 0); /* written again after its removal */
+    assert_int_equal(pool.n, pool_stats_of(c).cached_pages);
+    /* clearing sends no EVICTED event and writes nothing back */
+    int puts = m->puts, evicted = 0;
+    before = l->n;
+    assert_int_equal(kvp_cache_clear_prefix(c), KVP_OK);
+    for (int i = before; i < l->n; i++) evicted += l->ev[i].kind == KVP_EVENT_PAGE_EVICTED;
+    assert_int_equal(evicted, 0);
+    assert_int_equal(m->puts, puts);
+    assert_int_equal(l->ev[l->n - 1].kind, KVP_EVENT_CLEARED);
+    replay(l, P, &pool, &held);
+    assert_int_equal(pool.n, 0);
+    free(l);
+    kvp_cache_destroy(c);
+    kvp_blob_tier_destroy(tier);
+}
+
 /* More pages than one buffer holds: written and read in several batches. */
 static void test_tier_many_pages(void **state) {
     (void)state;
@@ -2583,6 +2731,7 @@ int main(void) {
         cmocka_unit_test(test_write_through_queue_stays_bounded),
         cmocka_unit_test(test_tier_arguments),
         cmocka_unit_test(test_events_without_identity),
+        cmocka_unit_test(test_event_stream_matches_contents),
         cmocka_unit_test(test_codec_allocation_failures),
         cmocka_unit_test(test_cache_allocation_failures),
     };

@@ -59,7 +59,8 @@ static void test_status_table(void **state) {
     assert_int_equal(KVP_EHOSTFULL, -10);
     assert_int_equal(KVP_EBADBLOB, -11);
     assert_int_equal(KVP_EIO, -12);
-    assert_int_equal(rows[n - 1].value, KVP_EIO); /* appended last */
+    assert_int_equal(KVP_EACCES, -13);
+    assert_int_equal(rows[n - 1].value, KVP_EACCES); /* appended last */
 }
 
 static void test_status_unknown(void **state) {
