@@ -20,7 +20,8 @@ static const struct {
     {"utilization", bench_utilization, "KV memory utilization: static reservation vs. pages of 8/16/32"},
     {"attention", bench_attention, "paged decode attention per format vs the read roof and a contiguous cache "
                                    "(--device cuda: on the GPU, vs a device copy)"},
-    {"tiers", bench_tiers, "page blobs: bytes per token, export/import GB/s vs the read roof, file tier"},
+    {"tiers", bench_tiers, "page blobs: bytes per token, export/import GB/s vs the read roof, file tier "
+                           "(--remote: the Redis tier vs redis-benchmark)"},
     {"stages", bench_stages, "the CPU attention kernels' stages, one at a time, on in-cache pages (ns per page and head)"},
 };
 
