@@ -14,10 +14,10 @@ carrying the library's detail text.
 from . import _lib, blob, cuda
 from ._handle import Closed
 from .blob import (BlobCodec, BlobInfo, BlobReason, BlobStorage, BlobTier, CacheEvent, FileTier,
-                   PyTier, QueueTier, TierPolicy, fingerprint, hash_hex)
+                   PyTier, QueueTier, RedisTier, TierPolicy, fingerprint, hash_hex)
 from .cache import Cache, StepView
 from .context import Context, ContextInfo, Isa, isa_supported
-from .errors import (BadBlob, BadState, CudaError, Error, HostFull, InternalError,
+from .errors import (AccessDenied, BadBlob, BadState, CudaError, Error, HostFull, InternalError,
                      InvalidArgument, NoDevice, NoSpace, NotFound, NotSupported, OutOfMemory,
                      TierIOError)
 from .paging import EventKind, Export, OpKind, PageOp, Pool, PoolEvent, Table
@@ -47,7 +47,8 @@ __all__ = [
     "EventKind", "Export", "OpKind", "PageOp", "Pool", "PoolEvent", "Table",
     "HostFull", "PageIO", "Tier",
     "BadBlob", "BlobCodec", "BlobInfo", "BlobReason", "BlobStorage", "BlobTier", "CacheEvent",
-    "FileTier", "PyTier", "QueueTier", "TierIOError", "TierPolicy", "blob", "fingerprint", "hash_hex",
+    "AccessDenied", "FileTier", "PyTier", "QueueTier", "RedisTier", "TierIOError", "TierPolicy",
+    "blob", "fingerprint", "hash_hex",
     "BadState", "CudaDevice", "CudaError", "Error", "Feature", "Format", "GpuPreset",
     "InternalError", "InvalidArgument", "Layout", "ModelPreset", "NoDevice", "NoSpace",
     "NotFound", "NotSupported", "OutOfMemory", "Plan", "build_has", "build_has_cuda",

@@ -1015,6 +1015,34 @@ class QueueTierInfoC(ctypes.Structure):
         (n, c_u64) for n in ("queued", "queued_bytes", "dropped", "failed")]
 
 
+class RedisTierParamsC(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_u32),
+        ("cluster", c_i32),
+        ("uri", c_char_p),
+        ("user", c_char_p),
+        ("password", c_char_p),
+        ("prefix", c_char_p),
+        ("connect_timeout_ms", c_i32),
+        ("timeout_ms", c_i32),
+        ("ttl_s", c_i32),
+        ("retry_min_ms", c_i32),
+        ("retry_max_ms", c_i32),
+        ("reserved_", c_i32),
+        ("allocator", Allocator),
+    ]
+
+
+#: Counters of ``kvp_redis_tier_info_t`` after its three ``int32_t`` fields.
+REDIS_TIER_COUNTERS = ("round_trips", "commands", "connects", "failures", "timeouts", "skipped",
+                       "server_errors", "moved", "asked", "slot_refreshes")
+
+
+class RedisTierInfoC(ctypes.Structure):
+    _fields_ = [("struct_size", c_u32), ("cluster", c_i32), ("nodes", c_i32),
+                ("nodes_down", c_i32)] + [(n, c_u64) for n in REDIS_TIER_COUNTERS]
+
+
 class CacheTierStatsC(ctypes.Structure):
     _fields_ = [("struct_size", c_u32), ("reserved_", c_i32)] + [
         (n, c_u64) for n in ("lookups", "hit_pages", "miss_pages", "rejected")] + [
@@ -1034,6 +1062,10 @@ class CacheEventC(ctypes.Structure):
         ("hash", c_u64),
         ("chain", HashC),
         ("parent_chain", HashC),
+        ("seq_no", c_u64),
+        ("page_size", c_i32),
+        ("num_tokens", c_i32),
+        ("tokens", _P(c_i32)),
     ]
 
 
@@ -1049,6 +1081,8 @@ MIRRORED.update({
     "kvp_file_tier_params_t": FileTierParamsC,
     "kvp_queue_tier_params_t": QueueTierParamsC,
     "kvp_queue_tier_info_t": QueueTierInfoC,
+    "kvp_redis_tier_params_t": RedisTierParamsC,
+    "kvp_redis_tier_info_t": RedisTierInfoC,
     "kvp_cache_tier_stats_t": CacheTierStatsC,
     "kvp_cache_event_t": CacheEventC,
 })
@@ -1084,12 +1118,17 @@ _sig("kvp_queue_tier_params_init", None, _P(QueueTierParamsC))
 _sig("kvp_queue_tier_create", ctypes.c_int, _P(QueueTierParamsC), _P(_vp), c_char_p, _sz)
 _sig("kvp_queue_tier_info", ctypes.c_int, _vp, _P(QueueTierInfoC))
 _sig("kvp_queue_tier_drain", ctypes.c_int, _vp)
+_sig("kvp_redis_tier_params_init", None, _P(RedisTierParamsC))
+_sig("kvp_redis_tier_create", ctypes.c_int, _P(RedisTierParamsC), _P(_vp), c_char_p, _sz)
+_sig("kvp_redis_tier_info", ctypes.c_int, _vp, _P(RedisTierInfoC))
+_sig("kvp_redis_tier_reconnect", ctypes.c_int, _vp)
 _sig("kvp_cache_set_blob", ctypes.c_int, _vp, _P(BlobParamsC))
 _sig("kvp_cache_blob_codec", ctypes.c_int, _vp, _P(_vp))
 _sig("kvp_cache_add_tier", ctypes.c_int, _vp, _vp, c_i32, _i32p)
 _sig("kvp_cache_tier_stats", ctypes.c_int, _vp, c_i32, _P(CacheTierStatsC))
 _sig("kvp_cache_flush", ctypes.c_int, _vp)
 _sig("kvp_cache_set_event_callback", ctypes.c_int, _vp, CacheEventFn, _vp)
+_sig("kvp_cache_clear_prefix", ctypes.c_int, _vp)
 _sig("kvp_cache_seq_export_size", ctypes.c_int, _vp, c_i32, _i32p, _P(c_u64))
 _sig("kvp_cache_seq_export", ctypes.c_int, _vp, c_i32, _i32p, ctypes.c_int64, _vp, c_u64)
 _sig("kvp_cache_seq_import", ctypes.c_int, _vp, c_i32, _i32p, ctypes.c_int64, _vp, c_u64,

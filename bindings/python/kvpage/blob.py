@@ -16,9 +16,11 @@ Here:
 - :class:`BlobCodec` writes and reads the blobs of one :class:`kvpage.Store`;
   a rejected blob raises :class:`kvpage.BadBlob`, whose ``reason``
   attribute is the :class:`BlobReason` (the detail text names it too);
-- :class:`FileTier` keeps blobs in a directory; :class:`PyTier` turns any
-  Python object with ``get``/``put``/``exists``/``remove`` methods into a
-  tier the library (and a :class:`kvpage.Cache`) can use;
+- :class:`FileTier` keeps blobs in a directory; :class:`QueueTier` puts
+  them behind another tier from a thread of its own; :class:`RedisTier`
+  keeps them on Redis or Valkey servers; :class:`PyTier` turns any Python
+  object with ``get``/``put``/``exists``/``remove`` methods into a tier the
+  library (and a :class:`kvpage.Cache`) can use;
 - :class:`TierPolicy` and :class:`CacheEvent` go with the cache's
   :meth:`~kvpage.Cache.set_blob`, :meth:`~kvpage.Cache.add_tier`,
   :meth:`~kvpage.Cache.seq_export` and :meth:`~kvpage.Cache.set_event_callback`.
@@ -26,7 +28,8 @@ Here:
 The codec, the chain hashes and the cache's calls need a library built with
 the blob feature (``kvpage.build_has(kvpage.Feature.BLOB)``); without it they
 raise :class:`kvpage.NotSupported`. Tiers move opaque bytes and work in
-every build.
+every build, but for :class:`RedisTier`, which needs a library built with
+hiredis (``kvpage.build_has(kvpage.Feature.REDIS)``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import ctypes
 import enum
 import os
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Sequence, Union
+from typing import Any, Iterable, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -368,8 +371,8 @@ def _stats_dict(s) -> dict:
 
 class BlobTier(Handle):
     """``kvp_blob_tier_t``: blobs kept by key (a chain hash) somewhere, behind
-    the library's checked, counted interface. Made by :class:`FileTier` and
-    :class:`PyTier`.
+    the library's checked, counted interface. Made by :class:`FileTier`,
+    :class:`QueueTier`, :class:`RedisTier` and :class:`PyTier`.
 
     Keys are 32-byte hashes; the batched calls take lists of them (an empty
     list does nothing). A tier added to a :class:`kvpage.Cache` must be
@@ -411,7 +414,7 @@ class BlobTier(Handle):
 
     @property
     def name(self) -> str:
-        """The tier's name ("file", "python", ...)."""
+        """The tier's name ("file", "queue:file", "redis", "python", ...)."""
         return L.kvp_blob_tier_name(self._p()).decode(errors="replace")
 
     @property
@@ -552,6 +555,134 @@ class QueueTier(BlobTier):
     def drain(self) -> None:
         """Wait until every queued blob has been written (or refused) behind."""
         self._check(L.kvp_queue_tier_drain(self._p()))
+
+
+def _text(value: Optional[str], what: str) -> Optional[bytes]:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str or None, got {type(value).__name__}")
+    b = value.encode()
+    if b"\0" in b:
+        raise ValueError(f"{what} contains a NUL character")
+    return b
+
+
+_CLUSTER = {None: -1, False: 0, True: 1, -1: -1, 0: 0, 1: 1}
+
+
+class RedisTier(BlobTier):
+    """A tier on Redis or Valkey (``kvp_redis_tier_create``): one string key
+    per blob, ``<prefix><64 hex digits>``, shared by every process that uses
+    the same servers, prefix and identity.
+
+    Each call is one pipelined exchange per server (``GET``, ``SET`` with an
+    optional ``EX``, ``EXISTS``, ``UNLINK``). Several standalone servers form
+    a sharded set (each key on one of them, by rendezvous hashing); in a
+    Redis/Valkey Cluster keys follow the slot map and its ``MOVED``/``ASK``
+    redirects. Creation connects to every server, authenticates, and tries
+    each command on a probe key under the prefix, so a wrong password or a
+    missing ACL permission raises :class:`kvpage.AccessDenied` here, with the
+    server's words, not at the first put.
+
+    A call never waits longer than ``timeout_ms`` in all. A server that is
+    slow, dead or unreachable is disconnected and left alone for a backoff
+    (``retry_min_ms``, doubling up to ``retry_max_ms``); its keys fail
+    meanwhile. A :class:`kvpage.Cache` takes such a failure as misses (its
+    :meth:`~kvpage.Cache.tier_stats` count it), never as an error of its own
+    call. Called directly, :meth:`get` and :meth:`exists` raise
+    :class:`kvpage.TierIOError` when no key could be answered, and give the
+    others' keys as misses (None, False) when only some servers failed;
+    :meth:`put` and :meth:`remove` raise when any key failed.
+    :meth:`reconnect` retries every server at once; :meth:`info` counts
+    exchanges, failures, timeouts and redirects.
+
+    Every blob a cache reads back is validated before use, so an evicted,
+    expired, corrupt or foreign one is a miss, never attached. Calls on one
+    tier are serialized; it may be shared between threads.
+
+    Args:
+        uri: ``redis://[user:password@]host[:port][/db]`` (port 6379 and db 0
+            by default; user and password percent-encoded), or several of
+            them (a sequence, or one string with commas or spaces between).
+        cluster: None (default): ask the first server that answers
+            (``CLUSTER SLOTS``); False: standalone servers; True: a Cluster
+            whose nodes ``uri`` lists some of.
+        user: ACL user for URIs that name none (default None: none, or the
+            server's ``default`` user with a password).
+        password: password for URIs that carry none, so that it need not be
+            written in a URI (default None).
+        prefix: key namespace, at most 64 bytes; default ``"kvp:"``.
+        connect_timeout_ms: longest wait for one connection; default 250.
+        timeout_ms: budget of one call, whatever it waits for (the lock,
+            connections, every server's replies); default 100.
+        ttl_s: expire each stored blob after this many seconds; default 0:
+            never (the server's eviction policy decides).
+        retry_min_ms, retry_max_ms: backoff after a server fails before a
+            reconnection is tried, doubling from the first to the second;
+            default 100 and 5000.
+
+    Raises :class:`kvpage.InvalidArgument` for a malformed URI or a bad
+    parameter, :class:`kvpage.TierIOError` when a server cannot be reached
+    or answers wrongly, :class:`kvpage.AccessDenied` for refused credentials
+    or commands, and :class:`kvpage.NotSupported` in a build without hiredis.
+    """
+
+    def __init__(self, uri: Union[str, Iterable[str]], *, cluster: Optional[bool] = None,
+                 user: Optional[str] = None, password: Optional[str] = None,
+                 prefix: Optional[str] = None, connect_timeout_ms: Optional[int] = None,
+                 timeout_ms: Optional[int] = None, ttl_s: Optional[int] = None,
+                 retry_min_ms: Optional[int] = None, retry_max_ms: Optional[int] = None):
+        if not isinstance(uri, str):
+            uri = ",".join(uri)
+        if cluster not in _CLUSTER:
+            raise ValueError(f"cluster must be None, False or True, got {cluster!r}")
+        p = _lib.new_struct(_lib.RedisTierParamsC)
+        L.kvp_redis_tier_params_init(ctypes.byref(p))
+        p.uri = _text(uri, "uri")
+        p.cluster = _CLUSTER[cluster]
+        p.user = _text(user, "user")
+        p.password = _text(password, "password")
+        if prefix is not None:
+            p.prefix = _text(prefix, "prefix")
+        for name, value in (("connect_timeout_ms", connect_timeout_ms),
+                            ("timeout_ms", timeout_ms), ("ttl_s", ttl_s),
+                            ("retry_min_ms", retry_min_ms), ("retry_max_ms", retry_max_ms)):
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+                if not -2**31 <= value < 2**31:
+                    raise ValueError(f"{name} is out of range: {value}")
+                setattr(p, name, value)
+        ptr = ctypes.c_void_p()
+        err = errbuf()
+        check(L.kvp_redis_tier_create(ctypes.byref(p), ctypes.byref(ptr), err, len(err)), err)
+        # the library copied the strings; none (no password) is kept here
+        self.prefix = (p.prefix or b"kvp:").decode()
+        super().__init__(ptr)
+
+    def info(self) -> dict[str, int]:
+        """Connection state and counters (``kvp_redis_tier_info_t``):
+        ``cluster`` (1: a Cluster, 0: standalone servers), ``nodes`` (servers
+        known), ``nodes_down`` (of which waiting to be reconnected),
+        ``round_trips`` (pipelined exchanges), ``commands`` (sent),
+        ``connects`` (first connections and reconnections), ``failures``
+        (connections refused, lost or timed out), ``timeouts`` (calls that
+        ran out of their budget), ``skipped`` (keys not sent: their server
+        was down), ``server_errors`` (error replies other than redirects),
+        ``moved``, ``asked`` (redirects followed), ``slot_refreshes``."""
+        info = _lib.new_struct(_lib.RedisTierInfoC)
+        self._check(L.kvp_redis_tier_info(self._p(), ctypes.byref(info)))
+        return {n: int(getattr(info, n))
+                for n in ("cluster", "nodes", "nodes_down") + _lib.REDIS_TIER_COUNTERS}
+
+    def reconnect(self) -> None:
+        """Forget every backoff and connect to the servers that are down now
+        (each within the connect timeout; a Cluster's slot map is read again).
+        Raises :class:`kvpage.TierIOError` when some server still does not
+        answer (it is retried after its backoff, as before) and
+        :class:`kvpage.AccessDenied` when one refuses the credentials."""
+        self._check(L.kvp_redis_tier_reconnect(self._p()))
 
 
 class BlobStorage(Protocol):
@@ -713,17 +844,25 @@ class PyTier(BlobTier):
 
 @dataclass(frozen=True)
 class CacheEvent:
-    """A pool event as a cache sees it (``kvp_cache_event_t``), for
-    :meth:`kvpage.Cache.set_event_callback`."""
+    """A cache event (``kvp_cache_event_t``), for
+    :meth:`kvpage.Cache.set_event_callback`: a pool event with its tier and
+    chain hashes, or a tier event. Replaying the stream gives what the cache
+    holds: STORED adds ``chain`` to the pool, EVICTED removes it, CLEARED
+    empties it; TIER_STORED adds ``chain`` to tier ``tier``, TIER_REMOVED
+    removes it (vLLM's and Dynamo's stored / removed / cleared)."""
 
-    kind: EventKind               #: STORED, EVICTED or FREED
-    page: int                     #: the pool page
+    kind: EventKind               #: STORED, EVICTED, FREED, TIER_STORED, TIER_REMOVED, CLEARED
+    page: int                     #: the pool page (-1 for tier events and CLEARED)
     parent: int                   #: the parent page (-1 for a first page)
     priority: int                 #: eviction priority
-    tier: int                     #: STORED: tier imported from; EVICTED: written to; else -1
+    tier: int                     #: STORED: tier imported from; EVICTED: written to;
+    #: TIER_*: the tier; else -1
     hash: int                     #: the pool's 64-bit prefix hash
     chain: Optional[bytes]        #: the page's chain hash (its blob key); None when unknown
     parent_chain: Optional[bytes]  #: its parent's chain hash (the root for a first page)
+    seq_no: int = 0               #: the event's number in the cache's stream (0, 1, 2, ...)
+    page_size: int = 0            #: tokens per page (vLLM's block_size)
+    tokens: Optional[tuple] = None  #: STORED: the page's token ids
 
     @classmethod
     def _from_c(cls, e: _lib.CacheEventC) -> "CacheEvent":
@@ -735,8 +874,10 @@ class CacheEvent:
             kind: Any = EventKind(e.kind)
         except ValueError:
             kind = e.kind
+        toks = (tuple(e.tokens[i] for i in range(e.num_tokens))
+                if e.num_tokens > 0 and e.tokens else None)
         return cls(kind, e.page, e.parent, e.priority, e.tier, e.hash, h(e.chain),
-                   h(e.parent_chain))
+                   h(e.parent_chain), e.seq_no, e.page_size, toks)
 
 
 def _tokens_ptr(t: np.ndarray):

@@ -434,6 +434,12 @@ class Cache(Handle):
         Tier failures are counted in :meth:`tier_stats`, not raised."""
         self._check(L.kvp_cache_flush(self._p()))
 
+    def clear_prefix(self) -> None:
+        """Empty the prefix cache: every cached page is dropped (not written
+        back) and one ``CLEARED`` event is sent. Raises
+        :class:`kvpage.BadState` while sequences are live."""
+        self._check(L.kvp_cache_clear_prefix(self._p()))
+
     def set_event_callback(self, fn: Optional[Callable[[CacheEvent], None]]) -> None:
         """Call ``fn(event)`` with each pool event as the cache sees it (a
         :class:`kvpage.CacheEvent`: the page stored, evicted or freed, the

@@ -86,6 +86,12 @@ class TierIOError(Error):
     """KVP_EIO: a blob tier's storage or connection failed."""
 
 
+class AccessDenied(Error, PermissionError):
+    """KVP_EACCES: a server refused the credentials (wrong password, unknown
+    user) or a command the caller needs (an ACL without it); the detail text
+    has the server's reply. Retrying does not help: fix the configuration."""
+
+
 _BY_STATUS = {
     -1: InvalidArgument,
     -2: OutOfMemory,
@@ -99,6 +105,7 @@ _BY_STATUS = {
     -10: HostFull,
     -11: BadBlob,
     -12: TierIOError,
+    -13: AccessDenied,
 }
 
 

@@ -52,11 +52,16 @@ class PageOp:
 
 
 class EventKind(enum.IntEnum):
-    """Pool events: a page stored in the prefix cache, evicted from it, or freed."""
+    """Pool events: a page stored in the prefix cache, evicted from it, or
+    freed; and the events a cache adds (:meth:`kvpage.Cache.set_event_callback`):
+    a page's blob stored in or removed from a tier, the prefix cache cleared."""
 
     STORED = 0
     EVICTED = 1
     FREED = 2
+    TIER_STORED = 16   #: a cache wrote the page's blob to a tier
+    TIER_REMOVED = 17  #: a cache removed a rejected blob from a tier
+    CLEARED = 18       #: the prefix cache was emptied (:meth:`kvpage.Cache.clear_prefix`)
 
 
 @dataclass(frozen=True)

@@ -244,6 +244,7 @@ class Feature(enum.IntEnum):
 
     CUDA = 1  #: the CUDA backend (kvpage_cuda.h)
     BLOB = 2  #: page blobs and chain hashes (kvpage_blob.h; OpenSSL libcrypto and libxxhash)
+    REDIS = 4  #: the Redis/Valkey tier (:class:`kvpage.RedisTier`; hiredis)
 
 
 def build_has(feature: Feature) -> bool:

@@ -593,6 +593,42 @@ def test_corrupt_blob_in_a_tier_is_rejected_and_removed():
     assert names[1] not in storage.blobs and names[0] in storage.blobs
 
 
+def test_event_stream_replays_to_the_tier_contents(tmp_path):
+    path = tmp_path / "kv"
+    tier = FileTier(path, fsync=False)
+    with _cache() as a:
+        a.set_blob(MODEL)
+        a.add_tier(tier, TierPolicy.WRITE_THROUGH)
+        events = []
+        a.set_event_callback(events.append)
+        rng = np.random.default_rng(3)
+        for _ in range(3):
+            s = a.create()
+            _prefill(a, s, rng.integers(0, 32000, 40).astype(np.int32), 11)
+            a.release(s)
+        a.flush()
+        assert [e.seq_no for e in events] == list(range(events[0].seq_no,
+                                                        events[0].seq_no + len(events)))
+        assert all(e.page_size == 16 for e in events)
+        held, pool = set(), set()
+        for e in events:
+            if e.kind == EventKind.TIER_STORED:
+                held.add(e.chain)
+            elif e.kind == EventKind.TIER_REMOVED:
+                held.discard(e.chain)
+            elif e.kind == EventKind.STORED:
+                assert e.tokens is not None and len(e.tokens) == 16
+                pool.add(e.chain)
+            elif e.kind == EventKind.EVICTED:
+                pool.discard(e.chain)
+        assert sorted(hash_hex(h) + ".kvpb" for h in held) == sorted(p.name for p in path.iterdir())
+        assert len(held) == 6 and pool == held
+        a.clear_prefix()
+        assert events[-1].kind == EventKind.CLEARED and events[-1].tier == -1
+        assert a.pool.stats()["cached_pages"] == 0
+    tier.close()
+
+
 def test_event_callback_errors_surface_from_the_cache_call():
     with _cache() as c:
         def fn(event):
