@@ -8,6 +8,10 @@
 #   make demo-store      KV leaving the process: the demo twice over one --kv-store directory,
 #                        prompts sharing a ~2,100-token document; the second run reads its
 #                        pages instead of prefilling them (time to first token, last line JSON)
+#   make demo-shared     KV shared through Redis: a local redis-server (installed with apt-get
+#                        if missing), the same prompts run by two engine processes over
+#                        --kv-store redis://...; the second reads the document's pages from
+#                        the server (remote hits, time to first token, last line JSON)
 #   make eval            perplexity and KL of every KV format over GPL-3 (table, last line JSON)
 #   make test            unit tests (cmocka) + install/pkg-config consumer test
 #                        + the engine's tests (the model-dependent ones skip, saying
@@ -231,7 +235,7 @@ endif
 
 # ---- top-level targets --------------------------------------------------------
 .PHONY: all lib tools tests test test-unit test-install bench docs install uninstall \
-        clean demo demo-store eval engine deps-test deps-docs deps-model print-config
+        clean demo demo-store demo-shared eval engine deps-test deps-docs deps-model print-config
 
 all: lib tools
 
@@ -481,6 +485,22 @@ demo: engine deps-model
 demo-store: engine deps-model
 	@model=$$($(MODEL_CMD)) || exit $$?; \
 	    examples/engine/demo-store.sh $(ENGINE_BIN) "$$model" $(KV)
+
+# KV shared through Redis: a redis-server of the demo's own on a free
+# loopback port (apt-get installs it if missing; --save "" --appendonly no
+# --maxmemory 1gb --maxmemory-policy allkeys-lru; a password the engine reads
+# from KVPAGE_REDIS_PASSWORD), stopped on every exit. The same prompts as
+# demo-store run without a store (the reference text), then in two engine
+# processes over --kv-store redis://127.0.0.1:PORT: the second finds the
+# document's pages on the server. Printed: its tokens found remotely and time
+# to first token against the first's, whether the greedy text is identical;
+# last line one JSON object ({"remote_hit_tokens": ..., "ttft_ms_cold": ...,
+# "ttft_ms_warm": ..., "ttft_ratio": ..., "identical": true}). Each run is
+# limited to 10 minutes (KVPAGE_DEMO_TIMEOUT). KVPAGE_DEMO_FAULT=1: then the
+# server is killed mid-run and restarted (examples/engine/demo-shared.sh).
+demo-shared: engine deps-model
+	@model=$$($(MODEL_CMD)) || exit $$?; \
+	    examples/engine/demo-shared.sh $(ENGINE_BIN) "$$model" $(KV)
 
 # Perplexity and KL divergence over GPL-3 (window 512, stride 256) for every
 # KV format through libkvpage and the contiguous fp32 reference: a table, then

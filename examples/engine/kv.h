@@ -86,9 +86,22 @@ typedef struct {
         int64_t hit_pages;      /* pages found there, validated and imported */
         int64_t written;        /* pages written to it (write-back and write-through) */
         int64_t rejected;       /* pages found but refused by validation */
+        int64_t misses;         /* pages not found there (or found after a missing one) */
         int64_t errors;         /* store calls that failed (their pages were misses) */
         uint64_t bytes_in, bytes_out;
         double read_s, write_s; /* time looking up + importing, exporting + writing */
+        /* the queue in front of the store (puts never wait): blobs dropped
+         * because it was full, blobs the store behind refused */
+        int64_t queue_dropped, queue_failed;
+        const char *detail;     /* e.g. "Redis/Valkey: 1 server, key prefix ..." ("" for a directory) */
+        char last_error[256];   /* the store's last failure, as its tier says it ("" for none) */
+        int is_redis;           /* a redis:// store: the counters below are set */
+        struct {
+            int32_t cluster, nodes, nodes_down; /* nodes_down: waiting to be reconnected */
+            int64_t connects, failures;         /* connections made; refused, lost or timed out */
+            int64_t timeouts, skipped;          /* calls out of budget; keys not sent (server down) */
+            int64_t server_errors;              /* error replies (e.g. OOM) */
+        } redis;
     } stores[KV_MAX_STORES];
 } kv_stats_t;
 
@@ -189,17 +202,27 @@ kv_cache_t *kv_paged_create(const kv_shape_t *shape, pool_t *pool, const kv_page
 const char *kv_paged_last_error(const kv_cache_t *kv);
 const char *kv_paged_name(const kv_cache_t *kv);
 
-/* A KV store spec: "SCHEME:REST". Built in: "dir:PATH", a directory of page
- * blobs, one file per page named by its chain hash (libkvpage's file tier;
- * created if missing, its parent must exist; several processes may share
- * it). Any other scheme ("redis://...") is refused, naming the ones built
- * in. 0, or -1 with a sentence in err. */
+/* A KV store spec: "SCHEME:REST". Built in:
+ *   "dir:PATH", a directory of page blobs, one file per page named by its
+ *   chain hash (libkvpage's file tier; created if missing, its parent must
+ *   exist; several processes may share it);
+ *   "redis://[user[:password]@]host[:port][/db]" (several comma-separated:
+ *   a sharded set, or a Cluster's nodes), a Redis or Valkey server shared by
+ *   every process and machine that uses it (libkvpage's Redis tier; needs a
+ *   build with hiredis). The password is better given in the environment,
+ *   KVPAGE_REDIS_PASSWORD, with an ACL user in KVPAGE_REDIS_USER (both used
+ *   for URIs that carry none), and the key prefix in KVPAGE_REDIS_PREFIX
+ *   (default "kvp:").
+ * Each has a queue tier in front, so the decode loop never waits for a disk
+ * or the network to write. Any other scheme is refused, naming the ones
+ * built in. 0, or -1 with a sentence in err (passwords masked). */
 int kv_store_check(const char *spec, char *err, size_t err_size);
 /* "read,write-back,write-through" (any non-empty subset, comma-separated)
  * into kvp_tier_policy flags. 0, or -1 with a sentence in err. */
 int kv_store_policy_parse(const char *list, int32_t *policy, char *err, size_t err_size);
-/* Write pending write-through pages to the stores now (kvp_cache_flush);
- * destroy does it too. 0 or a KV_E* code. */
+/* Write pending write-through pages to the stores now (kvp_cache_flush)
+ * and wait for the queues in front of them to be written (or refused), so
+ * that the counters are final; destroy does it too. 0 or a KV_E* code. */
 int kv_paged_flush(kv_cache_t *kv);
 /* Export sequence seq (n tokens, all of it) as consecutive page blobs
  * (kvp_cache_seq_export); *buf is malloc'ed. Needs the identity. 0, or a

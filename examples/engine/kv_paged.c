@@ -22,7 +22,11 @@
  * same seq_attach_prefix walks the pool, then each store, importing the
  * longest chain of valid pages, and full pages are written to the stores as
  * they are cached (write-through) and as the pool evicts them (write-back),
- * so a later process over the same store prefills only what is new.
+ * so a later process over the same store prefills only what is new. A
+ * store is a directory (dir:PATH, the file tier) or a Redis/Valkey server
+ * (redis://..., the Redis tier) shared by processes on several machines,
+ * each behind a queue tier, so writing never stalls the decode loop; a
+ * Redis server that dies during a run only turns lookups into misses.
  *
  * Threads. Attention runs on the library's threads (kvp_cache_params_t::
  * threads, sized like the engine's pool) between two of the engine's
@@ -48,6 +52,13 @@
 
 #include "kv.h"
 
+/* Room for a store's spec (passwords masked) or description in reports. */
+#define KV_STORE_TEXT 384
+/* Kinds of store (rows of store_schemes). */
+enum { STORE_DIR, STORE_REDIS };
+
+static void mask_spec(const char *text, char *out, size_t size);
+
 typedef struct {
     kv_cache_t base;
     kvp_cache_t *c;
@@ -69,7 +80,9 @@ typedef struct {
     /* KV stores behind the pool (owned here: destroyed after the cache) */
     kvp_blob_tier_t *tiers[KV_MAX_STORES];
     kvp_blob_tier_t *behind[KV_MAX_STORES]; /* what a queue in tiers[i] writes to, or NULL */
-    const char *store_specs[KV_MAX_STORES];
+    int32_t store_kind[KV_MAX_STORES];      /* its row in store_schemes */
+    char store_specs[KV_MAX_STORES][KV_STORE_TEXT]; /* as given, passwords masked */
+    char store_detail[KV_MAX_STORES][KV_STORE_TEXT];
     int32_t n_tiers;
     char name[64];
     char err[KVP_ERR_SIZE + 64];
@@ -279,54 +292,153 @@ static void paged_stats(const kv_cache_t *kv, kv_stats_t *out) {
         out->stores[i].lookups = (int64_t)ts.lookups;
         out->stores[i].hit_pages = (int64_t)ts.hit_pages;
         out->stores[i].written = (int64_t)ts.written;
+        out->stores[i].misses = (int64_t)ts.miss_pages;
         out->stores[i].rejected = (int64_t)ts.rejected;
         out->stores[i].errors = (int64_t)ts.errors;
         out->stores[i].bytes_in = ts.bytes_in;
         out->stores[i].bytes_out = ts.bytes_out;
         out->stores[i].read_s = (double)ts.read_ns * 1e-9;
         out->stores[i].write_s = (double)ts.write_ns * 1e-9;
+        out->stores[i].detail = p->store_detail[i];
+        mask_spec(kvp_blob_tier_last_error(p->behind[i]), out->stores[i].last_error,
+                  sizeof out->stores[i].last_error);
+        kvp_queue_tier_info_t qi = {.struct_size = sizeof qi};
+        if (kvp_queue_tier_info(p->tiers[i], &qi) == KVP_OK) {
+            out->stores[i].queue_dropped = (int64_t)qi.dropped;
+            out->stores[i].queue_failed = (int64_t)qi.failed;
+        }
+        kvp_redis_tier_info_t ri = {.struct_size = sizeof ri};
+        if (p->store_kind[i] == STORE_REDIS && kvp_redis_tier_info(p->behind[i], &ri) == KVP_OK) {
+            out->stores[i].is_redis = 1;
+            out->stores[i].redis.cluster = ri.cluster;
+            out->stores[i].redis.nodes = ri.nodes;
+            out->stores[i].redis.nodes_down = ri.nodes_down;
+            out->stores[i].redis.connects = (int64_t)ri.connects;
+            out->stores[i].redis.failures = (int64_t)ri.failures;
+            out->stores[i].redis.timeouts = (int64_t)ri.timeouts;
+            out->stores[i].redis.skipped = (int64_t)ri.skipped;
+            out->stores[i].redis.server_errors = (int64_t)ri.server_errors;
+        }
     }
 }
 
 /* ---- KV stores ------------------------------------------------------------------------ */
 
 /* A store is opened by its scheme, the text before the first ':'. Built in:
- * "dir:PATH", libkvpage's file tier. Another kind (a shared Redis, the
- * engine's own) is one more row here: its opener wraps its functions in a
- * kvp_blob_tier_t (kvp_blob_tier_create) and the cache does the rest. */
-typedef int (*store_open_fn)(const char *rest, kvp_blob_tier_t **out, kvp_blob_tier_t **behind,
-                             char *err, size_t err_size);
+ * "dir:PATH", libkvpage's file tier, and "redis://...", its Redis/Valkey
+ * tier. Each gets a queue tier in front: pages written back or through
+ * during a step cost the decode loop a copy, never a file write, an fsync
+ * or a network round trip (the queue's thread writes them). Another kind
+ * (the engine's own) is one more row in store_schemes: its opener wraps its
+ * functions in a kvp_blob_tier_t (kvp_blob_tier_create) and the cache does
+ * the rest. */
+typedef int (*store_open_fn)(const char *spec, const char *rest, kvp_blob_tier_t **inner, char *detail,
+                             size_t detail_size, char *err, size_t err_size);
 
-/* The file tier behind a queue: pages written back or through during a
- * step cost the decode loop a copy, not a file write and an fsync. */
-static int open_dir(const char *path, kvp_blob_tier_t **out, kvp_blob_tier_t **behind, char *err,
-                    size_t err_size) {
+/* `text` with the password of every "scheme://user:password@host" in it
+ * replaced by "***" (a lone "scheme://name@host" is masked too: it may be
+ * a password given in the wrong place), for reports and error messages. */
+static void mask_spec(const char *text, char *out, size_t size) {
+    size_t o = 0;
+#define PUT(ch)                                   \
+    do {                                          \
+        if (o + 1 < size) out[o++] = (char)(ch); \
+    } while (0)
+    for (const char *s = text; *s;) {
+        const char *sep = strstr(s, "://");
+        if (!sep) {
+            while (*s) PUT(*s++);
+            break;
+        }
+        while (s < sep + 3) PUT(*s++);
+        size_t auth = strcspn(s, "/, \t"); /* the authority: [userinfo@]host[:port] */
+        const char *at = NULL;
+        for (size_t k = 0; k < auth; k++)
+            if (s[k] == '@') at = s + k;
+        if (!at) continue;
+        const char *colon = memchr(s, ':', (size_t)(at - s));
+        while (colon && s < colon) PUT(*s++); /* the user */
+        if (colon) PUT(':');
+        PUT('*');
+        PUT('*');
+        PUT('*');
+        s = at;
+    }
+#undef PUT
+    if (size) out[o < size ? o : size - 1] = 0;
+}
+
+static int open_dir(const char *spec, const char *path, kvp_blob_tier_t **inner, char *detail, size_t detail_size,
+                    char *err, size_t err_size) {
+    (void)spec;
     kvp_file_tier_params_t fp;
     kvp_file_tier_params_init(&fp);
     fp.path = path;
     char e[KVP_ERR_SIZE] = "";
-    kvp_blob_tier_t *files = NULL;
-    int rc = kvp_file_tier_create(&fp, &files, e, sizeof e);
-    if (rc == KVP_OK) {
-        kvp_queue_tier_params_t qp;
-        kvp_queue_tier_params_init(&qp);
-        qp.inner = files;
-        rc = kvp_queue_tier_create(&qp, out, e, sizeof e);
-        if (rc != KVP_OK) kvp_blob_tier_destroy(files);
-    }
+    int rc = kvp_file_tier_create(&fp, inner, e, sizeof e);
     if (rc != KVP_OK) {
         snprintf(err, err_size, "dir:%s: %s: %s", path, kvp_status_name(rc), e);
         return -1;
     }
-    *behind = files;
+    if (detail_size) detail[0] = 0; /* nothing to add to "dir:PATH" */
+    return 0;
+}
+
+/* libkvpage's Redis/Valkey tier on the URI(s) of the spec, with the ACL
+ * user and the password (for URIs that carry none) and the key prefix from
+ * the environment. A
+ * wrong password, a refused command or an unreachable server fails here,
+ * with the server's words; a server that fails later only makes misses. */
+static int open_redis(const char *spec, const char *rest, kvp_blob_tier_t **inner, char *detail,
+                      size_t detail_size, char *err, size_t err_size) {
+    (void)rest;
+    kvp_redis_tier_params_t rp;
+    kvp_redis_tier_params_init(&rp);
+    rp.uri = spec;
+    const char *password = getenv("KVPAGE_REDIS_PASSWORD"), *prefix = getenv("KVPAGE_REDIS_PREFIX");
+    const char *user = getenv("KVPAGE_REDIS_USER");
+    if (password && *password) rp.password = password;
+    if (user && *user) rp.user = user;
+    if (prefix && *prefix) rp.prefix = prefix;
+    char e[KVP_ERR_SIZE] = "", shown[KV_STORE_TEXT], shown_e[KVP_ERR_SIZE];
+    int rc = kvp_redis_tier_create(&rp, inner, e, sizeof e);
+    if (rc != KVP_OK) {
+        mask_spec(spec, shown, sizeof shown);
+        mask_spec(e, shown_e, sizeof shown_e);
+        const char *hint = "";
+        if (rc == KVP_EACCES && !strchr(spec, '@'))
+            hint = rp.password ? (rp.user ? " (the user and password were KVPAGE_REDIS_USER's and "
+                                            "KVPAGE_REDIS_PASSWORD's)"
+                                          : " (the password was KVPAGE_REDIS_PASSWORD's)")
+                               : " (no password was given: set KVPAGE_REDIS_PASSWORD)";
+        else if (rc == KVP_ENOTSUP)
+            hint = " (this libkvpage was built without hiredis: install libhiredis-dev and rebuild it)";
+        snprintf(err, err_size, "KV store '%s': %s (%s)%s%s%s", shown, kvp_status_name(rc), kvp_strerror(rc),
+                 *shown_e ? ": " : "", shown_e, hint);
+        return -1;
+    }
+    kvp_redis_tier_info_t ri = {.struct_size = sizeof ri};
+    int have = kvp_redis_tier_info(*inner, &ri) == KVP_OK;
+    char where[64] = "";
+    if (have)
+        snprintf(where, sizeof where, "%d %s%s, ", ri.nodes,
+                 ri.cluster ? "Cluster node" : "server", ri.nodes == 1 ? "" : "s");
+    snprintf(detail, detail_size, "Redis/Valkey: %skey prefix \"%s\"%s%s%s, call budget %d ms", where,
+             rp.prefix ? rp.prefix : "kvp:", prefix && *prefix ? " (KVPAGE_REDIS_PREFIX)" : "",
+             rp.user ? ", user from KVPAGE_REDIS_USER" : "",
+             rp.password ? ", password from KVPAGE_REDIS_PASSWORD" : "", rp.timeout_ms);
     return 0;
 }
 
 static const struct {
     const char *scheme, *form;
+    int32_t kind;
+    int32_t feature; /* the kvp_feature its tier needs, or 0 */
     store_open_fn open;
 } store_schemes[] = {
-    {"dir", "dir:PATH", open_dir},
+    {"dir", "dir:PATH", STORE_DIR, 0, open_dir},
+    {"redis", "redis://[user[:password]@]host[:port][/db][,redis://...]", STORE_REDIS, KVP_FEATURE_REDIS,
+     open_redis},
 };
 #define N_SCHEMES (int)(sizeof store_schemes / sizeof *store_schemes)
 
@@ -334,25 +446,34 @@ static const struct {
 static int store_scheme(const char *spec, const char **rest, char *err, size_t err_size) {
     const char *colon = strchr(spec, ':');
     size_t len = colon ? (size_t)(colon - spec) : 0;
-    char built_in[128] = "";
+    char built_in[160] = "", shown[KV_STORE_TEXT];
+    mask_spec(spec, shown, sizeof shown);
     for (int i = 0; i < N_SCHEMES; i++)
         snprintf(built_in + strlen(built_in), sizeof built_in - strlen(built_in), "%s%s", i ? ", " : "",
                  store_schemes[i].form);
     if (len == 0) {
-        snprintf(err, err_size, "KV store '%s': expected SCHEME:..., one of: %s", spec, built_in);
+        snprintf(err, err_size, "KV store '%s': expected SCHEME:..., one of: %s", shown, built_in);
         return -1;
     }
     for (int i = 0; i < N_SCHEMES; i++)
         if (strlen(store_schemes[i].scheme) == len && !strncmp(spec, store_schemes[i].scheme, len)) {
             *rest = colon + 1;
-            if (!**rest) {
-                snprintf(err, err_size, "KV store '%s': nothing after '%.*s:' (%s)", spec, (int)len, spec,
-                         store_schemes[i].form);
+            if (!**rest || (store_schemes[i].kind == STORE_REDIS && (strncmp(*rest, "//", 2) || !(*rest)[2]))) {
+                /* (a malformed URI is not echoed: it may hold a password) */
+                snprintf(err, err_size, "KV store '%s%s': expected %s",
+                         store_schemes[i].kind == STORE_REDIS ? "redis:" : shown,
+                         store_schemes[i].kind == STORE_REDIS && **rest ? "..." : "", store_schemes[i].form);
+                return -1;
+            }
+            if (store_schemes[i].feature && !kvp_build_has(store_schemes[i].feature)) {
+                snprintf(err, err_size, "KV store '%s': this libkvpage %s was built without its %s tier (hiredis "
+                         "missing: install libhiredis-dev and rebuild it)", shown, kvp_version_string(),
+                         store_schemes[i].scheme);
                 return -1;
             }
             return i;
         }
-    snprintf(err, err_size, "KV store '%s': unknown store '%.*s' (not built in; built in: %s)", spec, (int)len,
+    snprintf(err, err_size, "KV store '%s': unknown store '%.*s' (not built in; built in: %s)", shown, (int)len,
              spec, built_in);
     return -1;
 }
@@ -360,6 +481,34 @@ static int store_scheme(const char *spec, const char **rest, char *err, size_t e
 int kv_store_check(const char *spec, char *err, size_t err_size) {
     const char *rest;
     return store_scheme(spec, &rest, err, err_size) < 0 ? -1 : 0;
+}
+
+/* Open store `spec` into p->tiers[p->n_tiers] (a queue tier) and
+ * p->behind[...] (the store's own tier); -1 with err. */
+static int open_store(paged_kv *p, const char *spec, char *err, size_t err_size) {
+    const char *rest;
+    int k = store_scheme(spec, &rest, err, err_size);
+    if (k < 0) return -1;
+    int32_t i = p->n_tiers;
+    kvp_blob_tier_t *inner = NULL, *queue = NULL;
+    p->store_detail[i][0] = 0;
+    if (store_schemes[k].open(spec, rest, &inner, p->store_detail[i], KV_STORE_TEXT, err, err_size)) return -1;
+    kvp_queue_tier_params_t qp;
+    kvp_queue_tier_params_init(&qp);
+    qp.inner = inner;
+    char e[KVP_ERR_SIZE] = "";
+    int rc = kvp_queue_tier_create(&qp, &queue, e, sizeof e);
+    mask_spec(spec, p->store_specs[i], KV_STORE_TEXT);
+    if (rc != KVP_OK) {
+        kvp_blob_tier_destroy(inner);
+        snprintf(err, err_size, "KV store '%s': its queue: %s: %s", p->store_specs[i], kvp_status_name(rc), e);
+        return -1;
+    }
+    p->tiers[i] = queue;
+    p->behind[i] = inner;
+    p->store_kind[i] = store_schemes[k].kind;
+    p->n_tiers++;
+    return 0;
 }
 
 int kv_store_policy_parse(const char *list, int32_t *policy, char *err, size_t err_size) {
@@ -411,16 +560,11 @@ static int attach_stores(paged_kv *p, const kv_paged_opts_t *o, char *err, size_
     int32_t policy = o->store_policy ? o->store_policy
                                      : KVP_TIER_READ | KVP_TIER_WRITE_BACK | KVP_TIER_WRITE_THROUGH;
     for (int32_t i = 0; i < o->n_stores; i++) {
-        const char *rest;
-        int k = store_scheme(o->stores[i], &rest, err, err_size);
-        if (k < 0 || store_schemes[k].open(rest, &p->tiers[p->n_tiers], &p->behind[p->n_tiers], err,
-                                           err_size))
-            return -1;
-        p->store_specs[p->n_tiers] = o->stores[i];
-        rc = kvp_cache_add_tier(p->c, p->tiers[p->n_tiers++], policy, NULL);
+        if (open_store(p, o->stores[i], err, err_size)) return -1;
+        rc = kvp_cache_add_tier(p->c, p->tiers[p->n_tiers - 1], policy, NULL);
         if (rc != KVP_OK) {
-            snprintf(err, err_size, "libkvpage: KV store '%s': %s: %s", o->stores[i], kvp_status_name(rc),
-                     kvp_cache_last_error(p->c));
+            snprintf(err, err_size, "libkvpage: KV store '%s': %s: %s", p->store_specs[p->n_tiers - 1],
+                     kvp_status_name(rc), kvp_cache_last_error(p->c));
             return -1;
         }
     }
@@ -430,6 +574,7 @@ static int attach_stores(paged_kv *p, const kv_paged_opts_t *o, char *err, size_
 int kv_paged_flush(kv_cache_t *kv) {
     paged_kv *p = as_paged(kv);
     int rc = kvp_cache_flush(p->c);
+    for (int32_t i = 0; i < p->n_tiers; i++) kvp_queue_tier_drain(p->tiers[i]); /* counters final */
     return rc == KVP_OK ? KV_OK : failed(p, "flush", rc);
 }
 

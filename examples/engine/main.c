@@ -13,9 +13,10 @@
  *   kvpage-engine decode   MODEL --in FILE          import FILE's KV, continue decoding
  *
  * --kv-store SPEC (demo, run, prefill, decode) puts a KV store behind the
- * paged cache: prompts are looked up in the pool, then in the store, and
- * the cache's full pages are written to it, so another process over the
- * same store prefills only what is new.
+ * paged cache (dir:PATH, or redis://HOST:PORT for a shared Redis/Valkey):
+ * prompts are looked up in the pool, then in the store, and the cache's
+ * full pages are written to it, so another process over the same store
+ * prefills only what is new.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -78,7 +79,11 @@ static void usage(FILE *o) {
             "        --kv-decode-threads N: libkvpage's threads in pure decode steps (default 1)\n"
             "        --kv-store SPEC (demo, run, prefill, decode; repeat for more, looked up in order):\n"
             "        a KV store behind the paged cache: dir:PATH, a directory of page blobs (created if\n"
-            "        missing) that later runs over the same prompts read instead of prefilling;\n"
+            "        missing) that later runs over the same prompts read instead of prefilling; or\n"
+            "        redis://[user[:password]@]host[:port][/db] (several: comma-separated), a Redis or\n"
+            "        Valkey server shared by processes and machines (password: better in the environment,\n"
+            "        KVPAGE_REDIS_PASSWORD, ACL user KVPAGE_REDIS_USER; key prefix: KVPAGE_REDIS_PREFIX,\n"
+            "        default \"kvp:\");\n"
             "        --kv-store-policy LIST: read,write-back,write-through (default all three)\n");
 }
 
@@ -546,10 +551,13 @@ static void store_header(const kv_cache_t *kv) {
     kv_stats_t ks;
     kv->ops->stats(kv, &ks);
     int32_t pol = g_store.policy ? g_store.policy : KVP_TIER_READ | KVP_TIER_WRITE_BACK | KVP_TIER_WRITE_THROUGH;
-    for (int32_t t = 0; t < ks.n_stores; t++)
-        printf("KV store %d: %s (%s%s%s), after the pool\n", t, ks.stores[t].spec,
+    for (int32_t t = 0; t < ks.n_stores; t++) {
+        printf("KV store %d: %s (%s%s%s), after the pool", t, ks.stores[t].spec,
                pol & KVP_TIER_READ ? "read " : "", pol & KVP_TIER_WRITE_BACK ? "write-back " : "",
                pol & KVP_TIER_WRITE_THROUGH ? "write-through" : "");
+        if (ks.stores[t].detail && *ks.stores[t].detail) printf("; %s", ks.stores[t].detail);
+        printf("; writes queued\n");
+    }
     printf("model fingerprint ");
     for (int i = 0; i < 8; i++) printf("%02x", g_store.fingerprint[i]);
     printf("... (SHA-256 of the architecture and the whole weights file, %.2f s)\n", g_store.fingerprint_s);
@@ -576,15 +584,28 @@ static void demo_answers(const tokenizer_t *tok, const request_t *reqs, int32_t 
            st->decode_s > 0 ? st->decode_tokens / st->decode_s : 0.0);
 }
 
-/* Per store: the prompt tokens found there, pages written, rejected. */
+/* Per store: the prompt tokens found there, misses, pages written,
+ * rejected, errors; its queue; a Redis store's connection counters. */
 static void store_report(FILE *f, const kv_stats_t *ks) {
     for (int32_t t = 0; t < ks->n_stores; t++) {
         const struct kv_store_stats *s = &ks->stores[t];
-        fprintf(f, "  KV store %d (%s): %lld prompt tokens found there (%lld pages x %d) of %lld pages looked up; "
-               "%lld pages written (%.2f MiB); %lld rejected, %lld errors; reading %.3f s, writing %.3f s\n",
+        fprintf(f, "  KV store %d (%s): %lld prompt tokens found there (%lld pages x %d) of %lld pages looked up, "
+               "%lld missed; %lld pages written (%.2f MiB); %lld rejected, %lld errors; reading %.3f s, writing "
+               "%.3f s\n",
                t, s->spec, (long long)(s->hit_pages * ks->page_size), (long long)s->hit_pages, ks->page_size,
-               (long long)s->lookups, (long long)s->written, mib((double)s->bytes_out), (long long)s->rejected,
-               (long long)s->errors, s->read_s, s->write_s);
+               (long long)s->lookups, (long long)s->misses, (long long)s->written, mib((double)s->bytes_out),
+               (long long)s->rejected, (long long)s->errors, s->read_s, s->write_s);
+        if (s->queue_dropped || s->queue_failed)
+            fprintf(f, "    its write queue: %lld pages dropped (queue full), %lld refused by the store\n",
+                    (long long)s->queue_dropped, (long long)s->queue_failed);
+        if (s->is_redis)
+            fprintf(f, "    redis: %d %s%s, %d down; %lld connections made, %lld failed (refused, lost or timed "
+                    "out); %lld calls out of time, %lld keys skipped (server down), %lld server errors\n",
+                    s->redis.nodes, s->redis.cluster ? "Cluster node" : "server", s->redis.nodes == 1 ? "" : "s",
+                    s->redis.nodes_down, (long long)s->redis.connects, (long long)s->redis.failures,
+                    (long long)s->redis.timeouts, (long long)s->redis.skipped, (long long)s->redis.server_errors);
+        if ((s->errors || s->queue_failed || s->redis.failures || s->redis.timeouts) && s->last_error[0])
+            fprintf(f, "    its last failure: %s\n", s->last_error);
     }
 }
 
@@ -596,7 +617,8 @@ static void demo_summary(const request_t *reqs, int32_t n, const kv_stats_t *ks,
     for (int32_t i = 0; i < n; i++)
         printf(" [%d] %.1f ms", i + 1, reqs[i].t_first >= 0 ? 1e3 * (reqs[i].t_first - reqs[i].t_arrive) : -1.0);
     printf("\n");
-    int64_t prompt = 0, cached = 0, gen = 0, store = 0, written = 0, rejected = 0, errors = 0;
+    int64_t prompt = 0, cached = 0, gen = 0, store = 0, written = 0, rejected = 0, errors = 0, misses = 0;
+    int64_t dropped = 0, refused = 0, failures = 0, skipped = 0, down = 0, remote = 0;
     uint64_t digest = 1469598103934665603ull; /* FNV-1a 64 of every request's output token ids */
     for (int32_t i = 0; i < n; i++) {
         prompt += reqs[i].n_prompt, cached += reqs[i].cached, gen += reqs[i].n_out;
@@ -607,6 +629,13 @@ static void demo_summary(const request_t *reqs, int32_t n, const kv_stats_t *ks,
     for (int32_t t = 0; t < ks->n_stores; t++) {
         store += ks->stores[t].hit_pages * ks->page_size;
         written += ks->stores[t].written, rejected += ks->stores[t].rejected, errors += ks->stores[t].errors;
+        misses += ks->stores[t].misses;
+        dropped += ks->stores[t].queue_dropped, refused += ks->stores[t].queue_failed;
+        if (ks->stores[t].is_redis) {
+            remote += ks->stores[t].hit_pages * ks->page_size;
+            failures += ks->stores[t].redis.failures, skipped += ks->stores[t].redis.skipped;
+            down += ks->stores[t].redis.nodes_down;
+        }
     }
     printf("{\"requests\": %d, \"prompt_tokens\": %lld, \"store_hit_tokens\": %lld, \"pool_hit_tokens\": %lld, "
            "\"prefilled_tokens\": %lld, \"generated_tokens\": %lld, \"ttft_ms_first\": %.1f, \"ttft_ms\": [",
@@ -614,9 +643,17 @@ static void demo_summary(const request_t *reqs, int32_t n, const kv_stats_t *ks,
            (long long)gen, reqs[0].t_first >= 0 ? 1e3 * (reqs[0].t_first - reqs[0].t_arrive) : -1.0);
     for (int32_t i = 0; i < n; i++)
         printf("%s%.1f", i ? ", " : "", reqs[i].t_first >= 0 ? 1e3 * (reqs[i].t_first - reqs[i].t_arrive) : -1.0);
-    printf("], \"store_pages_written\": %lld, \"store_rejected\": %lld, \"store_errors\": %lld, "
-           "\"output_digest\": \"%016llx\", \"seconds\": %.2f}\n",
-           (long long)written, (long long)rejected, (long long)errors, (unsigned long long)digest, st->total_s);
+    printf("], \"store_pages_written\": %lld, \"store_misses\": %lld, \"store_rejected\": %lld, "
+           "\"store_errors\": %lld, \"store_queue_dropped\": %lld, \"store_queue_refused\": %lld, ",
+           (long long)written, (long long)misses, (long long)rejected, (long long)errors, (long long)dropped,
+           (long long)refused);
+    int redis = 0; /* a Redis store's counters, when there is one */
+    for (int32_t t = 0; t < ks->n_stores; t++) redis |= ks->stores[t].is_redis;
+    if (redis)
+        printf("\"remote_hit_tokens\": %lld, \"redis_failures\": %lld, \"redis_skipped\": %lld, "
+               "\"redis_nodes_down\": %lld, ",
+               (long long)remote, (long long)failures, (long long)skipped, (long long)down);
+    printf("\"output_digest\": \"%016llx\", \"seconds\": %.2f}\n", (unsigned long long)digest, st->total_s);
 }
 
 static int cmd_demo(model_t *m, int argc, char **argv) {

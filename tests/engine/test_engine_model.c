@@ -11,7 +11,18 @@
  *   - the architecture numbers are those of the model card (and the issue).
  */
 #define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +34,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <kvpage.h>     /* kvp_strerror */
 #include <kvpage_ext.h> /* kvp_build_has */
 
 #include "eval.h"
@@ -775,7 +787,7 @@ static void test_store_second_cache(void **state) {
     kv->ops->destroy(kv);
 
     /* a store scheme that is not built in is refused by name */
-    assert_int_not_equal(kv_store_check("redis://localhost:6379", err, sizeof err), 0);
+    assert_int_not_equal(kv_store_check("s3://bucket/kv", err, sizeof err), 0);
     assert_non_null(strstr(err, "not built in"));
     assert_int_equal(kv_store_check(spec, err, sizeof err), 0);
 
@@ -783,6 +795,299 @@ static void test_store_second_cache(void **state) {
     remove_dir(spec);
     remove_dir(dir);
     free(prompt);
+}
+
+/* ---- a shared Redis store (--kv-store redis://...) and its server failing ----------------- */
+
+/* A redis-server of the test's own on a free loopback port, with a password
+ * (the store reads it from KVPAGE_REDIS_PASSWORD), killed at the end even
+ * when an assertion fails (the test's teardown; and PR_SET_PDEATHSIG should
+ * this process die first). */
+static struct {
+    pid_t pid;
+    int port;
+    char dir[64];
+    char password[32];
+} g_redis = {.pid = -1};
+
+/* One command after AUTH over a plain socket (no hiredis here): the first
+ * line of its reply ("+PONG", ":3", "*2", ...) in `line`; -1 if none came
+ * within a second. */
+static int resp_call(int port, const char *password, const char *cmd, char *line, size_t size) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct timeval tv = {1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    char buf[4096];
+    int len = snprintf(buf, sizeof buf, "AUTH %s\r\n%s\r\n", password, cmd);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 || write(fd, buf, (size_t)len) != len) {
+        close(fd);
+        return -1;
+    }
+    size_t got = 0;
+    const char *second = NULL, *end = NULL;
+    while (!end && got + 1 < sizeof buf) {
+        ssize_t r = read(fd, buf + got, sizeof buf - 1 - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+        buf[got] = 0;
+        const char *first = strstr(buf, "\r\n");
+        second = first ? first + 2 : NULL;
+        end = second ? strstr(second, "\r\n") : NULL;
+    }
+    close(fd);
+    if (!end) return -1;
+    snprintf(line, size, "%.*s", (int)(end - second), second);
+    return 0;
+}
+
+static long resp_number(const char *cmd) { /* an integer or array-length reply; -1 on failure */
+    char line[64];
+    if (resp_call(g_redis.port, g_redis.password, cmd, line, sizeof line) || (line[0] != ':' && line[0] != '*'))
+        return -1;
+    return strtol(line + 1, NULL, 10);
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* Start redis-server on g_redis.port; 0 once it answers PING (within 5 s). */
+static int redis_start(void) {
+    char port[16];
+    snprintf(port, sizeof port, "%d", g_redis.port);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+#ifdef __linux__
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) dup2(null, 1), dup2(null, 2);
+        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--dir", g_redis.dir, "--requirepass", g_redis.password, "--maxmemory",
+               "256mb", "--maxmemory-policy", "allkeys-lru", (char *)NULL);
+        _exit(127);
+    }
+    g_redis.pid = pid;
+    for (int i = 0; i < 250; i++) {
+        char line[64];
+        if (resp_call(g_redis.port, g_redis.password, "PING", line, sizeof line) == 0 && !strcmp(line, "+PONG"))
+            return 0;
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) { /* e.g. the port was taken meanwhile */
+            g_redis.pid = -1;
+            return -1;
+        }
+        sleep_ms(20);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    g_redis.pid = -1;
+    return -1;
+}
+
+static void redis_kill(void) {
+    if (g_redis.pid > 0) {
+        kill(g_redis.pid, SIGKILL);
+        waitpid(g_redis.pid, NULL, 0);
+    }
+    g_redis.pid = -1;
+}
+
+static int redis_teardown(void **state) {
+    (void)state;
+    redis_kill();
+    if (g_redis.dir[0]) rmdir(g_redis.dir);
+    g_redis.dir[0] = 0;
+    unsetenv("KVPAGE_REDIS_PASSWORD");
+    unsetenv("KVPAGE_REDIS_PREFIX");
+    return 0;
+}
+
+#define NEED_REDIS()                                                                                      \
+    do {                                                                                                  \
+        if (!kvp_build_has(KVP_FEATURE_REDIS)) {                                                          \
+            print_message("SKIPPED: libkvpage was built without the Redis tier (HAVE_REDIS=0: no hiredis)\n"); \
+            skip();                                                                                       \
+        }                                                                                                 \
+        if (system("command -v redis-server >/dev/null 2>&1") != 0) {                                     \
+            print_message("SKIPPED: redis-server is not installed (make test installs it with apt-get "  \
+                          "where it can)\n");                                                             \
+            skip();                                                                                       \
+        }                                                                                                 \
+    } while (0)
+
+/* An int8 paged cache with the model's identity and the store `spec`, or
+ * NULL with the reason in err. */
+static kv_cache_t *paged_store(const char *spec, int32_t max_len, char *err, size_t err_size) {
+    kv_paged_opts_t o;
+    kv_paged_opts_init(&o);
+    assert_int_equal(kv_paged_parse("int8", &o, err, err_size), 0);
+    assert_int_equal(model_fingerprint(g_model, o.fingerprint, err, err_size), 0);
+    o.has_identity = 1;
+    o.stores[o.n_stores++] = spec;
+    kv_shape_t sh = model_kv_shape(g_model, 1, max_len);
+    return kv_paged_create(&sh, g_pool, &o, err, err_size);
+}
+
+static struct kv_store_stats store_stats(const kv_cache_t *kv) {
+    kv_stats_t ks;
+    kv->ops->stats(kv, &ks);
+    assert_int_equal(ks.n_stores, 1);
+    return ks.stores[0];
+}
+
+/* The engine over a shared Redis store, and the server failing under it:
+ * configuration errors (a wrong password) fail at creation with the
+ * library's KVP_EACCES and the server's words, the password masked; a cold
+ * cache fills the server, a warm one (another process) finds the pages and
+ * gives the cold text; then the server is killed (SIGKILL) while that cache
+ * lives: its next prompt is looked up, missed, prefilled, and its greedy
+ * text is unchanged, the failure counted; the server restarts (empty), a
+ * third cache fills it, and the cache that saw it die finds those pages
+ * there again after its reconnection backoff. */
+static void test_redis_store_fault(void **state) {
+    (void)state;
+    NEED_MODEL();
+    NEED_BLOB();
+    NEED_REDIS();
+    snprintf(g_redis.dir, sizeof g_redis.dir, "/tmp/kvpage-redis-XXXXXX");
+    assert_non_null(mkdtemp(g_redis.dir));
+    snprintf(g_redis.password, sizeof g_redis.password, "engine-test-%ld", (long)getpid());
+    int started = -1;
+    for (int attempt = 0; attempt < 5 && started != 0; attempt++) {
+        g_redis.port = free_port();
+        started = g_redis.port > 0 ? redis_start() : -1;
+    }
+    if (started != 0) fail_msg("redis-server did not start (port %d)", g_redis.port);
+    setenv("KVPAGE_REDIS_PASSWORD", g_redis.password, 1);
+    setenv("KVPAGE_REDIS_PREFIX", "kvpage-engine-test:", 1);
+    char spec[64], bad[96], err[512];
+    snprintf(spec, sizeof spec, "redis://127.0.0.1:%d", g_redis.port);
+
+    static const char *const users[3] = {
+        "What is two plus two?",
+        "Describe, in two or three short sentences, how a bicycle turns the rider's pedalling into forward "
+        "motion, mentioning the chain and the gears.",
+        "Explain briefly why the sky looks blue during the day but red and orange at sunset, as you would to "
+        "a curious ten-year-old child.",
+    };
+    int32_t *p[3], n[3], ref[3][SPLIT_STEPS], out[SPLIT_STEPS], max_len = 0;
+    for (int k = 0; k < 3; k++) {
+        p[k] = chat_ids(users[k], &n[k]);
+        if (n[k] + SPLIT_STEPS > max_len) max_len = n[k] + SPLIT_STEPS;
+        kv_cache_t *kv = paged_identity("int8", n[k] + SPLIT_STEPS, NULL); /* no store: the reference */
+        run_one(kv, p[k], n[k], ref[k]);
+        kv->ops->destroy(kv);
+    }
+
+    /* a wrong password fails at creation, with the library's KVP_EACCES and the password masked */
+    snprintf(bad, sizeof bad, "redis://:not-%s@127.0.0.1:%d", g_redis.password, g_redis.port);
+    assert_null(paged_store(bad, max_len, err, sizeof err));
+    print_message("wrong password: %s\n", err);
+    assert_non_null(strstr(err, "KVP_EACCES"));
+    assert_non_null(strstr(err, kvp_strerror(KVP_EACCES)));
+    assert_null(strstr(err, "not-engine-test"));
+    /* no password at all: refused the same way */
+    unsetenv("KVPAGE_REDIS_PASSWORD");
+    assert_null(paged_store(spec, max_len, err, sizeof err));
+    assert_non_null(strstr(err, "KVP_EACCES"));
+    setenv("KVPAGE_REDIS_PASSWORD", g_redis.password, 1);
+
+    /* cold: the first prompt's pages go to the server, under the prefix */
+    kv_cache_t *kv = paged_store(spec, max_len, err, sizeof err);
+    if (!kv) fail_msg("%s", err);
+    assert_int_equal(run_one(kv, p[0], n[0], out), 0);
+    assert_memory_equal(out, ref[0], sizeof out);
+    kv->ops->destroy(kv); /* flushes and drains the queue */
+    long keys = resp_number("KEYS kvpage-engine-test:*"), all = resp_number("DBSIZE");
+    print_message("cold cache over %s: %ld keys under kvpage-engine-test: (%ld in the database)\n", spec, keys, all);
+    assert_true(keys >= (n[0] - 1) / 16);
+
+    /* warm: another cache (a later process) finds them, the same text */
+    kv = paged_store(spec, max_len, err, sizeof err);
+    if (!kv) fail_msg("%s", err);
+    int32_t cached = run_one(kv, p[0], n[0], out);
+    struct kv_store_stats s = store_stats(kv);
+    assert_int_equal(cached, (n[0] - 1) / 16 * 16);
+    assert_int_equal(s.hit_pages * 16, cached);
+    assert_int_equal(s.rejected, 0);
+    assert_memory_equal(out, ref[0], sizeof out);
+
+    /* the server dies while the cache lives: the next prompt's lookups miss */
+    redis_kill();
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cached = run_one(kv, p[1], n[1], out);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    assert_int_equal(kv_paged_flush(kv), KV_OK); /* its pages: refused behind the queue, counted */
+    struct kv_store_stats d = store_stats(kv);
+    print_message("server killed: second prompt %d tokens, %d from the pool, %lld pages looked up in the store, "
+                  "%lld missed, %lld found; redis: %lld failures, %lld keys skipped, %d of %d down; queue: %lld "
+                  "refused; %.2f s\n",
+                  n[1], cached, (long long)(d.lookups - s.lookups), (long long)(d.misses - s.misses),
+                  (long long)(d.hit_pages - s.hit_pages), (long long)d.redis.failures, (long long)d.redis.skipped,
+                  d.redis.nodes_down, d.redis.nodes, (long long)d.queue_failed, secs);
+    assert_memory_equal(out, ref[1], sizeof out);
+    assert_true(d.lookups > s.lookups);
+    assert_int_equal(d.hit_pages, s.hit_pages);
+    assert_true(d.misses - s.misses >= d.lookups - s.lookups);
+    assert_true(d.redis.failures + d.redis.skipped > 0);
+
+    /* restarted (empty): a third cache fills it with the third prompt's pages */
+    assert_int_equal(redis_start(), 0);
+    kv_cache_t *other = paged_store(spec, max_len, err, sizeof err);
+    if (!other) fail_msg("%s", err);
+    assert_int_equal(run_one(other, p[2], n[2], out), 0); /* nothing there after the restart */
+    assert_memory_equal(out, ref[2], sizeof out);
+    other->ops->destroy(other);
+    assert_true(resp_number("KEYS kvpage-engine-test:*") >= (n[2] - 1) / 16);
+
+    /* ... and the cache that saw it die finds them, once its backoff has passed (at most 5 s) */
+    int64_t before = d.hit_pages;
+    for (int tries = 0; tries < 80; tries++) {
+        int32_t seq;
+        assert_int_equal(kv->ops->seq_open(kv, &seq), KV_OK);
+        kv->ops->seq_attach_prefix(kv, seq, p[2], n[2]);
+        kv->ops->seq_close(kv, seq);
+        if (store_stats(kv).hit_pages > before) break;
+        sleep_ms(100);
+    }
+    cached = run_one(kv, p[2], n[2], out);
+    s = store_stats(kv);
+    print_message("server restarted: %lld pages of the third prompt found there again (%d of its %d tokens "
+                  "attached); redis: %lld connections made, %lld failures, %d down\n",
+                  (long long)(s.hit_pages - before), cached, n[2], (long long)s.redis.connects,
+                  (long long)s.redis.failures, s.redis.nodes_down);
+    assert_true(s.hit_pages > before);
+    assert_int_equal(cached, (n[2] - 1) / 16 * 16);
+    assert_int_equal(s.redis.nodes_down, 0);
+    assert_memory_equal(out, ref[2], sizeof out);
+    kv->ops->destroy(kv);
+    for (int k = 0; k < 3; k++) free(p[k]);
 }
 
 kv_cache_t *test_make_contig(const kv_shape_t *shape, pool_t *pool, void *ctx) {
@@ -799,6 +1104,7 @@ int main(void) {
         cmocka_unit_test(test_paged_fp16_matches_fp32), cmocka_unit_test(test_paged_prefix_cache_on_off),
         cmocka_unit_test(test_paged_fork_continues), cmocka_unit_test(test_split_prefill_decode),
         cmocka_unit_test(test_store_second_cache),
+        cmocka_unit_test_teardown(test_redis_store_fault, redis_teardown),
     };
     return cmocka_run_group_tests_name("engine on SmolLM2-135M", tests, setup, teardown);
 }

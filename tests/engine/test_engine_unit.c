@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include <kvpage.h>
+#include <kvpage_ext.h> /* kvp_build_has */
 
 #include "eval.h"
 #include "gguf.h"
@@ -730,6 +731,38 @@ static void test_kv_paged_parse(void **state) {
     assert_non_null(strstr(err, "KVP_EINVAL"));
 }
 
+/* --kv-store specs are checked before any work, and no error message shows
+ * a password given in a URI. */
+static void test_kv_store_check(void **state) {
+    (void)state;
+    char err[512];
+    assert_int_equal(kv_store_check("dir:/tmp/kv", err, sizeof err), 0);
+    static const char *const bad[] = {"dir:", "/tmp/kv", "s3://alice:hunter2@bucket/kv", "redis:", "redis:host",
+                                      "redis://", "redis:alice:hunter2@host:6379"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err[0] = 0;
+        assert_int_equal(kv_store_check(bad[i], err, sizeof err), -1);
+        assert_true(strlen(err) > 0);
+    }
+    assert_int_equal(kv_store_check("redis:alice:hunter2@host:6379", err, sizeof err), -1);
+    assert_null(strstr(err, "hunter2"));
+    assert_int_equal(kv_store_check("s3://hunter2@bucket/kv", err, sizeof err), -1);
+    assert_non_null(strstr(err, "s3://***@bucket/kv")); /* a lone userinfo: the Redis tier's password */
+    assert_int_equal(kv_store_check("s3://alice:hunter2@bucket/kv", err, sizeof err), -1);
+    assert_non_null(strstr(err, "not built in"));
+    assert_non_null(strstr(err, "s3://alice:***@bucket/kv"));
+    assert_null(strstr(err, "hunter2"));
+    int rc = kv_store_check("redis://alice:hunter2@127.0.0.1:6379/2,redis://:pw2@10.0.0.2", err, sizeof err);
+    if (kvp_build_has(KVP_FEATURE_REDIS)) {
+        assert_int_equal(rc, 0);
+    } else { /* a build without hiredis says so at once */
+        assert_int_equal(rc, -1);
+        assert_non_null(strstr(err, "built without"));
+        assert_non_null(strstr(err, "redis://alice:***@127.0.0.1:6379/2,redis://:***@10.0.0.2"));
+        assert_null(strstr(err, "hunter2"));
+    }
+}
+
 /* kv_sim rounds a full page exactly as libkvpage stores it: its values are
  * the bits kvp_quantize + kvp_dequantize give for the page (from the fp16
  * staging values), for int8 and int4 keys and values (int4 keys: the
@@ -974,6 +1007,7 @@ int main(void) {
         cmocka_unit_test(test_pool),                cmocka_unit_test(test_kv_contig_attention),
         cmocka_unit_test(test_kv_contig_fork),      cmocka_unit_test(test_kv_paged_attention),
         cmocka_unit_test(test_kv_paged_fork),       cmocka_unit_test(test_kv_paged_parse),
+        cmocka_unit_test(test_kv_store_check),
         cmocka_unit_test(test_kv_sim_matches_library),
         cmocka_unit_test(test_tokenizer_synthetic),
         cmocka_unit_test(test_unicode_classes),     cmocka_unit_test(test_eval_math),
