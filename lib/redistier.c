@@ -97,6 +97,10 @@ int kvp_redis_tier_reconnect(kvp_blob_tier_t *tier) {
 #define READ_BYTES (256u << 10)
 
 enum op { OP_GET, OP_PUT, OP_EXISTS, OP_REMOVE, OP_ADMIN };
+/* Reply parser states (data calls). */
+enum { P_LINE, P_BULK, P_CRLF };
+/* A bulk payload this large is read straight into the caller's buffer. */
+#define DIRECT_BYTES (16u << 10)
 /* A command in flight: the key it is for, or ASKING before one. */
 enum { CMD_KEY = 0, CMD_ASKING = 1 };
 
@@ -111,6 +115,13 @@ typedef struct {
     int64_t retry_at; /* ns (monotonic): no connection attempt before then */
     int32_t backoff_ms;
     bool down;        /* failed, not connected again since */
+    /* the reply parser of data calls (admin calls use hiredis's reader) */
+    int32_t pstate;   /* P_LINE, P_BULK or P_CRLF */
+    int32_t linelen;  /* bytes of the current line kept in `line` */
+    uint64_t remain;  /* P_BULK: payload bytes still to come; P_CRLF: 2 or 1 */
+    uint64_t bulklen;
+    uint8_t *dest;    /* where the payload goes (a get's buffer), or NULL */
+    char line[256];   /* a reply's first line (longer error text is cut) */
     /* per exchange */
     int32_t first, count; /* its commands in the call's command list */
     int32_t got;          /* replies read */
@@ -478,17 +489,20 @@ static int32_t redirect_node(rtier_t *t, const char *s, size_t len, int32_t *slo
     return node_at(t, h, (size_t)(colon - h), port);
 }
 
+/* A data call's reply, as the parser delivers it. For a get's bulk string
+ * the payload is already in the caller's buffer when `copied`. */
+typedef struct {
+    int type;          /* REDIS_REPLY_STRING, _NIL, _STATUS, _ERROR or _INTEGER */
+    const char *str;   /* STATUS, ERROR: the text (not NUL-terminated) */
+    size_t len;        /* its length; STRING: the payload's length */
+    long long integer; /* INTEGER */
+    bool copied;       /* STRING: the payload is in bufs[key] */
+} reply_t;
+
 /* One reply to command `c` of node `ni`. */
-static void on_reply(rtier_t *t, int32_t ni, const cmd_t *c, redisReply *r) {
-    if (t->op == OP_ADMIN) {
-        t->admin = r;
-        return;
-    }
+static void on_reply(rtier_t *t, int32_t ni, const cmd_t *c, const reply_t *r) {
     int32_t i = c->key;
-    if (c->kind == CMD_ASKING) {
-        freeReplyObject(r);
-        return;
-    }
+    if (c->kind == CMD_ASKING) return;
     if (r->type == REDIS_REPLY_ERROR) {
         const char *s = r->str;
         size_t len = r->len;
@@ -506,7 +520,6 @@ static void on_reply(rtier_t *t, int32_t ni, const cmd_t *c, redisReply *r) {
                 } else {
                     t->info.asked++;
                 }
-                freeReplyObject(r);
                 return; /* resent in the next round */
             }
         }
@@ -515,16 +528,12 @@ static void on_reply(rtier_t *t, int32_t ni, const cmd_t *c, redisReply *r) {
         fail(t, KVP_EIO, "redis %s:%d: %.*s", t->nodes[ni].host, t->nodes[ni].port,
              (int)(len > 160 ? 160 : len), s);
         settle(t, i, false);
-        freeReplyObject(r);
         return;
     }
     switch (t->op) {
     case OP_GET:
-        if (r->type == REDIS_REPLY_STRING && r->len > 0 && (uint64_t)r->len <= t->caps[i]) {
-            memcpy(t->bufs[i], r->str, r->len);
-            t->sizes[i] = (uint64_t)r->len;
-        }
-        settle(t, i, true);
+        if (r->type == REDIS_REPLY_STRING && r->copied) t->sizes[i] = (uint64_t)r->len;
+        settle(t, i, r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_NIL);
         break;
     case OP_PUT:
         settle(t, i, r->type == REDIS_REPLY_STATUS);
@@ -537,7 +546,6 @@ static void on_reply(rtier_t *t, int32_t ni, const cmd_t *c, redisReply *r) {
         settle(t, i, r->type == REDIS_REPLY_INTEGER);
         break;
     }
-    freeReplyObject(r);
 }
 
 /* The node's commands not answered: their keys settle as failures. */
@@ -552,7 +560,7 @@ static void abandon(rtier_t *t, node_t *nd) {
 /* Connect node `nd` (authenticate, select its db) within the deadline. */
 static int node_connect(rtier_t *t, node_t *nd, int64_t deadline);
 
-/* Hand every complete reply the node's reader holds to on_reply(); false
+/* Admin calls: hand the reply hiredis's reader holds to t->admin; false
  * (and why) when the replies are out of step or malformed. */
 static bool drain(rtier_t *t, node_t *nd, char *why, size_t why_size) {
     for (;;) {
@@ -568,26 +576,151 @@ static bool drain(rtier_t *t, node_t *nd, char *why, size_t why_size) {
             snprintf(why, why_size, "unexpected reply");
             return false;
         }
-        on_reply(t, (int32_t)(nd - t->nodes), &t->cmds[nd->first + nd->got],
-                 (redisReply *)reply);
+        t->admin = (redisReply *)reply;
         nd->got++;
     }
 }
 
-/* Read what the node's socket holds, in large reads, parsing replies after
- * each (the reader moves its unparsed bytes to the front of its buffer at
- * every reply, so it should never hold many); false (and why) when the
- * connection is lost. */
-static bool receive(rtier_t *t, node_t *nd, char *why, size_t why_size) {
-    for (int k = 0; k < 64; k++) { /* a bound: other nodes get their turn */
-        ssize_t got = recv(nd->ctx->fd, t->rbuf, READ_BYTES, MSG_DONTWAIT);
-        if (got > 0) {
-            if (redisReaderFeed(nd->ctx->reader, t->rbuf, (size_t)got) != REDIS_OK) {
-                snprintf(why, why_size, "out of memory (hiredis)");
+/* Data calls: a reply is complete; hand it on. */
+static bool deliver(rtier_t *t, node_t *nd, const reply_t *r, char *why, size_t why_size) {
+    if (nd->got >= nd->count) {
+        snprintf(why, why_size, "unexpected reply");
+        return false;
+    }
+    on_reply(t, (int32_t)(nd - t->nodes), &t->cmds[nd->first + nd->got], r);
+    nd->got++;
+    return true;
+}
+
+/* A reply's first line (without CRLF): a simple reply, or a bulk header
+ * that starts the payload. */
+static bool on_line(rtier_t *t, node_t *nd, char *why, size_t why_size) {
+    const char *l = nd->line;
+    size_t n = (size_t)nd->linelen;
+    reply_t r = {REDIS_REPLY_STATUS, l + 1, n ? n - 1 : 0, 0, false};
+    char *end = NULL;
+    switch (n ? l[0] : 0) {
+    case '+': return deliver(t, nd, &r, why, why_size);
+    case '-':
+        r.type = REDIS_REPLY_ERROR;
+        return deliver(t, nd, &r, why, why_size);
+    case ':':
+        r.type = REDIS_REPLY_INTEGER;
+        nd->line[n] = 0;
+        r.integer = strtoll(l + 1, &end, 10);
+        if (end == l + 1) break;
+        return deliver(t, nd, &r, why, why_size);
+    case '$': {
+        nd->line[n] = 0;
+        long long len = strtoll(l + 1, &end, 10);
+        if (end == l + 1 || len < -1) break;
+        if (len == -1) {
+            r.type = REDIS_REPLY_NIL;
+            return deliver(t, nd, &r, why, why_size);
+        }
+        nd->bulklen = (uint64_t)len;
+        nd->remain = (uint64_t)len;
+        nd->dest = NULL;
+        if (nd->got < nd->count && t->op == OP_GET) {
+            const cmd_t *c = &t->cmds[nd->first + nd->got];
+            if (c->kind == CMD_KEY && len > 0 && (uint64_t)len <= t->caps[c->key])
+                nd->dest = (uint8_t *)t->bufs[c->key];
+        }
+        nd->pstate = P_BULK;
+        if (len == 0) {
+            nd->pstate = P_CRLF;
+            nd->remain = 2;
+        }
+        return true;
+    }
+    default: break;
+    }
+    snprintf(why, why_size, "protocol error (a reply starting '%.20s')", l);
+    return false;
+}
+
+/* Parse `n` bytes of a data call's replies. */
+static bool parse(rtier_t *t, node_t *nd, const char *p, size_t n, char *why, size_t why_size) {
+    while (n > 0) {
+        if (nd->pstate == P_LINE) {
+            const char *nl = memchr(p, '\n', n);
+            size_t take = nl ? (size_t)(nl - p) + 1 : n;
+            for (size_t k = 0; k < take; k++) /* keep what fits; the text is cut */
+                if (nd->linelen < (int32_t)sizeof nd->line - 1) nd->line[nd->linelen++] = p[k];
+            p += take;
+            n -= take;
+            if (nl == NULL) continue;
+            if (nd->linelen < 2 || nd->line[nd->linelen - 2] != '\r') {
+                if (nd->linelen < (int32_t)sizeof nd->line - 1) {
+                    snprintf(why, why_size, "protocol error (a line without CRLF)");
+                    return false;
+                }
+            } else {
+                nd->linelen -= 2;
+            }
+            nd->line[nd->linelen] = 0;
+            bool ok = on_line(t, nd, why, why_size);
+            nd->linelen = 0;
+            if (!ok) return false;
+        } else if (nd->pstate == P_BULK) {
+            size_t take = nd->remain < n ? (size_t)nd->remain : n;
+            if (nd->dest != NULL) memcpy(nd->dest + (nd->bulklen - nd->remain), p, take);
+            nd->remain -= take;
+            p += take;
+            n -= take;
+            if (nd->remain == 0) {
+                nd->pstate = P_CRLF;
+                nd->remain = 2;
+            }
+        } else { /* P_CRLF */
+            char want = nd->remain == 2 ? '\r' : '\n';
+            if (*p != want) {
+                snprintf(why, why_size, "protocol error (a bulk string without CRLF)");
                 return false;
             }
-            if (!drain(t, nd, why, why_size)) return false;
-            if ((size_t)got < READ_BYTES) return true;
+            p++;
+            n--;
+            if (--nd->remain == 0) {
+                nd->pstate = P_LINE;
+                reply_t r = {REDIS_REPLY_STRING, NULL, (size_t)nd->bulklen, 0, nd->dest != NULL};
+                if (!deliver(t, nd, &r, why, why_size)) return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* Read what the node's socket holds: a get's large payload straight into
+ * its buffer, the rest through a buffer of READ_BYTES, parsed as it comes
+ * (admin calls: fed to hiredis's reader); false (and why) when the
+ * connection is lost or a reply is malformed. */
+static bool receive(rtier_t *t, node_t *nd, char *why, size_t why_size) {
+    bool admin_call = t->op == OP_ADMIN;
+    for (int k = 0; k < 64; k++) { /* a bound: other nodes get their turn */
+        bool direct = !admin_call && nd->pstate == P_BULK && nd->dest != NULL &&
+                      nd->remain >= DIRECT_BYTES;
+        ssize_t got;
+        if (direct)
+            got = recv(nd->ctx->fd, nd->dest + (nd->bulklen - nd->remain), (size_t)nd->remain,
+                       MSG_DONTWAIT);
+        else
+            got = recv(nd->ctx->fd, t->rbuf, READ_BYTES, MSG_DONTWAIT);
+        if (got > 0) {
+            if (direct) {
+                nd->remain -= (uint64_t)got;
+                if (nd->remain == 0) {
+                    nd->pstate = P_CRLF;
+                    nd->remain = 2;
+                }
+            } else if (admin_call) {
+                if (redisReaderFeed(nd->ctx->reader, t->rbuf, (size_t)got) != REDIS_OK) {
+                    snprintf(why, why_size, "out of memory (hiredis)");
+                    return false;
+                }
+                if (!drain(t, nd, why, why_size)) return false;
+            } else if (!parse(t, nd, t->rbuf, (size_t)got, why, why_size)) {
+                return false;
+            }
             continue;
         }
         if (got == 0) {
@@ -726,6 +859,8 @@ static int node_connect(rtier_t *t, node_t *nd, int64_t deadline) {
     }
     c->flags &= ~REDIS_BLOCK;
     nd->ctx = c;
+    nd->pstate = P_LINE;
+    nd->linelen = 0;
     t->info.connects++;
     int64_t end = now_ns() + ms_ns(t->connect_timeout_ms);
     if (end > deadline) end = deadline;

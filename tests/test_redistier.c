@@ -34,11 +34,16 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvpage.h"
 #include "kvpage_blob.h"
@@ -1899,9 +1904,145 @@ static void test_cluster_node_killed(void **state) {
     assert_int_equal(rinfo(t).nodes_down, 0);
 }
 
+/* ---- a server that answers what a script says: malformed replies ------------------------ */
+
+/* Accepts one connection and answers each command it receives (one per
+ * read: the tier's creation sends its probes one at a time) with the next
+ * reply of the script; after the script, closes. Every wait is bounded. */
+typedef struct {
+    int listener;
+    const char *const *replies;
+    const size_t *lens;
+    int n;
+} script_t;
+
+static void *script_server(void *arg) {
+    script_t *sc = (script_t *)arg;
+    struct pollfd pl = {sc->listener, POLLIN, 0};
+    if (poll(&pl, 1, 5000) != 1) return NULL;
+    int fd = accept(sc->listener, NULL, NULL);
+    if (fd < 0) return NULL;
+    char buf[4096];
+    for (int i = 0; i < sc->n; i++) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 5000) != 1 || recv(fd, buf, sizeof buf, 0) <= 0) break;
+        size_t off = 0;
+        while (off < sc->lens[i]) {
+            ssize_t w = send(fd, sc->replies[i] + off, sc->lens[i] - off, MSG_NOSIGNAL);
+            if (w <= 0) break;
+            off += (size_t)w;
+        }
+    }
+    struct pollfd pf = {fd, POLLIN, 0};
+    (void)poll(&pf, 1, 200); /* let the last reply be read before the close */
+    close(fd);
+    return NULL;
+}
+
+/* Create a tier on a scripted server whose creation replies come first,
+ * then `data` answers one get of key 0 into a 64-byte buffer; returns the
+ * get's status and the size it found. */
+static int scripted_get(const char *data, size_t data_len, uint64_t *size, char *out) {
+    int lf = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(lf >= 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(lf, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lf, 1), 0);
+    socklen_t al = sizeof a;
+    assert_int_equal(getsockname(lf, (struct sockaddr *)&a, &al), 0);
+    /* creation with cluster = 0: the probe's SET, GET, EXISTS, UNLINK */
+    const char *replies[5] = {"+OK\r\n", "$0\r\n\r\n", ":1\r\n", ":1\r\n", data};
+    size_t lens[5] = {5, 6, 4, 4, data_len};
+    script_t sc = {lf, replies, lens, 5};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, script_server, &sc), 0);
+    char uri[64];
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d", (int)ntohs(a.sin_port));
+    kvp_redis_tier_params_t p = params_for(uri);
+    p.cluster = 0;
+    kvp_blob_tier_t *t = NULL;
+    char err[KVP_ERR_SIZE] = "";
+    int rc = kvp_redis_tier_create(&p, &t, err, sizeof err);
+    if (rc != KVP_OK) print_error("scripted server: %s\n", err);
+    assert_int_equal(rc, KVP_OK);
+    kvp_hash_t k = hkey(99, 0);
+    void *bufs[1] = {out};
+    uint64_t caps[1] = {64};
+    rc = kvp_blob_tier_get(t, 1, &k, bufs, caps, size);
+    size_t shown = strcspn(data, "\r\n");
+    print_message("reply '%.*s': %s, %llu bytes (%.120s)\n", (int)(shown < 40 ? shown : 40), data,
+                  kvp_status_name(rc),
+                  (unsigned long long)*size, rc == KVP_OK ? "" : kvp_blob_tier_last_error(t));
+    kvp_redis_tier_info_t in = rinfo(t);
+    if (rc != KVP_OK) assert_true(in.failures + in.server_errors >= 1);
+    kvp_blob_tier_destroy(t);
+    pthread_join(th, NULL);
+    close(lf);
+    return rc;
+}
+
+/* Whatever a server sends, a get is a hit with the right bytes, or a miss
+ * and a counted failure: never a crash, a write past the buffer, or bytes
+ * from another reply. */
+static void test_malformed_replies(void **state) {
+    (void)state;
+    require_tier();
+    char out[64 + 16];
+    uint64_t size = 1;
+    memset(out, 0x5a, sizeof out);
+    assert_int_equal(scripted_get("$5\r\nhello\r\n", 11, &size, out), KVP_OK);
+    assert_int_equal(size, 5);
+    assert_memory_equal(out, "hello", 5);
+    /* larger than the buffer: a miss, nothing written past it */
+    static char big[100 + 16];
+    memcpy(big, "$100\r\n", 6);
+    memset(big + 6, 'b', 100);
+    memcpy(big + 106, "\r\n", 2);
+    memset(out, 0x5a, sizeof out);
+    assert_int_equal(scripted_get(big, 108, &size, out), KVP_OK);
+    assert_int_equal(size, 0);
+    for (size_t i = 64; i < sizeof out; i++) assert_int_equal((unsigned char)out[i], 0x5a);
+    assert_int_equal(scripted_get("$-1\r\n", 5, &size, out), KVP_OK); /* absent */
+    assert_int_equal(size, 0);
+    static const struct {
+        const char *bytes;
+        size_t len;
+    } bad[] = {
+        {"$5\r\nhel", 8},                      /* cut off, then closed */
+        {"$5\r\nhelloXY", 11},                 /* no CRLF after the payload */
+        {"*1\r\n$1\r\na\r\n", 11},              /* an array */
+        {"$-7\r\n", 5},                        /* a negative length */
+        {"$abc\r\n", 6},                       /* not a number */
+        {"$99999999999999999999\r\n", 24},     /* beyond any buffer, never sent */
+        {"!x\r\n", 4},                         /* an unknown type */
+        {"hello\n", 6},                        /* a line without CR */
+        {"-ERR out of luck\r\n", 18},          /* an error reply */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size = 1;
+        int rc = scripted_get(bad[i].bytes, bad[i].len, &size, out);
+        assert_int_equal(rc, KVP_EIO);
+        assert_int_equal(size, 0);
+    }
+    /* a long error line: cut, counted */
+    static char longerr[2000];
+    longerr[0] = '-';
+    memset(longerr + 1, 'E', sizeof longerr - 3);
+    memcpy(longerr + sizeof longerr - 2, "\r\n", 2);
+    assert_int_equal(scripted_get(longerr, sizeof longerr, &size, out), KVP_EIO);
+    /* two replies to one command: the first counts, the connection is not trusted after */
+    int rc = scripted_get("$1\r\na\r\n$1\r\nb\r\n", 14, &size, out);
+    assert_true(rc == KVP_OK || rc == KVP_EIO);
+    if (rc == KVP_OK) assert_int_equal(out[0], 'a');
+}
+
 int main(void) {
     const struct CMUnitTest standalone[] = {
         cmocka_unit_test_setup_teardown(test_feature_switch, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_replies, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_arguments, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_no_password_in_errors, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_roundtrip, fx_setup, fx_teardown),
