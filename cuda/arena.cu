@@ -42,6 +42,14 @@ int kvp__cuda_arena_alloc(kvp_store_t *s, const void *bparams, char *err, size_t
         return rc;
     }
     s->device = cs->o.device;
+    {
+        /* whole-page swaps are 2D copies whose pitch is a layer's bytes:
+         * beyond the device's limit they go layer by layer */
+        int pitch = 0;
+        if (cudaDeviceGetAttribute(&pitch, cudaDevAttrMaxPitch, cs->o.device) != cudaSuccess)
+            (void)cudaGetLastError(); /* unknown: never a 2D copy */
+        cs->max_pitch = pitch > 0 ? (uint64_t)pitch : 0;
+    }
     const kvp_layout_t *l = &s->layout;
     size_t table = (size_t)l->layers * (size_t)l->kv_heads;
     cs->fp8_known = (uint8_t *)kvp__calloc(&s->allocator, 2 * table, 1, 16);

@@ -120,6 +120,7 @@ struct kvp__cuda_store {
     int32_t scratch_tokens;
     uint8_t *fp8_known;          /* host [2][layers][kv_heads]: scale known to be > 0 */
     uint64_t nonfinite_seen;     /* last count read back */
+    uint64_t max_pitch;          /* the device's largest pitch of a 2D copy */
 };
 
 struct kvp__cuda_ctx {

@@ -137,8 +137,11 @@ int kvp__cuda_page_io(kvp_store_t *s, int32_t page, uint64_t offset, void *host,
     cudaStream_t st = cs->o.stream;
     cudaError_t e = cudaSuccess;
     int32_t L = s->layout.layers;
-    if (offset == 0 && bytes == row * (uint64_t)L) {
-        /* whole page: every layer's K blocks are one strided run, the V blocks another */
+    if (offset == 0 && bytes == row * (uint64_t)L && pitch <= cs->max_pitch &&
+        row <= cs->max_pitch) {
+        /* whole page: every layer's K blocks are one strided run, the V blocks
+         * another (a 2D copy, when the device takes a layer's bytes as its
+         * pitch; a store of more than ~2 GiB per layer goes layer by layer) */
         uint8_t *dk = kvp__block_k(s, 0, page, 0), *dv = kvp__block_v(s, 0, page, 0);
         if (to_host) {
             e = cudaMemcpy2DAsync(h, row, dk, pitch, kb, L, cudaMemcpyDeviceToHost, st);

@@ -1597,6 +1597,58 @@ static void test_info_and_conventions(void **state) {
 }
 
 #ifdef KVP_CUDASIM
+/* A device whose largest 2D-copy pitch is below a layer's bytes (on
+ * hardware, cudaDevAttrMaxPitch is 2^31 - 1: any store of more than 2 GiB
+ * per layer): whole-page swaps still copy every byte, layer by layer. */
+static void test_swap_beyond_max_pitch(void **state) {
+    (void)state;
+    cudasim::set_max_pitch(4096);
+    twin t;
+    twin_make(&t, 3, 2, 32, 16, KVP_FORMAT_INT8, KVP_FORMAT_FP16, 0, 24, 4);
+    paging pg;
+    paging_make(&pg, &t, 24, 4);
+    int32_t seq = paging_seq(&pg);
+    kvd_rng rng;
+    kvd_seed(&rng, 401);
+    fill_sequence(&t, &pg, seq, 3 * 16 + 5, &rng);
+    uint64_t pb = t.lay.page_bytes;
+    assert_true(pb / 3 <= 4096); /* one layer of a page fits the limit ... */
+    uint8_t *pinned = nullptr, *cpu_buf = (uint8_t *)malloc((size_t)pb);
+    char err[KVP_ERR_SIZE];
+    assert_int_equal(kvp_cuda_host_alloc(pb, (void **)&pinned, err, sizeof err), KVP_OK);
+    for (int32_t id = 0; id < t.num_pages; id += 3) {
+        memset(pinned, 0, (size_t)pb);
+        assert_int_equal(kvp_store_page_to_host(t.cpu, id, 0, cpu_buf, pb), KVP_OK);
+        int rc = kvp_store_page_to_host(t.gpu, id, 0, pinned, pb);
+        if (rc != KVP_OK) print_error("page_to_host: %s\n", kvp_store_last_error(t.gpu));
+        assert_int_equal(rc, KVP_OK);
+        assert_int_equal(kvp_store_synchronize(t.gpu), KVP_OK);
+        assert_memory_equal(cpu_buf, pinned, (size_t)pb);
+    }
+    /* ... the arena's layer, the pitch of a whole-page copy, does not */
+    void *d = nullptr;
+    assert_int_equal(cudaMalloc(&d, 3 * 8192), cudaSuccess);
+    assert_int_equal(cudaMemcpy2D(d, 8192, cpu_buf, 16, 16, 3, cudaMemcpyHostToDevice),
+                     cudaErrorInvalidPitchValue);
+    (void)cudaGetLastError();
+    cudaFree(d);
+    /* out, clobbered, back in whole: the arena is restored */
+    int32_t victim = 1;
+    assert_int_equal(kvp_store_page_to_host(t.gpu, victim, 0, pinned, pb), KVP_OK);
+    assert_int_equal(kvp_store_page_to_host(t.cpu, victim, 0, cpu_buf, pb), KVP_OK);
+    kvp_page_op_t clobber = {KVP_OP_COPY, 0, victim, 0, -1};
+    twin_ops(&t, &clobber, 1);
+    assert_int_equal(kvp_store_page_from_host(t.gpu, victim, 0, pinned, pb), KVP_OK);
+    assert_int_equal(kvp_store_page_from_host(t.cpu, victim, 0, cpu_buf, pb), KVP_OK);
+    assert_int_equal(kvp_store_synchronize(t.gpu), KVP_OK);
+    twin_compare(&t, "after a swap beyond the pitch limit");
+    kvp_cuda_host_free(pinned);
+    free(cpu_buf);
+    paging_free(&pg);
+    twin_free(&t);
+    cudasim::set_max_pitch(0);
+}
+
 /* Faults the simulator can inject: allocation failures at every step of
  * creation (nothing leaks), a failing kernel launch (KVP_ECUDA with the
  * runtime's text, the store usable afterwards), no device at all. */
@@ -2411,6 +2463,7 @@ int main(void) {
         cmocka_unit_test(test_blob_corrupt),
 #ifdef KVP_CUDASIM
         cmocka_unit_test(test_injected_failures),
+        cmocka_unit_test(test_swap_beyond_max_pitch),
 #endif
     };
 #ifdef KVP_CUDASIM

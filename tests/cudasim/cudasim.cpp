@@ -169,6 +169,9 @@ cudaError_t g_last_error = cudaSuccess;
 long g_fail_malloc_at = -1;
 cudaError_t g_fail_next_launch = cudaSuccess;
 bool g_no_device = false;
+/* cudaDevAttrMaxPitch of current GPUs */
+const size_t k_hw_max_pitch = 2147483647u;
+size_t g_max_pitch = k_hw_max_pitch;
 int g_device = 0;
 std::map<uintptr_t, size_t> g_device_allocs; /* device pointer -> size */
 std::map<uintptr_t, size_t> g_host_allocs;   /* pinned host pointer -> size */
@@ -519,6 +522,7 @@ void fail_malloc_at(long n) { g_fail_malloc_at = n; }
 void fail_next_launch(cudaError_t e) { g_fail_next_launch = e; }
 long live_allocations() { return (long)g_device_allocs.size(); }
 void set_no_device(bool none) { g_no_device = none; }
+void set_max_pitch(size_t bytes) { g_max_pitch = bytes ? bytes : k_hw_max_pitch; }
 
 namespace {
 bool injected_malloc_failure() {
@@ -572,6 +576,7 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorInvalidPitchValue: return "cudaErrorInvalidPitchValue";
     default: return "cudaErrorUnknown";
     }
 }
@@ -588,6 +593,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidDevicePointer: return "invalid device pointer";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorInvalidPitchValue: return "invalid pitch argument";
     default: return "unknown error";
     }
 }
@@ -639,6 +645,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrMaxPitch: *value = (int)g_max_pitch; break;
     default: *value = 0; break;
     }
     return cudaSuccess;
@@ -734,6 +741,8 @@ cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitc
     (void)kind;
     if (width == 0 || height == 0) return cudaSuccess;
     if (!dst || !src || width > dpitch || width > spitch) return set_error(cudaErrorInvalidValue);
+    if ((height > 1 && dpitch > g_max_pitch) || (height > 1 && spitch > g_max_pitch))
+        return set_error(cudaErrorInvalidPitchValue);
     for (size_t r = 0; r < height; r++) {
         uint8_t *d = static_cast<uint8_t *>(dst) + r * dpitch;
         const uint8_t *s = static_cast<const uint8_t *>(src) + r * spitch;

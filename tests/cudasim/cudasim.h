@@ -132,6 +132,10 @@ void fail_next_launch(cudaError_t e);
 long live_allocations();
 /* Pretend there is no device (cudaGetDeviceCount -> cudaErrorNoDevice). */
 void set_no_device(bool none);
+/* The device's largest pitch for 2D copies (cudaDevAttrMaxPitch; a copy with
+ * a larger pitch fails with cudaErrorInvalidPitchValue, as on hardware);
+ * 0 restores the hardware's 2^31 - 1. */
+void set_max_pitch(size_t bytes);
 
 } // namespace cudasim
 
