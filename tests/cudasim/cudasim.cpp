@@ -4,6 +4,7 @@
  */
 #include "cudasim.h"
 
+#include <link.h>
 #include <ucontext.h>
 
 #include <cstdio>
@@ -80,6 +81,72 @@ __asm__(".text\n"
 #endif
 
 namespace cudasim {
+
+namespace {
+/* The thread-local storage of the module (executable or library) that holds
+ * this file, where every __shared__ variable lives (cudasim.h): its size and,
+ * for the calling thread, its address. */
+thread_local char g_tls_anchor;
+
+struct TlsBlock {
+    void *data = nullptr;
+    size_t size = 0;
+};
+
+int find_tls(struct dl_phdr_info *info, size_t, void *arg) {
+    TlsBlock *out = static_cast<TlsBlock *>(arg);
+    uintptr_t me = (uintptr_t)(void *)&find_tls;
+    bool mine = false;
+    size_t tls = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) &ph = info->dlpi_phdr[i];
+        if (ph.p_type == PT_LOAD && me >= info->dlpi_addr + ph.p_vaddr &&
+            me < info->dlpi_addr + ph.p_vaddr + ph.p_memsz)
+            mine = true;
+        if (ph.p_type == PT_TLS) tls = ph.p_memsz;
+    }
+    if (!mine) return 0;
+    out->size = tls;
+    out->data = info->dlpi_tls_data;
+    return 1;
+}
+
+/* This thread's block (data), and the size every thread's has. */
+TlsBlock tls_block() {
+    g_tls_anchor = 0; /* the block exists in this thread */
+    TlsBlock b;
+    dl_iterate_phdr(find_tls, &b);
+    if (b.data == nullptr) b.size = 0;
+    return b;
+}
+
+/* Bytes of the block no longer 0xA5, in 16-byte granules (every __shared__
+ * variable is 16-byte aligned, so a granule is one variable's): what the
+ * block just run wrote of its static shared memory. */
+size_t touched_bytes(const TlsBlock &t) {
+    static const unsigned char poison[16] = {0xA5, 0xA5, 0xA5, 0xA5, 0xA5, 0xA5, 0xA5, 0xA5,
+                                             0xA5, 0xA5, 0xA5, 0xA5, 0xA5, 0xA5, 0xA5, 0xA5};
+    uintptr_t a = (uintptr_t)t.data, start = a & ~(uintptr_t)15, end = a + t.size;
+    size_t n = 0;
+    for (uintptr_t g = start; g < end; g += 16) {
+        uintptr_t lo = g < a ? a : g, hi = g + 16 < end ? g + 16 : end;
+        if (std::memcmp((const void *)lo, poison, hi - lo) != 0) n += 16;
+    }
+    return n;
+}
+
+/* The calling thread's block: its address found once (a variable's offset
+ * in the block is the same in every thread). */
+TlsBlock this_thread_tls() {
+    static const TlsBlock first = tls_block();
+    static const ptrdiff_t anchor_offset =
+        first.data ? (char *)&g_tls_anchor - (char *)first.data : 0;
+    TlsBlock b;
+    b.size = first.size;
+    b.data = first.data ? (char *)&g_tls_anchor - anchor_offset : nullptr;
+    return b;
+}
+} // namespace
 
 uint3 cur_threadIdx;
 uint3 cur_blockIdx;
@@ -165,7 +232,12 @@ struct Block {
 Block *g_block = nullptr;        /* the block being run */
 unsigned char *g_dyn_smem = nullptr;
 std::string g_launch_error;
-cudaError_t g_last_error = cudaSuccess;
+/* The last launch failed with this status, and no runtime call has failed
+ * since: cudaGetErrorString(status) then returns g_launch_error. */
+cudaError_t g_launch_status = cudaSuccess;
+/* The CUDA runtime's per-thread "last error": set by every failing call,
+ * returned and cleared by cudaGetLastError, returned by cudaPeekAtLastError. */
+thread_local cudaError_t g_last_error = cudaSuccess;
 long g_fail_malloc_at = -1;
 cudaError_t g_fail_next_launch = cudaSuccess;
 bool g_no_device = false;
@@ -177,8 +249,77 @@ std::map<uintptr_t, size_t> g_device_allocs; /* device pointer -> size */
 std::map<uintptr_t, size_t> g_host_allocs;   /* pinned host pointer -> size */
 
 cudaError_t set_error(cudaError_t e) {
-    if (e != cudaSuccess) g_last_error = e;
+    if (e != cudaSuccess) {
+        g_last_error = e;
+        g_launch_status = cudaSuccess;
+    }
     return e;
+}
+
+/* A failed launch: its description, recorded as the last error. */
+cudaError_t launch_error(cudaError_t e, const std::string &what) {
+    set_error(e);
+    g_launch_error = "cudasim: " + what;
+    g_launch_status = e;
+    return e;
+}
+
+/* ---- the device: limits of an sm_90 GPU (H100 / H200) ------------------------- */
+constexpr int k_sm_count = 132;
+constexpr int k_max_threads_per_block = 1024;
+constexpr int k_max_block_xy = 1024, k_max_block_z = 64;
+constexpr unsigned k_max_grid_x = 2147483647u, k_max_grid_yz = 65535;
+constexpr size_t k_smem_per_block = 48 * 1024;         /* without opt-in */
+constexpr size_t k_smem_per_block_optin = 227 * 1024;  /* 232448 */
+constexpr size_t k_smem_per_sm = 228 * 1024;           /* 233472 */
+constexpr size_t k_smem_reserved_per_block = 1024;     /* taken by the driver */
+constexpr size_t k_smem_granularity = 128;
+constexpr int k_max_threads_per_sm = 2048;
+constexpr int k_max_blocks_per_sm = 32;
+constexpr int k_regs = 65536;
+
+/* Per kernel: attributes set with cudaFuncSetAttribute, and the static
+ * shared memory its launches have written so far. */
+struct FuncAttrs {
+    int max_dynamic_smem = -1; /* -1: the default, 48 KiB less the static */
+    int carveout = -1;
+    size_t static_seen = 0;
+};
+std::map<const void *, FuncAttrs> g_func_attrs;
+
+size_t static_smem(const void *func) {
+    auto it = g_func_attrs.find(func);
+    return it == g_func_attrs.end() ? 0 : it->second.static_seen;
+}
+
+size_t default_max_dynamic_smem(const void *func) {
+    size_t st = static_smem(func);
+    return st < k_smem_per_block ? k_smem_per_block - st : 0;
+}
+
+size_t max_dynamic_smem(const void *func) {
+    auto it = g_func_attrs.find(func);
+    if (it == g_func_attrs.end() || it->second.max_dynamic_smem < 0) return default_max_dynamic_smem(func);
+    return (size_t)it->second.max_dynamic_smem;
+}
+
+/* Does a block of `func` with `smem` bytes of dynamic shared memory (and its
+ * static) fit? If not, why. */
+bool smem_fits(const void *func, size_t smem, std::string *why) {
+    size_t st = static_smem(func), dyn_max = max_dynamic_smem(func);
+    if (smem <= dyn_max && st + smem <= k_smem_per_block_optin) return true;
+    bool opted = dyn_max != default_max_dynamic_smem(func);
+    char buf[360];
+    snprintf(buf, sizeof buf,
+             "too much shared memory: %zu bytes dynamic + %zu static per block; the kernel "
+             "allows %zu dynamic (%s), the device %zu in all",
+             smem, st, dyn_max,
+             opted ? "its cudaFuncAttributeMaxDynamicSharedMemorySize"
+                   : "48 KiB less the static, without cudaFuncSetAttribute("
+                     "cudaFuncAttributeMaxDynamicSharedMemorySize)",
+             k_smem_per_block_optin);
+    *why = buf;
+    return false;
 }
 
 /* ---- fibers -------------------------------------------------------------------- */
@@ -455,24 +596,41 @@ void *dynamic_smem() { return g_dyn_smem; }
 
 const char *last_launch_error() { return g_launch_error.c_str(); }
 
-cudaError_t launch_blocks(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body) {
+cudaError_t launch_blocks(const void *func, dim3 grid, dim3 block, size_t smem,
+                          const std::function<void()> &body) {
     g_launch_error.clear();
+    g_launch_status = cudaSuccess;
     if (g_fail_next_launch != cudaSuccess) {
         cudaError_t e = g_fail_next_launch;
         g_fail_next_launch = cudaSuccess;
-        g_launch_error = "cudasim: injected launch failure";
-        return e;
+        return launch_error(e, "injected launch failure");
     }
+    char buf[320];
     uint64_t threads = (uint64_t)block.x * block.y * block.z;
-    if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
-        grid.y > 65535 || grid.z > 65535 || block.z > 64) {
-        g_launch_error = "cudasim: invalid launch configuration";
-        return cudaErrorInvalidConfiguration;
+    if (threads == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
+        snprintf(buf, sizeof buf,
+                 "invalid launch configuration: grid (%u,%u,%u), block (%u,%u,%u): a dimension is 0",
+                 grid.x, grid.y, grid.z, block.x, block.y, block.z);
+        return launch_error(cudaErrorInvalidConfiguration, buf);
     }
-    if (smem > 228 * 1024) {
-        g_launch_error = "cudasim: dynamic shared memory larger than 228 KiB";
-        return cudaErrorInvalidValue;
+    if (threads > (uint64_t)k_max_threads_per_block || block.x > (unsigned)k_max_block_xy ||
+        block.y > (unsigned)k_max_block_xy || block.z > (unsigned)k_max_block_z) {
+        snprintf(buf, sizeof buf,
+                 "invalid launch configuration: block (%u,%u,%u) = %llu threads; the device allows "
+                 "%d threads per block, at most (%d,%d,%d)",
+                 block.x, block.y, block.z, (unsigned long long)threads, k_max_threads_per_block,
+                 k_max_block_xy, k_max_block_xy, k_max_block_z);
+        return launch_error(cudaErrorInvalidConfiguration, buf);
     }
+    if (grid.x > k_max_grid_x || grid.y > k_max_grid_yz || grid.z > k_max_grid_yz) {
+        snprintf(buf, sizeof buf,
+                 "invalid launch configuration: grid (%u,%u,%u); the device allows at most "
+                 "(%u,%u,%u)",
+                 grid.x, grid.y, grid.z, k_max_grid_x, k_max_grid_yz, k_max_grid_yz);
+        return launch_error(cudaErrorInvalidConfiguration, buf);
+    }
+    std::string why;
+    if (!smem_fits(func, smem, &why)) return launch_error(cudaErrorInvalidValue, why);
     std::vector<unsigned char> dyn(smem + 16);
     g_dyn_smem = dyn.data();
 
@@ -489,8 +647,8 @@ cudaError_t launch_blocks(dim3 grid, dim3 block, size_t smem, const std::functio
         b.fibers[i].stack = take_stack();
         if (!b.fibers[i].stack) {
             for (size_t j = 0; j < i; j++) give_stack(b.fibers[j].stack);
-            g_launch_error = "cudasim: out of host memory for thread stacks";
-            return cudaErrorMemoryAllocation;
+            g_dyn_smem = nullptr;
+            return launch_error(cudaErrorMemoryAllocation, "out of host memory for thread stacks");
         }
     }
     cur_blockDim = block;
@@ -498,22 +656,50 @@ cudaError_t launch_blocks(dim3 grid, dim3 block, size_t smem, const std::functio
     Block *saved = g_block;
     g_block = &b;
     bool ok = true;
+    /* The static shared memory is this thread's thread-local storage
+     * (__shared__ is thread_local): saved, poisoned before each block, and
+     * restored for the host code's own thread-locals (the last error, ...). */
+    TlsBlock tls = this_thread_tls();
+    /* Not on the heap while it fits: a heap block here changed glibc's
+     * heuristics for the 4 MiB device allocations of the tests (served from
+     * a trimmed and regrown heap instead of mmap), and every one of them
+     * faulted its pages in again: twice the run time. */
+    static unsigned char host_tls_static[64 * 1024];
+    std::vector<unsigned char> host_tls_heap;
+    unsigned char *host_tls = host_tls_static;
+    if (tls.size > sizeof host_tls_static) {
+        host_tls_heap.resize(tls.size);
+        host_tls = host_tls_heap.data();
+    }
+    if (tls.size != 0) std::memcpy(host_tls, tls.data, tls.size);
+    size_t static_seen = 0;
     for (unsigned bz = 0; bz < grid.z && ok; bz++)
         for (unsigned by = 0; by < grid.y && ok; by++)
             for (unsigned bx = 0; bx < grid.x && ok; bx++) {
                 cur_blockIdx = make_uint3(bx, by, bz);
                 /* Shared memory starts undefined on a GPU: poison it so a kernel
-                 * that reads before writing is caught by the comparisons. */
+                 * that reads before writing is caught by the comparisons, and
+                 * never sees the previous block's values. */
                 std::memset(dyn.data(), 0xA5, dyn.size());
+                if (tls.size != 0) std::memset(tls.data, 0xA5, tls.size);
                 start_block(b, block, threads);
                 ok = run_block(&b);
+                if (tls.size != 0) {
+                    size_t t = touched_bytes(tls);
+                    if (t > static_seen) static_seen = t;
+                }
             }
+    if (tls.size != 0) std::memcpy(tls.data, host_tls, tls.size);
     g_block = saved;
     g_dyn_smem = nullptr;
     for (Fiber &f : b.fibers) give_stack(f.stack);
-    if (!ok) {
-        g_launch_error = "cudasim: " + b.error;
-        return cudaErrorLaunchFailure;
+    if (!ok) return launch_error(cudaErrorLaunchFailure, b.error);
+    /* A kernel's static shared memory is known once it has run: a launch that
+     * did not fit is reported now (on a GPU it would not have run). */
+    if (static_seen > static_smem(func)) {
+        g_func_attrs[func].static_seen = static_seen;
+        if (!smem_fits(func, smem, &why))
+            return launch_error(cudaErrorInvalidValue, why + " (found once its blocks had run)");
     }
     return cudaSuccess;
 }
@@ -577,11 +763,16 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorInvalidPitchValue: return "cudaErrorInvalidPitchValue";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     default: return "cudaErrorUnknown";
     }
 }
 
 const char *cudaGetErrorString(cudaError_t e) {
+    /* the last launch's own description, while it is the latest failure */
+    if (e != cudaSuccess && e == g_launch_status && !g_launch_error.empty())
+        return g_launch_error.c_str();
     switch (e) {
     case cudaSuccess: return "no error";
     case cudaErrorInvalidValue: return "invalid argument";
@@ -594,6 +785,8 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidDevicePointer: return "invalid device pointer";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorInvalidPitchValue: return "invalid pitch argument";
+    case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     default: return "unknown error";
     }
 }
@@ -629,20 +822,58 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
     std::snprintf(prop->name, sizeof prop->name, "cudasim (CPU simulator)");
     prop->major = 9;
     prop->minor = 0;
-    prop->multiProcessorCount = 132;
+    prop->multiProcessorCount = k_sm_count;
     prop->totalGlobalMem = (size_t)80 << 30;
-    prop->sharedMemPerBlock = 48 * 1024;
-    prop->sharedMemPerBlockOptin = 227 * 1024;
+    prop->sharedMemPerBlock = k_smem_per_block;
+    prop->sharedMemPerBlockOptin = k_smem_per_block_optin;
+    prop->sharedMemPerMultiprocessor = k_smem_per_sm;
+    prop->reservedSharedMemPerBlock = k_smem_reserved_per_block;
+    prop->regsPerBlock = k_regs;
+    prop->regsPerMultiprocessor = k_regs;
     prop->warpSize = 32;
-    prop->maxThreadsPerBlock = 1024;
+    prop->memPitch = g_max_pitch;
+    prop->maxThreadsPerBlock = k_max_threads_per_block;
+    prop->maxThreadsDim[0] = k_max_block_xy;
+    prop->maxThreadsDim[1] = k_max_block_xy;
+    prop->maxThreadsDim[2] = k_max_block_z;
+    prop->maxGridSize[0] = (int)k_max_grid_x;
+    prop->maxGridSize[1] = (int)k_max_grid_yz;
+    prop->maxGridSize[2] = (int)k_max_grid_yz;
+    prop->maxThreadsPerMultiProcessor = k_max_threads_per_sm;
+    prop->maxBlocksPerMultiProcessor = k_max_blocks_per_sm;
+    prop->totalConstMem = 64 * 1024;
+    prop->l2CacheSize = 50 * 1024 * 1024;
+    prop->concurrentKernels = 1;
+    prop->asyncEngineCount = 2;
+    prop->unifiedAddressing = 1;
+    prop->canMapHostMemory = 1;
     return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
-    if (!value || device != 0) return set_error(cudaErrorInvalidValue);
+    if (!value) return set_error(cudaErrorInvalidValue);
+    if (g_no_device) return set_error(cudaErrorNoDevice);
+    if (device != 0) return set_error(cudaErrorInvalidDevice);
     switch (attr) {
-    case cudaDevAttrMultiProcessorCount: *value = 132; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;
+    case cudaDevAttrMultiProcessorCount: *value = k_sm_count; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)k_smem_per_block; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)k_smem_per_block_optin; break;
+    case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = (int)k_smem_per_sm; break;
+    case cudaDevAttrReservedSharedMemoryPerBlock: *value = (int)k_smem_reserved_per_block; break;
+    case cudaDevAttrMaxThreadsPerBlock: *value = k_max_threads_per_block; break;
+    case cudaDevAttrMaxBlockDimX: *value = k_max_block_xy; break;
+    case cudaDevAttrMaxBlockDimY: *value = k_max_block_xy; break;
+    case cudaDevAttrMaxBlockDimZ: *value = k_max_block_z; break;
+    case cudaDevAttrMaxGridDimX: *value = (int)k_max_grid_x; break;
+    case cudaDevAttrMaxGridDimY: *value = (int)k_max_grid_yz; break;
+    case cudaDevAttrMaxGridDimZ: *value = (int)k_max_grid_yz; break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = k_max_threads_per_sm; break;
+    case cudaDevAttrMaxBlocksPerMultiprocessor: *value = k_max_blocks_per_sm; break;
+    case cudaDevAttrMaxRegistersPerBlock: *value = k_regs; break;
+    case cudaDevAttrMaxRegistersPerMultiprocessor: *value = k_regs; break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrTotalConstantMemory: *value = 64 * 1024; break;
+    case cudaDevAttrL2CacheSize: *value = 50 * 1024 * 1024; break;
     case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
     case cudaDevAttrMaxPitch: *value = (int)g_max_pitch; break;
@@ -835,10 +1066,69 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
 }
 
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value) {
-    (void)func;
-    (void)attr;
-    (void)value;
+    if (!func) return set_error(cudaErrorInvalidDeviceFunction);
+    switch (attr) {
+    case cudaFuncAttributeMaxDynamicSharedMemorySize: {
+        /* the device's opt-in limit, less the kernel's static shared memory */
+        size_t st = static_smem(func);
+        if (value < 0 || (size_t)value + st > k_smem_per_block_optin) return set_error(cudaErrorInvalidValue);
+        g_func_attrs[func].max_dynamic_smem = value;
+        return cudaSuccess;
+    }
+    case cudaFuncAttributePreferredSharedMemoryCarveout:
+        if (value < -1 || value > 100) return set_error(cudaErrorInvalidValue);
+        g_func_attrs[func].carveout = value;
+        return cudaSuccess;
+    default:
+        return cudaSuccess; /* cluster attributes etc.: accepted, not modelled */
+    }
+}
+
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func) {
+    if (!attr) return set_error(cudaErrorInvalidValue);
+    if (!func) return set_error(cudaErrorInvalidDeviceFunction);
+    std::memset(attr, 0, sizeof *attr);
+    attr->sharedSizeBytes = static_smem(func); /* as its launches so far have written it */
+    attr->maxThreadsPerBlock = k_max_threads_per_block;
+    attr->numRegs = 0; /* unknown: the simulator has no register allocation */
+    attr->ptxVersion = 90;
+    attr->binaryVersion = 90;
+    attr->maxDynamicSharedSizeBytes = (int)max_dynamic_smem(func);
+    auto it = g_func_attrs.find(func);
+    attr->preferredShmemCarveout = it == g_func_attrs.end() ? -1 : it->second.carveout;
     return cudaSuccess;
+}
+
+/* Blocks of `func` resident on one SM: limited by threads (2048 per SM, whole
+ * warps), blocks (32) and shared memory (228 KiB per SM, each block's static
+ * + dynamic rounded up to 128 bytes plus 1 KiB the driver reserves).
+ * Registers are not modelled (the simulator does not know a kernel's count):
+ * on a GPU the result can be lower. */
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, const void *func,
+                                                                   int blockSize,
+                                                                   size_t dynamicSMemSize,
+                                                                   unsigned int flags) {
+    (void)flags;
+    if (!numBlocks || blockSize <= 0) return set_error(cudaErrorInvalidValue);
+    if (!func) return set_error(cudaErrorInvalidDeviceFunction);
+    *numBlocks = 0;
+    if (blockSize > k_max_threads_per_block || dynamicSMemSize > max_dynamic_smem(func))
+        return cudaSuccess;
+    int warps = (blockSize + 31) / 32;
+    int by_threads = k_max_threads_per_sm / 32 / warps;
+    size_t smem = static_smem(func) + dynamicSMemSize;
+    smem = (smem + k_smem_granularity - 1) / k_smem_granularity * k_smem_granularity;
+    int by_smem = (int)(k_smem_per_sm / (smem + k_smem_reserved_per_block));
+    int n = by_threads < k_max_blocks_per_sm ? by_threads : k_max_blocks_per_sm;
+    *numBlocks = by_smem < n ? by_smem : n;
+    return cudaSuccess;
+}
+
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, const void *func,
+                                                          int blockSize, size_t dynamicSMemSize) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize,
+                                                                  dynamicSMemSize,
+                                                                  cudaOccupancyDefault);
 }
 
 } /* extern "C" */

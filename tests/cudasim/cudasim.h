@@ -7,7 +7,9 @@
  *
  *   - threadIdx / blockIdx / blockDim / gridDim / warpSize;
  *   - __shared__ (static, sized at compile time) and dynamic shared memory
- *     (KVP_DYNAMIC_SMEM, see below);
+ *     (KVP_DYNAMIC_SMEM, see below); both start every block poisoned (0xA5),
+ *     so a kernel that reads shared memory before writing it sees garbage as
+ *     on a GPU, never the previous block's values;
  *   - __syncthreads, __syncwarp, warp shuffles (__shfl_sync, _up, _down,
  *     _xor), votes (__ballot_sync, __all_sync, __any_sync, __activemask);
  *   - atomics (atomicAdd, atomicSub, atomicMax, atomicMin, atomicExch,
@@ -16,12 +18,54 @@
  *     and cuda_fp8.h, which compile for the host;
  *   - a small CUDA runtime (cudaMalloc, cudaMallocHost, cudaMemcpy[2D][Async],
  *     cudaMemset[Async], streams, events, errors, device properties and
- *     attributes) backed by host memory; copies check that device and pinned
- *     ranges lie inside one live allocation.
+ *     attributes, cudaFuncSetAttribute / cudaFuncGetAttributes,
+ *     cudaOccupancyMaxActiveBlocksPerMultiprocessor) backed by host memory;
+ *     copies check that device and pinned ranges lie inside one live
+ *     allocation;
+ *   - the runtime's per-thread last error: every failing call, a failed
+ *     launch included, records its error; cudaGetLastError returns and
+ *     clears it, cudaPeekAtLastError returns it;
+ *   - the launch limits of an sm_90 GPU (H100 / H200): grid.x <= 2^31 - 1,
+ *     grid.y/z <= 65535, blocks of at most 1024 threads with x, y <= 1024 and
+ *     z <= 64, no zero dimension (else cudaErrorInvalidConfiguration); shared
+ *     memory per block (static + dynamic) at most 48 KiB unless the kernel
+ *     opted in with cudaFuncSetAttribute(kernel,
+ *     cudaFuncAttributeMaxDynamicSharedMemorySize, n), and at most 227 KiB
+ *     (sharedMemPerBlockOptin) even then (else cudaErrorInvalidValue);
+ *   - occupancy (cudaOccupancyMaxActiveBlocksPerMultiprocessor) from threads
+ *     (2048 per SM), blocks (32 per SM) and shared memory (228 KiB per SM,
+ *     1 KiB reserved per block); NOT registers, which the simulator does not
+ *     know (cudaFuncGetAttributes reports numRegs 0), so a GPU may fit fewer;
+ *   - misaligned vector loads (uint4, float4, int2, __half2 ... through
+ *     reinterpret_cast), which fault on a GPU: the simulator's objects are
+ *     built with -fsanitize=alignment -fno-sanitize-recover=alignment (the
+ *     Makefile's SIM_CXXFLAGS; the toolkit's vector types carry their
+ *     alignment on the host), so the test stops with a report naming the
+ *     type and source line.
  *
  * Kernels are launched with KVP_LAUNCH(kernel, grid, block, smem, stream,
- * args...), which is `kernel<<<grid, block, smem, stream>>>(args...)` under
- * nvcc and cudasim::launch(...) here.
+ * args...), which is cudaLaunchKernelEx under nvcc and cudasim::launch(...)
+ * here: both evaluate to this launch's status, leave an error the caller had
+ * pending untouched, and record a failed launch as the last error.
+ *
+ * Static shared memory: `__shared__` makes the variable static and
+ * thread_local (a section attribute would be simpler, but GCC before 14
+ * drops it from the statics of function templates, and kernels are
+ * templates). The blocks run on the launching thread; its thread-local
+ * storage (the PT_TLS segment of the module holding the simulator) is saved,
+ * memset to 0xA5 before each block, and restored after the grid, so the host
+ * code's own thread-locals (the last error, ...) survive the launch. Kernels
+ * must not use host thread-locals (they see them poisoned; none do).
+ * AddressSanitizer puts no redzones around thread-locals: under SAN=1 an
+ * overflow from one __shared__ array into the next goes unreported (as on a
+ * GPU, where shared memory is one window). The simulator does not know
+ * which kernel declares which variable: after each block it counts the
+ * 16-byte granules of that storage the block wrote, and the largest count
+ * seen so far is the kernel's static shared memory, for the limits above,
+ * cudaFuncGetAttributes (sharedSizeBytes) and occupancy. That is a lower
+ * bound of what nvcc gives it (a variable never written is not counted) and
+ * is 0 before the kernel's first launch: a first launch whose static memory
+ * turns out too large has run by the time it fails.
  *
  * Execution model: blocks run one after another; inside a block every CUDA
  * thread is a cooperative fiber that runs until it reaches a barrier
@@ -40,14 +84,24 @@
  *   - memory ordering and races between blocks (blocks never overlap here;
  *     on a GPU they do), nor between threads of a block between barriers
  *     (a fiber runs uninterrupted until its next barrier);
- *   - timing, occupancy, register or shared-memory limits (beyond the
- *     dynamic shared memory size given at launch), bank conflicts;
+ *   - timing, registers (per thread, per block, per SM: a launch that needs
+ *     more registers than a GPU has runs here), bank conflicts, the shared
+ *     memory carveout (cudaFuncAttributePreferredSharedMemoryCarveout is
+ *     accepted and stored only), clusters, cooperative launches;
+ *   - errors a GPU reports asynchronously (a fault in a kernel, a
+ *     divergence): here the launch itself returns them, and they are not
+ *     sticky (the simulator stays usable);
  *   - independent thread scheduling within a warp between collectives;
  *   - threads that exit while others wait at __syncthreads: reported as a
  *     divergence (undefined in CUDA, though recent GPUs often let it pass);
  *   - warp collectives whose lanes use different masks: every lane named in
  *     `mask` must call the same collective with the same mask (CUDA's rule);
- *   - asynchronous streams: every call completes before it returns.
+ *   - asynchronous streams: every call completes before it returns, so a
+ *     host buffer reused before an async copy would have run on a GPU goes
+ *     unnoticed;
+ *   - out-of-bounds accesses to device memory inside kernels, except under
+ *     `make test SAN=1` (AddressSanitizer sees the host allocations behind
+ *     cudaMalloc).
  */
 #ifndef KVPAGE_CUDASIM_H
 #define KVPAGE_CUDASIM_H
@@ -60,7 +114,12 @@
 #define __host__
 #define __device__
 #define __global__
-#define __shared__ static
+/* Static shared memory: a __shared__ variable is thread-local; the launcher
+ * saves the launching thread's thread-local storage, poisons it (0xA5) before
+ * each block, as it does dynamic shared memory, and restores it after the
+ * grid (see the header comment). CUDA forbids initializers on __shared__, so
+ * constructors are trivial: class types (__half arrays, ...) work. */
+#define __shared__ static thread_local __attribute__((aligned(16)))
 #define __constant__ static
 #define __managed__
 #define __launch_bounds__(...)
@@ -105,12 +164,16 @@ unsigned lane_id();
 void *dynamic_smem();
 
 /* ---- launching --------------------------------------------------------------- */
-/* Runs body(thread) for every thread of every block. Returns cudaSuccess or
- * cudaErrorLaunchFailure / cudaErrorInvalidConfiguration, with a description
- * readable via last_launch_error() and cudaGetErrorString. Like KVP_LAUNCH
- * under nvcc (which reads cudaGetLastError), the status is returned, not
- * left pending. */
-cudaError_t launch_blocks(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
+/* Runs body(thread) for every thread of every block of `func` (the kernel, for
+ * its attributes: cudaFuncSetAttribute). Returns cudaSuccess or the launch's
+ * error (cudaErrorInvalidConfiguration for bad dimensions, cudaErrorInvalidValue
+ * for too much shared memory, cudaErrorLaunchFailure for a divergence), with a
+ * description readable via last_launch_error() and cudaGetErrorString. Like
+ * the CUDA runtime's cudaLaunchKernelEx (which KVP_LAUNCH is under nvcc), a
+ * failure is also recorded as the thread's last error (cudaGetLastError); a
+ * success leaves an error already pending untouched. */
+cudaError_t launch_blocks(const void *func, dim3 grid, dim3 block, size_t smem,
+                          const std::function<void()> &body);
 const char *last_launch_error();
 
 template <typename... KArgs, typename... Args>
@@ -119,8 +182,10 @@ cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
     (void)stream;
     /* Arguments are passed by value to every thread, as CUDA copies them. */
     std::tuple<typename std::decay<KArgs>::type...> packed(std::forward<Args>(args)...);
-    return launch_blocks(grid, block, smem, [&]() { std::apply(kernel, packed); });
+    return launch_blocks(reinterpret_cast<const void *>(kernel), grid, block, smem,
+                         [&]() { std::apply(kernel, packed); });
 }
+
 
 /* ---- test hooks -------------------------------------------------------------- */
 /* Make the n-th next cudaMalloc / cudaMallocHost fail (0 = the next one);
@@ -138,6 +203,24 @@ void set_no_device(bool none);
 void set_max_pitch(size_t bytes);
 
 } // namespace cudasim
+
+/* The CUDA runtime's C++ overloads (cuda_runtime.h, which the simulator does
+ * not include): a kernel is passed as itself, not as `const void *`. */
+template <class T>
+static inline cudaError_t cudaFuncSetAttribute(T *func, enum cudaFuncAttribute attr, int value) {
+    return ::cudaFuncSetAttribute(reinterpret_cast<const void *>(func), attr, value);
+}
+template <class T>
+static inline cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, T *entry) {
+    return ::cudaFuncGetAttributes(attr, reinterpret_cast<const void *>(entry));
+}
+template <class T>
+static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, T func,
+                                                                        int blockSize,
+                                                                        size_t dynamicSMemSize) {
+    return ::cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        numBlocks, reinterpret_cast<const void *>(func), blockSize, dynamicSMemSize);
+}
 
 #define threadIdx (cudasim::cur_threadIdx)
 #define blockIdx (cudasim::cur_blockIdx)

@@ -17,7 +17,14 @@ extern "C" {
 #include <stdio.h>
 #include <string.h>
 
+#include <string>
+#include <thread>
 #include <vector>
+
+#ifdef KVP_CUDASIM
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 /* ---- kernels ----------------------------------------------------------------- */
 
@@ -140,6 +147,53 @@ __global__ void k_dp4a(const int *a, const int *b, int *out) {
 __global__ void k_read_smem_uninit(unsigned char *out) {
     KVP_DYNAMIC_SMEM(unsigned char, s);
     out[threadIdx.x] = s[threadIdx.x];
+}
+
+/* Reads static shared memory before writing it (undefined on a GPU: whatever
+ * the SM's shared memory held), then writes it: a block that ran before must
+ * not leak its values into the next. In a template too (the backend's kernels
+ * are templates), and of a class type. */
+template <int N> __device__ unsigned short half_bits_before_write(int t) {
+    __shared__ __half h[N];
+    unsigned short b;
+    memcpy(&b, &h[t], sizeof b);
+    __syncthreads();
+    h[t] = __float2half(1.0f);
+    return b;
+}
+
+__global__ void k_static_smem_uninit(unsigned char *out, unsigned short *hbits) {
+    __shared__ unsigned char s[64];
+    int t = threadIdx.x;
+    out[blockIdx.x * 64 + t] = s[t];
+    __syncthreads();
+    s[t] = 7;
+    hbits[blockIdx.x * 64 + t] = half_bits_before_write<64>(t);
+}
+
+/* Touches the first and last byte of its dynamic shared memory. */
+__global__ void k_big_smem(size_t bytes, int *out) {
+    KVP_DYNAMIC_SMEM(unsigned char, s);
+    if (threadIdx.x == 0) {
+        s[0] = 1;
+        s[bytes - 1] = 2;
+        out[0] = s[0] + s[bytes - 1];
+    }
+}
+
+/* 16 KiB of static shared memory, and dynamic shared memory on top. */
+__global__ void k_static_16k(size_t dyn_bytes, int *out) {
+    __shared__ float big[4096];
+    KVP_DYNAMIC_SMEM(unsigned char, s);
+    for (int i = threadIdx.x; i < 4096; i += blockDim.x) big[i] = (float)i;
+    if (threadIdx.x == 0 && dyn_bytes) s[dyn_bytes - 1] = 1;
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = (int)big[4095];
+}
+
+/* 16-byte vector loads from p + offset: misaligned unless offset % 16 == 0. */
+__global__ void k_vector_load(const unsigned char *p, int offset, uint4 *out) {
+    out[threadIdx.x] = *reinterpret_cast<const uint4 *>(p + offset + 16 * threadIdx.x);
 }
 
 /* ---- helpers -------------------------------------------------------------------- */
@@ -329,7 +383,9 @@ static void test_divergence_is_reported(void **state) {
     cudaGetLastError();
     LAUNCH_EXPECT(cudaErrorLaunchFailure, k_diverge, 1, 64, 0, 0, d);
     assert_non_null(strstr(cudaGetErrorString(cudaErrorLaunchFailure), "divergence"));
-    assert_int_equal(cudaGetLastError(), cudaSuccess); /* returned by the launch, not pending */
+    /* returned by the launch, and pending like any failed runtime call's error */
+    assert_int_equal(cudaGetLastError(), cudaErrorLaunchFailure);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
     float *f = dev_alloc<float>(32);
     LAUNCH_EXPECT(cudaErrorLaunchFailure, k_diverge_warp, 1, 32, 0, 0, f);
     cudaGetLastError();
@@ -454,6 +510,241 @@ static void test_runtime_errors(void **state) {
 #endif
 }
 
+/* Static __shared__ memory starts poisoned in every block of every launch,
+ * as dynamic shared memory does: the second block must not see the first's
+ * writes (class types included: __half). */
+static void test_static_shared_starts_poisoned(void **state) {
+    (void)state;
+#ifndef KVP_CUDASIM
+    skip(); /* on a GPU the values are undefined, not 0xA5 */
+#else
+    const int blocks = 3;
+    unsigned char *d = dev_alloc<unsigned char>(64 * blocks);
+    unsigned short *h = dev_alloc<unsigned short>(64 * blocks);
+    for (int launch = 0; launch < 2; launch++) {
+        LAUNCH_EXPECT(cudaSuccess, k_static_smem_uninit, blocks, 64, 0, 0, d, h);
+        std::vector<unsigned char> out = from_dev(d, 64 * blocks);
+        std::vector<unsigned short> hb = from_dev(h, 64 * blocks);
+        for (int i = 0; i < 64 * blocks; i++) assert_int_equal(out[i], 0xA5);
+        for (int i = 0; i < 64 * blocks; i++) assert_int_equal(hb[i], 0xA5A5);
+    }
+    cudaFree(d);
+    cudaFree(h);
+#endif
+}
+
+/* The CUDA runtime's per-thread last error: set by any failing call (a failed
+ * launch included), returned and cleared by cudaGetLastError, returned by
+ * cudaPeekAtLastError; KVP_LAUNCH reports its own launch only. */
+static void test_last_error(void **state) {
+    (void)state;
+    (void)cudaGetLastError();
+    assert_int_equal(cudaSetDevice(1 << 20), cudaErrorInvalidDevice); /* now pending */
+    assert_int_equal(cudaPeekAtLastError(), cudaErrorInvalidDevice);
+    assert_int_equal(cudaPeekAtLastError(), cudaErrorInvalidDevice); /* not cleared */
+    /* another host thread has its own last error */
+    cudaError_t other = cudaErrorUnknown;
+    std::thread([&other]() { other = cudaPeekAtLastError(); }).join();
+    assert_int_equal(other, cudaSuccess);
+    /* a good launch returns its own status, and the engine's error stays pending */
+    float *f = dev_alloc<float>(32);
+    LAUNCH_EXPECT(cudaSuccess, k_saxpy, 1, 32, 0, 0, 32, 1.0f, f, f);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidDevice);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    /* a failed launch is returned and recorded */
+    LAUNCH_EXPECT(cudaErrorInvalidConfiguration, k_saxpy, 1, 0, 0, 0, 32, 1.0f, f, f);
+    assert_int_equal(cudaPeekAtLastError(), cudaErrorInvalidConfiguration);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    cudaFree(f);
+}
+
+/* Launch dimensions as an sm_90 GPU checks them. */
+static void test_launch_limits(void **state) {
+    (void)state;
+    float *f = dev_alloc<float>(32);
+    (void)cudaGetLastError();
+    const dim3 bad_grids[] = {dim3(0, 1, 1), dim3(1, 0, 1), dim3(1, 1, 0), dim3(1, 65536, 1),
+                              dim3(1, 1, 65536), dim3(2147483648u, 1, 1)};
+    for (const dim3 &g : bad_grids) {
+        LAUNCH_EXPECT(cudaErrorInvalidConfiguration, k_saxpy, g, 32, 0, 0, 0, 1.0f, f, f);
+        assert_int_equal(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    }
+    const dim3 bad_blocks[] = {dim3(0, 1, 1), dim3(1025, 1, 1), dim3(1, 1025, 1), dim3(1, 1, 65),
+                               dim3(512, 2, 2), dim3(32, 32, 2)};
+    for (const dim3 &b : bad_blocks) {
+        LAUNCH_EXPECT(cudaErrorInvalidConfiguration, k_saxpy, 1, b, 0, 0, 0, 1.0f, f, f);
+        assert_int_equal(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    }
+#ifdef KVP_CUDASIM
+    assert_non_null(strstr(cudasim::last_launch_error(), "1024 threads per block"));
+#endif
+    /* the largest blocks and grid.y/z still launch */
+    LAUNCH_EXPECT(cudaSuccess, k_saxpy, 1, dim3(1, 1, 64), 0, 0, 0, 1.0f, f, f);
+    LAUNCH_EXPECT(cudaSuccess, k_saxpy, 1, dim3(32, 32, 1), 0, 0, 0, 1.0f, f, f);
+    LAUNCH_EXPECT(cudaSuccess, k_saxpy, dim3(1, 65535, 1), 1, 0, 0, 0, 1.0f, f, f);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    cudaFree(f);
+}
+
+/* Shared memory per block: 48 KiB (static + dynamic) by default; up to the
+ * opt-in limit (227 KiB less the static) after cudaFuncSetAttribute. */
+static void test_shared_memory_limits(void **state) {
+    (void)state;
+    (void)cudaGetLastError();
+    cudaDeviceProp prop;
+    assert_int_equal(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    cudaFuncAttributes fa;
+    assert_int_equal(cudaFuncGetAttributes(&fa, k_big_smem), cudaSuccess);
+    size_t st = fa.sharedSizeBytes;
+    assert_true(st < prop.sharedMemPerBlock);
+    assert_int_equal((size_t)fa.maxDynamicSharedSizeBytes, prop.sharedMemPerBlock - st);
+    int *d = dev_alloc<int>(1);
+    size_t fits = prop.sharedMemPerBlock - st;
+    LAUNCH_EXPECT(cudaSuccess, k_big_smem, 1, 32, fits, 0, fits, d);
+    assert_int_equal(from_dev(d, 1)[0], 3);
+    /* one byte more needs the opt-in */
+    LAUNCH_EXPECT(cudaErrorInvalidValue, k_big_smem, 1, 32, fits + 1, 0, fits + 1, d);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
+#ifdef KVP_CUDASIM
+    assert_non_null(strstr(cudaGetErrorString(cudaErrorInvalidValue), "cudaFuncAttributeMaxDynamicSharedMemorySize"));
+#endif
+    size_t most = prop.sharedMemPerBlockOptin - st;
+    assert_int_equal(prop.sharedMemPerBlockOptin, 232448);
+    assert_int_equal(cudaFuncSetAttribute(k_big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most + 1),
+                     cudaErrorInvalidValue);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
+    assert_int_equal(cudaFuncSetAttribute(k_big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most),
+                     cudaSuccess);
+    assert_int_equal(cudaFuncGetAttributes(&fa, k_big_smem), cudaSuccess);
+    assert_int_equal((size_t)fa.maxDynamicSharedSizeBytes, most);
+    LAUNCH_EXPECT(cudaSuccess, k_big_smem, 1, 32, most, 0, most, d);
+    assert_int_equal(from_dev(d, 1)[0], 3);
+    LAUNCH_EXPECT(cudaErrorInvalidValue, k_big_smem, 1, 32, most + 1, 0, most + 1, d);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
+    /* the attribute is the kernel's: another kernel keeps the default */
+    LAUNCH_EXPECT(cudaErrorInvalidValue, k_reverse, 1, 32, fits + 1, 0, (const float *)nullptr, (float *)nullptr);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
+    cudaFree(d);
+}
+
+/* Static + dynamic shared memory count together against the limits. */
+static void test_static_plus_dynamic_shared_memory(void **state) {
+    (void)state;
+    (void)cudaGetLastError();
+    int *d = dev_alloc<int>(1);
+    LAUNCH_EXPECT(cudaSuccess, k_static_16k, 2, 128, 0, 0, (size_t)0, d);
+    assert_int_equal(from_dev(d, 1)[0], 4095);
+    cudaFuncAttributes fa;
+    assert_int_equal(cudaFuncGetAttributes(&fa, k_static_16k), cudaSuccess);
+    assert_int_equal(fa.sharedSizeBytes, 16384);
+    assert_int_equal(fa.maxDynamicSharedSizeBytes, 48 * 1024 - 16384);
+    size_t fits = 48 * 1024 - 16384;
+    LAUNCH_EXPECT(cudaSuccess, k_static_16k, 2, 128, fits, 0, fits, d);
+    LAUNCH_EXPECT(cudaErrorInvalidValue, k_static_16k, 2, 128, fits + 1, 0, fits + 1, d);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
+    int most = 232448 - 16384;
+    assert_int_equal(cudaFuncSetAttribute(k_static_16k, cudaFuncAttributeMaxDynamicSharedMemorySize, most + 1),
+                     cudaErrorInvalidValue);
+    assert_int_equal(cudaFuncSetAttribute(k_static_16k, cudaFuncAttributeMaxDynamicSharedMemorySize, most),
+                     cudaSuccess);
+    LAUNCH_EXPECT(cudaSuccess, k_static_16k, 1, 128, (size_t)most, 0, (size_t)most, d);
+    /* occupancy: (16 KiB + 100 KiB + 1 KiB reserved) per block: one per SM */
+    int n = -1;
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_static_16k, 128, 100 * 1024), cudaSuccess);
+    assert_int_equal(n, 1);
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_static_16k, 128, 0), cudaSuccess);
+    assert_int_equal(n, 13); /* 233472 / (16384 + 1024) */
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue); /* the refused attribute */
+    cudaFree(d);
+}
+
+/* Device properties and the occupancy model of an H200 (sm_90). */
+static void test_occupancy_and_properties(void **state) {
+    (void)state;
+    cudaDeviceProp prop;
+    assert_int_equal(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    assert_int_equal(prop.major, 9);
+    assert_int_equal(prop.maxThreadsPerBlock, 1024);
+    assert_int_equal(prop.maxThreadsDim[2], 64);
+    assert_int_equal(prop.maxGridSize[0], 2147483647);
+    assert_int_equal(prop.maxGridSize[1], 65535);
+    assert_int_equal(prop.maxThreadsPerMultiProcessor, 2048);
+    assert_int_equal(prop.maxBlocksPerMultiProcessor, 32);
+    assert_int_equal(prop.sharedMemPerMultiprocessor, 233472);
+    assert_int_equal(prop.reservedSharedMemPerBlock, 1024);
+    int v = 0;
+    assert_int_equal(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    assert_int_equal(v, prop.multiProcessorCount);
+    assert_int_equal(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0), cudaSuccess);
+    assert_int_equal(v, 232448);
+    assert_int_equal(cudaDeviceGetAttribute(&v, cudaDevAttrMaxBlockDimZ, 0), cudaSuccess);
+    assert_int_equal(v, 64);
+    assert_int_equal(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0), cudaSuccess);
+    assert_int_equal(v, 233472);
+    int n = -1;
+    /* threads: 2048 per SM */
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_saxpy, 256, 0), cudaSuccess);
+    assert_int_equal(n, 8);
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_saxpy, 1024, 0), cudaSuccess);
+    assert_int_equal(n, 2);
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_saxpy, 40, 0), cudaSuccess);
+    assert_int_equal(n, 32); /* 2 warps a block: the 32-block limit */
+    /* shared memory: 228 KiB per SM, 1 KiB reserved per block */
+    assert_int_equal(cudaFuncSetAttribute(k_saxpy, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024),
+                     cudaSuccess);
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_saxpy, 128, 100 * 1024), cudaSuccess);
+    assert_int_equal(n, 2);
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_saxpy, 128, 120 * 1024), cudaSuccess);
+    assert_int_equal(n, 1);
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_saxpy, 128, 20 * 1024), cudaSuccess);
+    assert_int_equal(n, 10);
+    assert_int_equal(cudaFuncSetAttribute(k_saxpy, cudaFuncAttributeMaxDynamicSharedMemorySize, 0), cudaSuccess);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+}
+
+/* A misaligned 16-byte vector load faults on a GPU; in the simulator the
+ * alignment sanitizer (SIM_CXXFLAGS) stops the program with a report. Run in
+ * a child process, whose death and report are the test's result. */
+static void test_misaligned_vector_load(void **state) {
+    (void)state;
+#ifndef KVP_CUDASIM
+    skip(); /* on a GPU: cudaErrorMisalignedAddress, a sticky error */
+#else
+    unsigned char *p = dev_alloc<unsigned char>(16 * 33);
+    uint4 *out = dev_alloc<uint4>(32);
+    assert_int_equal(cudaMemset(p, 1, 16 * 33), cudaSuccess);
+    LAUNCH_EXPECT(cudaSuccess, k_vector_load, 1, 32, 0, 0, p, 16, out); /* aligned: fine */
+    assert_int_equal(from_dev(out, 1)[0].x, 0x01010101u);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        cudaError_t e = KVP_LAUNCH(k_vector_load, 1, 32, 0, 0, p, 4, out);
+        _exit(e == cudaSuccess ? 0 : 3); /* 0: the load went through unnoticed */
+    }
+    close(fds[1]);
+    std::string report;
+    char buf[512];
+    ssize_t got;
+    while ((got = read(fds[0], buf, sizeof buf)) > 0) report.append(buf, (size_t)got);
+    close(fds[0]);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!report.empty()) fprintf(stderr, "(expected) child's report: %.300s\n", report.c_str());
+    assert_false(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_non_null(strstr(report.c_str(), "misaligned address"));
+    assert_non_null(strstr(report.c_str(), "uint4"));
+    cudaFree(p);
+    cudaFree(out);
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grid_stride),
@@ -471,6 +762,13 @@ int main(void) {
         cmocka_unit_test(test_shared_memory_starts_poisoned),
         cmocka_unit_test(test_memcpy_2d),
         cmocka_unit_test(test_runtime_errors),
+        cmocka_unit_test(test_static_shared_starts_poisoned),
+        cmocka_unit_test(test_last_error),
+        cmocka_unit_test(test_launch_limits),
+        cmocka_unit_test(test_shared_memory_limits),
+        cmocka_unit_test(test_static_plus_dynamic_shared_memory),
+        cmocka_unit_test(test_occupancy_and_properties),
+        cmocka_unit_test(test_misaligned_vector_load),
     };
     return cmocka_run_group_tests_name("cudasim", tests, NULL, NULL);
 }
