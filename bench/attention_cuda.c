@@ -6,10 +6,17 @@
  * Same cases and JSON keys as the CPU benchmark (bench/attention.c): q_len 1,
  * llama-3.1-8b shapes (32 q heads, 8 kv heads, head_dim 128, one layer),
  * batch 1 and 16, context 1k/8k/32k, page 16 and 32, K/V fp16, int8, int4
- * (and fp16 with dim-major keys, the CPU's preferred order). Pages are
- * handed to sequences in a shuffled order. Times are CUDA-event medians.
- * The bandwidth probe (`read_gbps`) is a device-to-device copy of 1 GiB
- * (bytes read plus bytes written over the time). The last line is JSON.
+ * (and fp16 with dim-major keys, the CPU's preferred order); here also
+ * batch 64, whose figures get JSON keys of their own (the headline keys stay
+ * over batch 1 and 16). Pages are handed to sequences in a shuffled order.
+ * Times are medians of the kernels alone (kvp_cuda_ctx_set_timing(): CUDA
+ * events right before a call's first kernel and after its last, so the
+ * host's share of a call, the schedule and its upload, is not counted), each
+ * rep after the device's L2 cache was flushed (a write of twice its size,
+ * outside the timed interval: batch 1 at 8k, 32 MiB of fp16 K/V, would
+ * otherwise be read from an H200's 50 MB L2). The bandwidth probe
+ * (`read_gbps`) is a device-to-device copy of 1 GiB (bytes read plus bytes
+ * written over the time). The last line is JSON.
  *
  * Without a usable device (or in a CPU-only build) it says why on stderr
  * and exits with status 1.
@@ -50,7 +57,13 @@ typedef kvb_result result;
 typedef struct {
     int quick, reps, device;
     kvb_only only; /* -1: all */
+    void *flush;   /* the L2 flush buffer (bench_cuda_flush_alloc) */
+    uint64_t flush_bytes;
 } options;
+
+/* The batches measured: the CPU benchmark's two, and a large one. */
+static const int batches[] = {KVB_BATCH_SMALL, KVB_BATCH_LARGE, 64};
+#define NBATCHES ((int)(sizeof batches / sizeof *batches))
 
 static char g_err[KVP_ERR_SIZE];
 
@@ -326,13 +339,13 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
     c.contig_view.struct_size = sizeof c.contig_view;
     bench_contig_view(s, &contig, &c.contig_store, &c.contig_view, cindptr, cids, clast);
     r->bytes = (double)pages * (double)KV_HEADS * (double)(kb + vb);
-    if (bench_cuda_time(NULL, run_paged, &c, o->reps, &r->t_paged, g_err, sizeof g_err) != KVP_OK) {
-        snprintf(g_err, sizeof g_err, "%s", kvp_ctx_last_error(ctx));
+    if (bench_cuda_time_kernels(ctx, NULL, run_paged, &c, o->reps, o->flush, o->flush_bytes,
+                                &r->t_paged, g_err, sizeof g_err) != KVP_OK) {
         fail("paged attention");
         goto out;
     }
-    if (bench_cuda_time(NULL, run_contig, &c, o->reps, &r->t_contig, g_err, sizeof g_err) != KVP_OK) {
-        snprintf(g_err, sizeof g_err, "%s", kvp_ctx_last_error(ctx));
+    if (bench_cuda_time_kernels(ctx, NULL, run_contig, &c, o->reps, o->flush, o->flush_bytes,
+                                &r->t_contig, g_err, sizeof g_err) != KVP_OK) {
         fail("contiguous attention");
         goto out;
     }
@@ -444,8 +457,10 @@ static double accuracy(kvp_ctx_t *ctx, const cuda_format *f, int32_t P, kvd_rng 
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kvpage-bench attention --device cuda [--quick] [--gpu N (0; 0..1023)]\n"
-               "       [--format fp16|int8|int4|fp16-dm] [--page N] [--batch 1|16] "
-               "[--context N (a multiple of the page size; k = x1024)]   (run only matching cases)\n");
+               "       [--format fp16|int8|int4|fp16-dm] [--page N] [--batch 1|16|64] "
+               "[--context N (a multiple of the page size; k = x1024)]   (run only matching cases)\n"
+               "times: kernels only (events around each call's kernels), L2 flushed before each "
+               "rep\n");
 }
 
 /* Returns 0 to run, 1 after --help, CLI_USAGE after a message. */
@@ -463,6 +478,16 @@ static int parse_options(int argc, char **argv, options *o) {
         if (!strcmp(a, "--quick")) o->quick = 1;
         else if (!strcmp(a, "--device")) ok = cli_opt_choice(TOOL, argc, argv, &i, devices, 1, &unused, stderr);
         else if (!strcmp(a, "--gpu")) ok = cli_opt_int(TOOL, argc, argv, &i, 0, 1023, &o->device, stderr);
+        else if (!strcmp(a, "--batch")) { /* this benchmark's batches: 64 too */
+            ok = cli_opt_int(TOOL, argc, argv, &i, 1, batches[NBATCHES - 1], &o->only.batch, stderr);
+            bool known = false;
+            for (int b = 0; b < NBATCHES; b++) known |= batches[b] == o->only.batch;
+            if (ok && !known) {
+                fprintf(stderr, "%s: --batch must be %d, %d or %d (the batches measured), got %s\n",
+                        TOOL, batches[0], batches[1], batches[2], argv[i]);
+                ok = false;
+            }
+        }
         else if ((taken = kvb_parse_only(TOOL, argc, argv, &i, fmt_names, NFORMATS, &o->only)) != 0)
             ok = taken > 0;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -505,12 +530,20 @@ int bench_attention_cuda(int argc, char **argv) {
         fail("context");
         return 1;
     }
+    if (bench_cuda_flush_alloc(o.device, &o.flush, &o.flush_bytes, g_err, sizeof g_err) != KVP_OK) {
+        fail("L2 flush buffer");
+        kvp_ctx_destroy(ctx);
+        return 1;
+    }
     kvd_rng rng;
     kvd_seed(&rng, 20261129);
     printf("attention decode on %s (cc %d.%d, %d SMs): llama-3.1-8b shapes (%d q heads, %d kv heads, "
            "head_dim %d), q_len 1%s\n", info.name, info.cc_major, info.cc_minor, info.sm_count, Q_HEADS,
            KV_HEADS, HEAD_DIM, o.quick ? ", --quick" : "");
     printf("roof (same run): device-to-device copy %.1f GB/s (read + write)\n", copy_gbps);
+    printf("times: kernels only (events before a call's first kernel and after its last), median "
+           "of %d reps, L2 flushed before each (%.0f MiB written)\n", o.reps,
+           (double)o.flush_bytes / (1 << 20));
 
     double acc[3], acc16[3];
     for (int f = 0; f < 3; f++) {
@@ -523,7 +556,6 @@ int bench_attention_cuda(int argc, char **argv) {
            acc[2], acc16[0], acc16[1], acc16[2]);
 
     static const int pages_full[] = {16, 32}, pages_quick[] = {32};
-    static const int batches[] = {1, 16};
     static const int ctx_full[] = {1024, 8192, 32768}, ctx_quick[] = {8192, 32768};
     const int *pg = o.quick ? pages_quick : pages_full;
     int npg = o.quick ? 1 : 2;
@@ -544,7 +576,7 @@ int bench_attention_cuda(int argc, char **argv) {
     printf("%-9s %4s %5s %7s %10s %9s %7s %8s %10s\n", "format", "page", "batch", "context",
            "time ms", "KV GB/s", "of copy", "vs fp16", "paged/contig");
     for (int ip = 0; ip < npg; ip++)
-        for (int ib = 0; ib < 2; ib++)
+        for (int ib = 0; ib < NBATCHES; ib++)
             for (int ic = 0; ic < ncx; ic++)
                 for (int f = 0; f < nfmt; f++) {
                     if ((o.only.fmt >= 0 && f != o.only.fmt && f != 0) ||
@@ -557,6 +589,7 @@ int bench_attention_cuda(int argc, char **argv) {
                     r->batch = batches[ib];
                     r->context = cx[ic];
                     if (run_case(&o, ctx, r, &rng) != 0) {
+                        bench_cuda_free(o.device, o.flush);
                         kvp_ctx_destroy(ctx);
                         return 1;
                     }
@@ -568,20 +601,35 @@ int bench_attention_cuda(int argc, char **argv) {
                     fflush(stdout);
                     n++;
                 }
-    double bw = kvb_headline(rs, n, 0, KVB_BW_FRACTION, copy_gbps, max_ctx);
-    double s8 = kvb_headline(rs, n, 1, KVB_SPEEDUP, copy_gbps, max_ctx);
-    double s4 = kvb_headline(rs, n, 2, KVB_SPEEDUP, copy_gbps, max_ctx);
-    double pc = kvb_headline(rs, n, 0, KVB_PAGED_VS_CONTIG, copy_gbps, max_ctx);
+    /* the headline over batch 1 and 16, as the CPU benchmark's; batch 64 apart */
+    result small[128], large[128];
+    int ns = 0, nl = 0;
+    for (int i = 0; i < n; i++) {
+        if (rs[i].batch == batches[NBATCHES - 1]) large[nl++] = rs[i];
+        else small[ns++] = rs[i];
+    }
+    double bw = kvb_headline(small, ns, 0, KVB_BW_FRACTION, copy_gbps, max_ctx);
+    double s8 = kvb_headline(small, ns, 1, KVB_SPEEDUP, copy_gbps, max_ctx);
+    double s4 = kvb_headline(small, ns, 2, KVB_SPEEDUP, copy_gbps, max_ctx);
+    double pc = kvb_headline(small, ns, 0, KVB_PAGED_VS_CONTIG, copy_gbps, max_ctx);
+    double bw64 = kvb_headline(large, nl, 0, KVB_BW_FRACTION, copy_gbps, max_ctx);
+    double s8_64 = kvb_headline(large, nl, 1, KVB_SPEEDUP, copy_gbps, max_ctx);
+    double s4_64 = kvb_headline(large, nl, 2, KVB_SPEEDUP, copy_gbps, max_ctx);
     printf("\nheadline (page 32, median over batch 1 and 16 at contexts >= 8k; paged/contig at %dk):\n"
            "  fp16 %.2f of copy bandwidth, int8 %.2fx and int4 %.2fx faster than fp16, "
            "paged/contiguous %.3f\n", max_ctx / 1024, bw, s8, s4, pc);
+    printf("batch 64 (page 32, contexts >= 8k): fp16 %.2f of copy bandwidth, int8 %.2fx and int4 "
+           "%.2fx faster than fp16\n", bw64, s8_64, s4_64);
     printf("{\"bench\": \"attention\", \"device\": \"cuda\", \"gpu\": \"%s\", \"threads\": 0, "
            "\"isa\": \"cuda\", \"quick\": %s, \"read_gbps\": %.3f, \"fma_per_s\": null, "
            "\"fp16_bw_fraction\": %.4f, \"int8_speedup\": %.4f, \"int4_speedup\": %.4f, "
            "\"paged_vs_contiguous\": %.4f, \"fp16_rel_err\": %.3e, \"int8_rel_err\": %.3e, "
-           "\"int4_rel_err\": %.3e, \"int8_rel_err_page16\": %.3e, \"int4_rel_err_page16\": %.3e}\n",
+           "\"int4_rel_err\": %.3e, \"int8_rel_err_page16\": %.3e, \"int4_rel_err_page16\": %.3e, "
+           "\"timing\": \"kernels\", \"l2_flush_bytes\": %llu, \"fp16_bw_fraction_batch64\": %.4f, "
+           "\"int8_speedup_batch64\": %.4f, \"int4_speedup_batch64\": %.4f}\n",
            info.name, o.quick ? "true" : "false", copy_gbps, bw, s8, s4, pc, acc[0], acc[1], acc[2],
-           acc16[1], acc16[2]);
+           acc16[1], acc16[2], (unsigned long long)o.flush_bytes, bw64, s8_64, s4_64);
+    bench_cuda_free(o.device, o.flush);
     kvp_ctx_destroy(ctx);
     return 0;
 }

@@ -1,12 +1,15 @@
 /*
  * CUDA helpers of kvpage-bench (bench/cuda_bench.h): device memory, copies,
- * event timing and the device-to-device copy probe. Compiled by nvcc when
+ * event timing (whole calls, or an attention call's kernels through
+ * kvp_cuda_ctx_set_timing()), the L2 flush and the device-to-device copy
+ * probe. Compiled by nvcc when
  * HAVE_CUDA=1 and linked into kvpage-bench only. Host code without the C++
  * library (no new/delete, exceptions or RTTI), so the C compiler links it.
  */
 #include "cuda_bench.h"
 
 #include "kvpage.h"
+#include "kvpage_cuda.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -56,6 +59,13 @@ int copy_once(void *arg) {
 }
 
 const int MAX_REPS = 64;
+
+/* The context's last error as the bench's detail text. */
+int ctx_fail(kvp_ctx_t *ctx, int rc, char *err, size_t err_size, const char *what) {
+    if (err != nullptr && err_size > 0)
+        snprintf(err, err_size, "%s: %s", what, kvp_ctx_last_error(ctx));
+    return rc;
+}
 
 } // namespace
 
@@ -116,6 +126,55 @@ int bench_cuda_time(void *stream, int (*fn)(void *), void *arg, int reps, double
     (void)cudaEventDestroy(b);
     if (rc != KVP_OK) return rc;
     if (e != cudaSuccess) return status_of(e, err, err_size, "timing");
+    *seconds = median(t, reps);
+    return KVP_OK;
+}
+
+int bench_cuda_flush_alloc(int32_t device, void **buf, uint64_t *bytes, char *err,
+                           size_t err_size) {
+    if (buf == nullptr || bytes == nullptr) return bad_args(err, err_size, "buf or bytes is NULL");
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return status_of(e, err, err_size, "cudaSetDevice");
+    int l2 = 0;
+    e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
+    if (e != cudaSuccess) return status_of(e, err, err_size, "cudaDeviceGetAttribute (L2 size)");
+    uint64_t n = 2 * (uint64_t)(l2 > 0 ? l2 : 0);
+    if (n < (1u << 20)) n = 1u << 20;
+    int rc = bench_cuda_malloc(device, n, buf, err, err_size);
+    if (rc != KVP_OK) return rc;
+    *bytes = n;
+    return KVP_OK;
+}
+
+int bench_cuda_time_kernels(kvp_ctx_t *ctx, void *stream, int (*fn)(void *), void *arg, int reps,
+                            void *flush, uint64_t flush_bytes, double *seconds, char *err,
+                            size_t err_size) {
+    if (ctx == nullptr || fn == nullptr || seconds == nullptr || reps < 1)
+        return bad_args(err, err_size, "bad timing arguments");
+    if (reps > MAX_REPS) reps = MAX_REPS;
+    cudaStream_t s = (cudaStream_t)stream;
+    int rc = kvp_cuda_ctx_set_timing(ctx, 1);
+    if (rc != KVP_OK) return ctx_fail(ctx, rc, err, err_size, "kvp_cuda_ctx_set_timing");
+    double t[MAX_REPS], warm = 0.0;
+    rc = fn(arg); /* warm-up: module load, first touch */
+    if (rc != KVP_OK) (void)ctx_fail(ctx, rc, err, err_size, "the call");
+    else if ((rc = kvp_cuda_ctx_kernel_time(ctx, &warm)) != KVP_OK)
+        (void)ctx_fail(ctx, rc, err, err_size, "kvp_cuda_ctx_kernel_time");
+    for (int i = 0; i < reps && rc == KVP_OK; i++) {
+        if (flush != nullptr) { /* outside the timed interval: before the call's first kernel */
+            cudaError_t e = cudaMemsetAsync(flush, i & 0xFF, (size_t)flush_bytes, s);
+            if (e != cudaSuccess) {
+                rc = status_of(e, err, err_size, "cudaMemsetAsync (L2 flush)");
+                break;
+            }
+        }
+        rc = fn(arg);
+        if (rc != KVP_OK) (void)ctx_fail(ctx, rc, err, err_size, "the call");
+        else if ((rc = kvp_cuda_ctx_kernel_time(ctx, &t[i])) != KVP_OK)
+            (void)ctx_fail(ctx, rc, err, err_size, "kvp_cuda_ctx_kernel_time");
+    }
+    (void)kvp_cuda_ctx_set_timing(ctx, 0);
+    if (rc != KVP_OK) return rc;
     *seconds = median(t, reps);
     return KVP_OK;
 }

@@ -53,3 +53,25 @@ int bench_cuda_time(void *stream, int (*fn)(void *), void *arg, int reps, double
     (void)seconds;
     return not_built(err, err_size);
 }
+
+int bench_cuda_flush_alloc(int32_t device, void **buf, uint64_t *bytes, char *err,
+                           size_t err_size) {
+    (void)device;
+    (void)buf;
+    (void)bytes;
+    return not_built(err, err_size);
+}
+
+int bench_cuda_time_kernels(kvp_ctx_t *ctx, void *stream, int (*fn)(void *), void *arg, int reps,
+                            void *flush, uint64_t flush_bytes, double *seconds, char *err,
+                            size_t err_size) {
+    (void)ctx;
+    (void)stream;
+    (void)fn;
+    (void)arg;
+    (void)reps;
+    (void)flush;
+    (void)flush_bytes;
+    (void)seconds;
+    return not_built(err, err_size);
+}

@@ -8,6 +8,8 @@
  *   3. rows: one warp per (row, kv head, side) writes the row into its slot
  *      (staging pages in fp16, pool pages in their format) and counts
  *      non-finite inputs.
+ * Whoever writes a pool block also zeroes its padding (up to
+ * KVP_BLOCK_ALIGN), so its bytes never depend on what the arena held.
  * Slots and seals are uploaded once per distinct set (every layer of a step
  * shares them). The bytes are the CPU's (codec.cuh).
  */
@@ -74,6 +76,7 @@ __global__ void __launch_bounds__(APPEND_THREADS) k_seal(append_args a) {
     uint8_t *b = kvp__geo_block(a.g, side, sd.dst, h);
     if (kvp__blockfmt_per_page(&f)) kvp__encode_key_page(f, b, src);
     else kvp__encode_tokens(f, b, 0, a.g.P, src, kvp__geo_fp8(a.g, side, sd.dst, h));
+    kvp__zero_padding(b, a.g.used[side], a.g.block[side], (int)threadIdx.x, (int)blockDim.x);
 }
 
 /* One warp per (row, head, side). */
@@ -96,6 +99,8 @@ __global__ void __launch_bounds__(APPEND_THREADS) k_rows(append_args a) {
     src.row0 = (int64_t)r - t; /* the encoder asks for token t of the block: row r */
     uint8_t *b = kvp__geo_block(a.g, side, page, h);
     kvp__encode_token(kvp__geo_fmt(a.g, side, page), b, t, src, kvp__geo_fp8(a.g, side, page, h));
+    if (page < a.g.num_pages) /* a pool block's padding (a few bytes, with every row) */
+        kvp__zero_padding(b, a.g.used[side], a.g.block[side], lane, 32);
 }
 
 bool in_seal(const kvp_append_params_t *a, int64_t r, int32_t P) {

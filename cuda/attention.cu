@@ -5,11 +5,12 @@
  * Schedule. Units = (sequence, kv head, block of R rows); R = 1, 2, 4 or 8,
  * the smallest power of two holding the longest sequence's rows of one kv
  * head (the GQA group for decode), at most 8. When the units cannot fill the
- * device (fewer than 4 CTAs per SM: small batches, long contexts), each
- * sequence's pages are split into up to that factor of ranges of at least
- * 256 tokens (flash-decoding); the splits' partial results (m, l, o) go to
- * the context's workspace and a merge kernel combines them. No split when
- * the workspace cannot hold the partials. Everything the kernels need about
+ * device (fewer than the SMs times the CTAs of the kernel one SM holds, from
+ * cudaOccupancyMaxActiveBlocksPerMultiprocessor: small batches, long
+ * contexts), each sequence's pages are split into up to that factor of
+ * ranges of at least 256 tokens (flash-decoding); the splits' partial
+ * results (m, l, o) go to the context's workspace and a merge kernel
+ * combines them. No split when the workspace cannot hold the partials. Everything the kernels need about
  * the batch (the CSR view, qo_indptr, the schedule) is uploaded in one copy,
  * or not at all when it is identical to the last one (every layer of a step).
  */
@@ -18,7 +19,8 @@
 using namespace kvp_attn;
 
 #define MIN_SPLIT_TOKENS 256
-#define CTAS_PER_SM 4
+/* Dynamic shared memory a kernel may use without opting in. */
+#define DEFAULT_SMEM_LIMIT (48 * 1024)
 
 namespace {
 
@@ -76,6 +78,34 @@ struct call {
 
 size_t up8(size_t x) { return (x + 7) & ~(size_t)7; }
 
+/* CTAs of attention kernel `ka` (`smem` bytes of dynamic shared memory) one
+ * SM holds at once, asked once per context and variant (*cached, 0 until
+ * then). A kernel above the default dynamic shared memory limit is opted in
+ * first (which its launch needs anyway). If the occupancy query fails: 1, and
+ * the query's own error is not left pending (an earlier one stays). */
+int ctas_per_sm(attn_kernel ka, int smem, int *cached, char *err, size_t err_size) {
+    if (*cached > 0) return KVP_OK;
+    if (smem > DEFAULT_SMEM_LIMIT)
+        KVP_CUDA_TRY(cudaFuncSetAttribute(ka, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), err,
+                     err_size, "cudaFuncSetAttribute (attention kernel shared memory)");
+    bool clean = cudaPeekAtLastError() == cudaSuccess;
+    int n = 0;
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ka, NT, (size_t)smem);
+    if (e != cudaSuccess && clean) (void)cudaGetLastError();
+    *cached = e == cudaSuccess && n > 0 ? n : 1;
+    return KVP_OK;
+}
+
+/* With timing on: record timing event `which` (0: before the first kernel,
+ * 1: after the last) on the context's stream. */
+int mark(kvp__cuda_ctx *cc, int which, char *err, size_t err_size) {
+    if (!cc->timing) return KVP_OK;
+    KVP_CUDA_TRY(cudaEventRecord(cc->timing_ev[which], cc->o.stream), err, err_size,
+                 "cudaEventRecord (kernel timing)");
+    if (which == 1) cc->timed = true;
+    return KVP_OK;
+}
+
 int launch(kvp_ctx_t *c, const call &in) {
     kvp__cuda_ctx *cc = kvp__cctx(c);
     char *err = c->error;
@@ -96,6 +126,28 @@ int launch(kvp_ctx_t *c, const call &in) {
         ri++;
     }
 
+    /* the kernels, and how many CTAs of this one an SM holds */
+    const int32_t kind_k = kind_of(in.g.fmt[0].format), kind_v = kind_of(in.g.fmt[1].format);
+    attn_kernel ka = nullptr, km = nullptr;
+    int smem = 0;
+    switch (di) {
+#define KVP_PICK(i, Dv)                                                    \
+    case i:                                                                \
+        ka = kernels_of<Dv>::attn[ri];                                     \
+        km = kernels_of<Dv>::merge[ri];                                    \
+        smem = kernels_of<Dv>::smem(kind_k, kind_v, R);                    \
+        break;
+        KVP_PICK(0, 64)
+        KVP_PICK(1, 80)
+        KVP_PICK(2, 96)
+        KVP_PICK(3, 128)
+        KVP_PICK(4, 256)
+#undef KVP_PICK
+    }
+    int *occ = &cc->ctas_per_sm[di][ri][kind_k == KIND_F32][kind_v == KIND_F32];
+    int rc = ctas_per_sm(ka, smem, occ, err, err_size);
+    if (rc != KVP_OK) return rc;
+
     /* metadata layout: int32 arrays, then int64 part_off, then indices */
     const int32_t nnz = in.indptr[B];
     size_t o_qo = 0, o_indptr = o_qo + (size_t)(B + 1) * 4, o_last = o_indptr + (size_t)(B + 1) * 4;
@@ -104,7 +156,7 @@ int launch(kvp_ctx_t *c, const call &in) {
     size_t o_part = up8(o_merge + (size_t)(B + 1) * 4), o_idx = o_part + (size_t)B * 8;
     size_t bytes = o_idx + (size_t)nnz * 4;
     uint8_t *host = nullptr;
-    int rc = kvp__stage_begin(&cc->o, bytes, &host, err, err_size, "this batch's view and schedule");
+    rc = kvp__stage_begin(&cc->o, bytes, &host, err, err_size, "this batch's view and schedule");
     if (rc != KVP_OK) return rc;
     int32_t *qo = (int32_t *)(void *)(host + o_qo), *indptr = (int32_t *)(void *)(host + o_indptr);
     int32_t *last = (int32_t *)(void *)(host + o_last), *items = (int32_t *)(void *)(host + o_items);
@@ -124,7 +176,8 @@ int launch(kvp_ctx_t *c, const call &in) {
         int32_t rows = (qo[b + 1] - qo[b]) * in.group;
         base_units += rows > 0 ? (int64_t)H * ((rows + R - 1) / R) : 0;
     }
-    const int64_t target = (int64_t)cc->sm_count * CTAS_PER_SM;
+    const int64_t target = (int64_t)cc->sm_count * *occ;
+    cc->split_target = target;
     int64_t factor = base_units > 0 && base_units < target ? (target + base_units - 1) / base_units : 1;
     const int32_t min_pages = (MIN_SPLIT_TOKENS + P - 1) / P;
     const uint64_t part_floats = (uint64_t)R * (uint64_t)(D + 2);
@@ -169,8 +222,8 @@ int launch(kvp_ctx_t *c, const call &in) {
     params k;
     memset(&k, 0, sizeof k);
     k.g = in.g;
-    k.kind[0] = kind_of(in.g.fmt[0].format);
-    k.kind[1] = kind_of(in.g.fmt[1].format);
+    k.kind[0] = kind_k;
+    k.kind[1] = kind_v;
     k.fast[0] = fast_loader(in.g.fmt[0], P);
     k.fast[1] = fast_loader(in.g.fmt[1], P);
     k.sfast = fast_loader(in.g.sfmt[0], P);
@@ -198,28 +251,15 @@ int launch(kvp_ctx_t *c, const call &in) {
     k.window = in.window;
     k.partials = cc->partials;
 
-    attn_kernel ka = nullptr, km = nullptr;
-    int smem = 0;
-    switch (di) {
-#define KVP_PICK(i, Dv)                                                    \
-    case i:                                                                \
-        ka = kernels_of<Dv>::attn[ri];                                     \
-        km = kernels_of<Dv>::merge[ri];                                    \
-        smem = kernels_of<Dv>::smem(k.kind[0], k.kind[1], R);              \
-        break;
-        KVP_PICK(0, 64)
-        KVP_PICK(1, 80)
-        KVP_PICK(2, 96)
-        KVP_PICK(3, 128)
-        KVP_PICK(4, 256)
-#undef KVP_PICK
-    }
+    rc = mark(cc, 0, err, err_size);
+    if (rc != KVP_OK) return rc;
     rc = kvp__cuda_status(KVP_LAUNCH(ka, dim3((unsigned)nitems), dim3(NT), (size_t)smem,
                                      cc->o.stream, k),
                           err, err_size, "attention kernel");
-    if (rc != KVP_OK || nmerge == 0) return rc;
-    return kvp__cuda_status(KVP_LAUNCH(km, dim3((unsigned)nmerge), dim3(NT), 0, cc->o.stream, k),
-                            err, err_size, "split merge kernel");
+    if (rc == KVP_OK && nmerge > 0)
+        rc = kvp__cuda_status(KVP_LAUNCH(km, dim3((unsigned)nmerge), dim3(NT), 0, cc->o.stream, k),
+                              err, err_size, "split merge kernel");
+    return rc == KVP_OK ? mark(cc, 1, err, err_size) : rc;
 }
 
 } // namespace
@@ -257,9 +297,58 @@ int kvp__cuda_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
         static const int32_t none = 0; /* a batch whose sequences hold no page */
         in.indices = &none;
     }
+    cc->timed = false;
     rc = in.batch > 0 ? launch(c, in) : KVP_OK;
+    if (rc == KVP_OK && cc->timing && !cc->timed) { /* no kernel ran: an empty interval */
+        rc = mark(cc, 0, c->error, KVP_ERR_SIZE);
+        if (rc == KVP_OK) rc = mark(cc, 1, c->error, KVP_ERR_SIZE);
+    }
     kvp__device_leave(&g);
     return rc;
+}
+
+/* ---- kernel timing ------------------------------------------------------------------------------ */
+
+int kvp__cuda_ctx_set_timing(kvp_ctx_t *c, int enable) {
+    kvp__cuda_ctx *cc = kvp__cctx(c);
+    if (enable != 0 && enable != 1)
+        return kvp__errf(c->error, KVP_ERR_SIZE, KVP_EINVAL, "enable must be 0 or 1, got %d",
+                         enable);
+    if (enable && !cc->timing_ev_ok) {
+        kvp__device_guard g;
+        int rc = kvp__device_enter(&g, cc->o.device, c->error, KVP_ERR_SIZE);
+        if (rc != KVP_OK) return rc;
+        cudaError_t e = cudaEventCreate(&cc->timing_ev[0]);
+        if (e == cudaSuccess) {
+            e = cudaEventCreate(&cc->timing_ev[1]);
+            if (e != cudaSuccess) (void)cudaEventDestroy(cc->timing_ev[0]);
+        }
+        kvp__device_leave(&g);
+        if (e != cudaSuccess) return kvp__cuda_status(e, c->error, KVP_ERR_SIZE, "cudaEventCreate");
+        cc->timing_ev_ok = true;
+    }
+    if (enable) cc->timed = false;
+    cc->timing = enable != 0;
+    return KVP_OK;
+}
+
+int kvp__cuda_ctx_kernel_time(kvp_ctx_t *c, double *seconds) {
+    kvp__cuda_ctx *cc = kvp__cctx(c);
+    if (seconds == nullptr) return kvp__errf(c->error, KVP_ERR_SIZE, KVP_EINVAL, "seconds is NULL");
+    if (!cc->timed)
+        return kvp__errf(c->error, KVP_ERR_SIZE, KVP_ESTATE,
+                         cc->timing ? "no attention call since timing was turned on"
+                                    : "timing is off (kvp_cuda_ctx_set_timing)");
+    kvp__device_guard g;
+    int rc = kvp__device_enter(&g, cc->o.device, c->error, KVP_ERR_SIZE);
+    if (rc != KVP_OK) return rc;
+    float ms = 0.0f;
+    cudaError_t e = cudaEventSynchronize(cc->timing_ev[1]);
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, cc->timing_ev[0], cc->timing_ev[1]);
+    kvp__device_leave(&g);
+    if (e != cudaSuccess) return kvp__cuda_status(e, c->error, KVP_ERR_SIZE, "kernel timing");
+    *seconds = ms > 0.0f ? (double)ms * 1e-3 : 0.0;
+    return KVP_OK;
 }
 
 /* ---- the context ------------------------------------------------------------------------------ */
@@ -294,6 +383,10 @@ void kvp__cuda_ctx_fini(kvp_ctx_t *c) {
     kvp__device_guard g;
     bool entered = kvp__device_enter(&g, cc->o.device, nullptr, 0) == KVP_OK;
     if (cc->partials != nullptr) (void)cudaStreamSynchronize(cc->o.stream);
+    if (cc->timing_ev_ok) {
+        (void)cudaEventDestroy(cc->timing_ev[0]);
+        (void)cudaEventDestroy(cc->timing_ev[1]);
+    }
     kvp__obj_free(&cc->o, cc->partials, cc->partial_bytes);
     kvp__obj_fini(&cc->o);
     if (entered) kvp__device_leave(&g);

@@ -63,6 +63,22 @@ int kvp_cuda_ctx_set_stream(kvp_ctx_t *ctx, void *stream) {
     return rc;
 }
 
+int kvp_cuda_ctx_set_timing(kvp_ctx_t *ctx, int enable) {
+    if (ctx == nullptr) return KVP_EINVAL;
+    if (ctx->backend != &kvp__cuda_backend)
+        return kvp__errf(ctx->error, KVP_ERR_SIZE, KVP_EINVAL,
+                         "not a CUDA context (kvp_cuda_ctx_create makes one)");
+    return kvp__cuda_ctx_set_timing(ctx, enable);
+}
+
+int kvp_cuda_ctx_kernel_time(kvp_ctx_t *ctx, double *seconds) {
+    if (ctx == nullptr) return KVP_EINVAL;
+    if (ctx->backend != &kvp__cuda_backend)
+        return kvp__errf(ctx->error, KVP_ERR_SIZE, KVP_EINVAL,
+                         "not a CUDA context (kvp_cuda_ctx_create makes one)");
+    return kvp__cuda_ctx_kernel_time(ctx, seconds);
+}
+
 int kvp_cuda_host_alloc(uint64_t bytes, void **ptr, char *err, size_t err_size) {
     if (ptr == nullptr || bytes == 0)
         return kvp__errf(err, err_size, KVP_EINVAL, "ptr is NULL or bytes is 0");

@@ -128,6 +128,17 @@ struct kvp__cuda_ctx {
     float *partials;             /* device workspace: split-KV partial results */
     uint64_t partial_bytes;
     int sm_count;
+    /* CTAs of each attention kernel variant one SM holds at once
+     * (cudaOccupancyMaxActiveBlocksPerMultiprocessor, asked at first use;
+     * 0: not yet): [head_dim index][log2 R][K tiles fp32][V tiles fp32] */
+    int ctas_per_sm[5][4][2][2];
+    int64_t split_target;        /* CTAs the last call's split sizing aimed at (tests) */
+    /* kvp_cuda_ctx_set_timing(): events recorded on the stream right before
+     * an attention call's first kernel and right after its last */
+    cudaEvent_t timing_ev[2];
+    bool timing_ev_ok;           /* both created */
+    bool timing;                 /* calls record them */
+    bool timed;                  /* the last call with timing on recorded both */
 };
 
 static inline kvp__cuda_store *kvp__cstore(const kvp_store_t *s) {
@@ -156,6 +167,8 @@ int kvp__cuda_synchronize(kvp_store_t *s, char *err, size_t err_size);
 int kvp__cuda_ctx_init(kvp_ctx_t *c, const void *bparams, char *err, size_t err_size);
 void kvp__cuda_ctx_fini(kvp_ctx_t *c);
 int kvp__cuda_attention(kvp_ctx_t *c, const kvp__attn_args *a);
+int kvp__cuda_ctx_set_timing(kvp_ctx_t *c, int enable);
+int kvp__cuda_ctx_kernel_time(kvp_ctx_t *c, double *seconds);
 
 /* ---- what kernels know about a store ----------------------------------------------- */
 
@@ -168,6 +181,8 @@ struct kvp__geo {
     uint64_t pstride[2];   /* bytes per pool page in a region */
     uint64_t sstride[2];   /* bytes per staging page */
     uint64_t block[2];     /* bytes per pool block */
+    uint64_t used[2];      /* bytes of a pool block's element and scale data; zero padding
+                              follows up to block[side] (staging blocks have none) */
     uint64_t hstride[2];   /* bytes from a pool block to the next kv head's (the store's
                               head_stride_k/v: the block size, or a view's own stride) */
     uint64_t sblock;       /* bytes per staging block: P*D*2 */
@@ -196,6 +211,15 @@ __device__ __forceinline__ float kvp__geo_fp8(const kvp__geo &g, int side, int32
 }
 
 /* ---- small device helpers ------------------------------------------------------------ */
+
+/* Zero the padding of a block, bytes [used, bytes), by the threads
+ * i, i + step, ... of whoever writes the block: a block's bytes then never
+ * depend on what the arena held (page blobs, checksums, the CPU's bytes). At
+ * most KVP_BLOCK_ALIGN - 1 bytes. */
+__device__ __forceinline__ void kvp__zero_padding(uint8_t *b, uint64_t used, uint64_t bytes, int i,
+                                                  int step) {
+    for (uint64_t o = used + (uint64_t)i; o < bytes; o += (uint64_t)step) b[o] = 0;
+}
 
 /* An element of an fp32 / fp16 / bf16 tensor (dtype: kvp_format) as fp32. */
 __device__ __forceinline__ float kvp__load_elem(const uint8_t *p, int32_t dtype) {

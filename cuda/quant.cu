@@ -29,6 +29,7 @@ struct quant_args {
     uint8_t *dst;
     int64_t blocks;      /* pages x heads */
     uint64_t block_bytes;
+    uint64_t used;       /* element and scale bytes of a block; zeros up to block_bytes */
     int32_t heads, dtype, esize;
     float fp8_scale;
 };
@@ -47,6 +48,7 @@ __global__ void __launch_bounds__(QUANT_THREADS) k_quantize(quant_args a) {
         uint8_t *b = a.dst + (uint64_t)i * a.block_bytes;
         if (kvp__blockfmt_per_page(&a.f)) kvp__encode_key_page(a.f, b, src);
         else kvp__encode_tokens(a.f, b, 0, a.f.page_size, src, a.fp8_scale);
+        kvp__zero_padding(b, a.used, a.block_bytes, (int)threadIdx.x, (int)blockDim.x);
     }
 }
 
@@ -94,6 +96,7 @@ int run_quant(const kvp_quant_desc_t *desc, const void *src, int64_t pages, void
     a.dst = (uint8_t *)dst;
     a.blocks = pages * desc->heads;
     a.block_bytes = block;
+    a.used = kvp__block_used_bytes(&f);
     a.heads = desc->heads;
     a.dtype = desc->dtype;
     a.esize = (int32_t)kvp__dtype_size(desc->dtype);

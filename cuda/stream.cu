@@ -216,6 +216,8 @@ kvp__geo kvp__make_geo(const kvp_store_t *s, int32_t layer) {
     g.sstride[1] = s->spage_stride_v;
     g.block[0] = s->layout.k_block_bytes;
     g.block[1] = s->layout.v_block_bytes;
+    g.used[0] = kvp__block_used_bytes(&s->kfmt);
+    g.used[1] = kvp__block_used_bytes(&s->vfmt);
     g.hstride[0] = s->head_stride_k;
     g.hstride[1] = s->head_stride_v;
     g.sblock = (uint64_t)s->layout.page_size * (uint64_t)s->layout.head_dim * 2;

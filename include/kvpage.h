@@ -1414,7 +1414,9 @@ KVP_API int kvp_quant_block_bytes(const kvp_quant_desc_t *desc, uint64_t *bytes,
  * @param[in]  desc     Format and shape.
  * @param[in]  src      `[pages*page_size][heads][head_dim]` elements of `dtype`.
  * @param[in]  pages    Number of pages (>= 1).
- * @param[out] dst      `[pages][heads]` blocks of kvp_quant_block_bytes() each.
+ * @param[out] dst      `[pages][heads]` blocks of kvp_quant_block_bytes() each;
+ *                      every byte is written (the padding as zeros), so equal
+ *                      inputs give equal bytes whatever `dst` held.
  * @param[out] err      Optional error-detail buffer.
  * @param[in]  err_size Its size.
  * @return #KVP_OK or #KVP_EINVAL (bad description, NULL, overflow); nothing

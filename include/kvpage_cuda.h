@@ -227,8 +227,49 @@ KVP_API int kvp_cuda_store_set_stream(kvp_store_t *store, void *stream);
 KVP_API int kvp_cuda_ctx_set_stream(kvp_ctx_t *ctx, void *stream);
 
 /**
+ * @brief Time the device work of the context's attention calls.
+ *
+ * With timing on, every kvp_attention() call on `ctx` records an event on
+ * the context's stream right before its first kernel and one right after
+ * its last (the split merge, when there is one); kvp_cuda_ctx_kernel_time()
+ * then gives the time between them. The host's share of a call (checking
+ * the arguments, building the schedule, uploading it) is left out, and so is
+ * any other work on the stream before or after the call. A call that runs no
+ * kernel (an empty batch) times an empty interval. Costs two event records
+ * per call; off by default. Events are created at the first enable.
+ *
+ * @param[in,out] ctx    A CUDA context.
+ * @param[in]     enable 1: record from the next call on (and forget the
+ *                       last time); 0: stop recording (the last call timed
+ *                       stays readable until the next call).
+ * @return #KVP_OK; #KVP_EINVAL for NULL, a CPU context or `enable` not 0 or 1;
+ *         #KVP_ECUDA; #KVP_ENOTSUP in a CPU-only build. Details in
+ *         kvp_ctx_last_error().
+ */
+KVP_API int kvp_cuda_ctx_set_timing(kvp_ctx_t *ctx, int enable);
+
+/**
+ * @brief Device time of the context's last kvp_attention() call, timed as
+ *        kvp_cuda_ctx_set_timing() says.
+ *
+ * Waits for that call's kernels to finish (the end event), not for anything
+ * enqueued after them.
+ *
+ * @param[in,out] ctx     A CUDA context.
+ * @param[out]    seconds The time from the call's first kernel's start to its
+ *                        last kernel's end (>= 0); untouched on error.
+ * @return #KVP_OK; #KVP_EINVAL for NULL, a CPU context or a NULL `seconds`;
+ *         #KVP_ESTATE when the context's last call was not timed (timing
+ *         was off, no call since timing was turned on, or the call failed);
+ *         #KVP_ECUDA (a kernel fault surfaces here); #KVP_ENOTSUP in a
+ *         CPU-only build. Details in kvp_ctx_last_error().
+ */
+KVP_API int kvp_cuda_ctx_kernel_time(kvp_ctx_t *ctx, double *seconds);
+
+/**
  * @brief kvp_quantize() on the device: `src` and `dst` are device memory;
- *        the blocks are byte-identical to kvp_quantize()'s.
+ *        the blocks are byte-identical to kvp_quantize()'s, and their padding
+ *        (up to #KVP_BLOCK_ALIGN) is written as zeros.
  *
  * Enqueued on `stream` (which is not waited for). Unlike a store, nothing is
  * kept between calls: the device the stream belongs to must be current.

@@ -156,6 +156,10 @@ uint64_t kvp__block_encode(const kvp__blockfmt *f, void *block, int t0, int n,
     else if (f->is_key) encode_key_int(f, b, x, stride);
     else if (f->format == KVP_FORMAT_INT8) encode_value_int8(f, b, t0, n, x, stride);
     else encode_value_int4(f, b, t0, n, x, stride);
+    /* padding: zeros whatever the memory held, so that a block's bytes are the
+     * same on every backend (blobs, checksums) */
+    uint64_t used = kvp__block_used_bytes(f), padded = kvp__round_up_u64(used, KVP_BLOCK_ALIGN);
+    memset(b + used, 0, (size_t)(padded - used));
     return kvp__count_nonfinite(x, stride, n, f->head_dim);
 }
 

@@ -64,6 +64,18 @@ int kvp_cuda_ctx_set_stream(kvp_ctx_t *ctx, void *stream) {
     return not_built(ctx->error, KVP_ERR_SIZE);
 }
 
+int kvp_cuda_ctx_set_timing(kvp_ctx_t *ctx, int enable) {
+    (void)enable;
+    if (ctx == NULL) return KVP_EINVAL;
+    return not_built(ctx->error, KVP_ERR_SIZE);
+}
+
+int kvp_cuda_ctx_kernel_time(kvp_ctx_t *ctx, double *seconds) {
+    (void)seconds;
+    if (ctx == NULL) return KVP_EINVAL;
+    return not_built(ctx->error, KVP_ERR_SIZE);
+}
+
 int kvp_cuda_quantize(const kvp_quant_desc_t *desc, const void *src, int64_t pages, void *dst,
                       void *stream, char *err, size_t err_size) {
     (void)desc;

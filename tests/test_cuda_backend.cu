@@ -49,8 +49,10 @@ extern "C" {
 #include "kvpage_ext.h"
 #include "kvpage_plan.h"
 #include "kvpage_tier.h"
+#include "internal.h"
 #include "numeric.h"
 #include "../bench/kvdist.h"
+#include "../cuda/attention.cuh" /* the kernels and the context, for test_split_occupancy */
 
 #define TOL_EXACT 2e-5
 #define TOL_F16 3e-3
@@ -127,7 +129,42 @@ static uint64_t nonfinite(kvp_store_t *s) {
     return n;
 }
 
-/* Both arenas start with the same bytes, so unwritten bytes compare equal too. */
+/* Zero the padding of every pool block of store `s` in `image`, a host copy
+ * of its arena (blocks at the store's offsets): bytes past a block's element
+ * and scale data up to KVP_BLOCK_ALIGN. Staging blocks (fp16, P x D x 2
+ * bytes, head_dim a multiple of 8) have none. Returns the padding bytes. */
+static uint64_t zero_padding(const kvp_store_t *s, uint8_t *image) {
+    kvp_store_info_t info = store_info(s);
+    kvp_layout_t lay;
+    memset(&lay, 0, sizeof lay);
+    lay.struct_size = sizeof lay;
+    assert_int_equal(kvp_store_layout(s, &lay), KVP_OK);
+    uint64_t total = 0;
+    for (int32_t layer = 0; layer < lay.layers; layer++)
+        for (int side = 0; side < 2; side++) {
+            kvp_region_t r;
+            memset(&r, 0, sizeof r);
+            r.struct_size = sizeof r;
+            assert_int_equal(kvp_store_region(s, layer, side ? KVP_REGION_V : KVP_REGION_K, &r),
+                             KVP_OK);
+            if (r.base == nullptr) continue;
+            uint64_t used = kvp__block_bytes(side ? lay.v_format : lay.k_format, side == 0,
+                                             (uint64_t)lay.page_size, (uint64_t)lay.head_dim);
+            assert_true(used <= r.block_bytes && r.block_bytes - used < KVP_BLOCK_ALIGN);
+            uint64_t base = (uint64_t)((uint8_t *)r.base - (uint8_t *)info.arena);
+            for (uint64_t p = 0; p < r.pages; p++)
+                for (int32_t h = 0; h < lay.kv_heads; h++) {
+                    uint64_t at = base + p * r.page_stride + (uint64_t)h * r.head_stride + used;
+                    memset(image + at, 0, (size_t)(r.block_bytes - used));
+                    total += r.block_bytes - used;
+                }
+        }
+    return total;
+}
+
+/* Both arenas start with the same bytes, so unwritten bytes compare equal
+ * too; block padding starts as zeros, what both backends write there (the
+ * padding test starts the device arena with garbage instead). */
 static void twin_fill(twin *t, uint8_t pattern) {
     kvp_store_info_t ci = store_info(t->cpu), gi = store_info(t->gpu);
     void *cb = ci.arena, *gb = gi.arena;
@@ -135,7 +172,10 @@ static void twin_fill(twin *t, uint8_t pattern) {
     assert_true(cn == gn);
     uint64_t f = t->lay.fixed_bytes;
     memset((uint8_t *)cb + f, pattern, (size_t)(cn - f));
-    assert_int_equal(cudaMemset((uint8_t *)gb + f, pattern, (size_t)(gn - f)), cudaSuccess);
+    (void)zero_padding(t->cpu, (uint8_t *)cb);
+    assert_int_equal(cudaMemcpy((uint8_t *)gb + f, (uint8_t *)cb + f, (size_t)(gn - f),
+                                cudaMemcpyHostToDevice),
+                     cudaSuccess);
 }
 
 static void twin_make(twin *t, int32_t layers, int32_t H, int32_t D, int32_t P, int32_t kf, int32_t vf,
@@ -619,6 +659,11 @@ static void test_quantize_standalone(void **state) {
                 size_t bytes = (size_t)(pages * q.heads) * (size_t)block;
                 uint8_t *cpu = (uint8_t *)malloc(bytes), *gpu = (uint8_t *)malloc(bytes);
                 memset(cpu, 0x33, bytes);
+                /* every block's padding: zeros (kvp_cuda_quantize writes them over the 0x33) */
+                uint64_t used = kvp__block_bytes(f, !is_value, (uint64_t)q.page_size,
+                                                 (uint64_t)q.head_dim);
+                for (size_t b = 0; b < (size_t)(pages * q.heads); b++)
+                    memset(cpu + b * (size_t)block + used, 0, (size_t)(block - used));
                 assert_int_equal(kvp_quantize(&q, src, pages, cpu, err, sizeof err), KVP_OK);
                 void *dsrc = dev_copy(src, n * es), *dblk = dev_alloc(bytes);
                 assert_int_equal(cudaMemset(dblk, 0x33, bytes), cudaSuccess);
@@ -1127,6 +1172,147 @@ static void test_streams(void **state) {
     assert_int_equal(cudaStreamDestroy(s2), cudaSuccess);
 }
 
+/* kvp_cuda_ctx_set_timing / kvp_cuda_ctx_kernel_time: what they return, never
+ * a duration (the simulator does not model time). */
+static void test_kernel_timing(void **state) {
+    (void)state;
+    int32_t kv_len[] = {600, 40}, q_len[] = {1, 1};
+    batch_spec s = {2, 4, 64, 16, KVP_FORMAT_FP16, KVP_FORMAT_INT8, 0, 2, kv_len, q_len, 710};
+    batch bt;
+    batch_build(&bt, &s);
+    kvp_ctx_t *gc = gpu_ctx(0), *nosplit = gpu_ctx(4096), *cc = cpu_ctx();
+    size_t n = (size_t)bt.rows * 4 * 64;
+    float *a = (float *)malloc(n * 4), *b = (float *)malloc(n * 4);
+    assert_true(a && b);
+    double sec = -1.0;
+    /* bad arguments, other contexts */
+    assert_int_equal(kvp_cuda_ctx_set_timing(nullptr, 1), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_ctx_kernel_time(nullptr, &sec), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_ctx_set_timing(gc, 2), KVP_EINVAL);
+    assert_non_null(strstr(kvp_ctx_last_error(gc), "enable"));
+    assert_int_equal(kvp_cuda_ctx_set_timing(gc, -1), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_ctx_kernel_time(gc, nullptr), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_ctx_set_timing(cc, 1), KVP_EINVAL);
+    assert_non_null(strstr(kvp_ctx_last_error(cc), "not a CUDA context"));
+    assert_int_equal(kvp_cuda_ctx_kernel_time(cc, &sec), KVP_EINVAL);
+    /* nothing timed yet: timing off, then on without a call */
+    assert_int_equal(kvp_cuda_ctx_kernel_time(gc, &sec), KVP_ESTATE);
+    assert_non_null(strstr(kvp_ctx_last_error(gc), "timing is off"));
+    run_attention(gc, &bt, true, &plain_opts, a, nullptr); /* untimed */
+    assert_int_equal(kvp_cuda_ctx_kernel_time(gc, &sec), KVP_ESTATE);
+    assert_int_equal(kvp_cuda_ctx_set_timing(gc, 1), KVP_OK);
+    assert_int_equal(kvp_cuda_ctx_kernel_time(gc, &sec), KVP_ESTATE);
+    assert_non_null(strstr(kvp_ctx_last_error(gc), "no attention call"));
+    assert_true(sec == -1.0);
+    /* a timed call (split: attention and merge kernels), the same results */
+    run_attention(gc, &bt, true, &plain_opts, b, nullptr);
+    assert_memory_equal(a, b, n * 4);
+    assert_int_equal(kvp_cuda_ctx_kernel_time(gc, &sec), KVP_OK);
+    assert_true(isfinite(sec) && sec >= 0.0);
+    sec = -1.0;
+    assert_int_equal(kvp_cuda_ctx_kernel_time(gc, &sec), KVP_OK); /* readable again */
+    assert_true(isfinite(sec) && sec >= 0.0);
+    assert_int_equal(kvp_cuda_ctx_set_timing(gc, 1), KVP_OK); /* on again: a fresh start */
+    assert_int_equal(kvp_cuda_ctx_kernel_time(gc, &sec), KVP_ESTATE);
+    /* one kernel (no split), on another stream */
+    cudaStream_t st;
+    assert_int_equal(cudaStreamCreate(&st), cudaSuccess);
+    assert_int_equal(kvp_cuda_ctx_set_timing(nosplit, 1), KVP_OK);
+    assert_int_equal(kvp_cuda_ctx_set_stream(nosplit, st), KVP_OK);
+    run_attention(nosplit, &bt, true, &plain_opts, b, nullptr);
+    sec = -1.0;
+    assert_int_equal(kvp_cuda_ctx_kernel_time(nosplit, &sec), KVP_OK);
+    assert_true(isfinite(sec) && sec >= 0.0);
+    /* off: the last timed call stays readable until an untimed one */
+    assert_int_equal(kvp_cuda_ctx_set_timing(nosplit, 0), KVP_OK);
+    assert_int_equal(kvp_cuda_ctx_kernel_time(nosplit, &sec), KVP_OK);
+    run_attention(nosplit, &bt, true, &plain_opts, b, nullptr);
+    assert_int_equal(kvp_cuda_ctx_kernel_time(nosplit, &sec), KVP_ESTATE);
+    assert_non_null(strstr(kvp_ctx_last_error(nosplit), "timing is off"));
+    assert_int_equal(kvp_cuda_ctx_set_stream(nosplit, nullptr), KVP_OK);
+    assert_int_equal(cudaStreamDestroy(st), cudaSuccess);
+    free(a);
+    free(b);
+    kvp_ctx_destroy(gc);
+    kvp_ctx_destroy(nosplit);
+    kvp_ctx_destroy(cc);
+    batch_free(&bt);
+}
+
+/* An error the engine has pending from its own CUDA work (the runtime's
+ * last error) is neither blamed on a library call nor cleared by it: the
+ * calls succeed, and the engine's cudaGetLastError() still reports it. */
+static void test_pending_error_untouched(void **state) {
+    (void)state;
+    int32_t kv_len[] = {600, 40}, q_len[] = {1, 1};
+    batch_spec s = {2, 4, 64, 16, KVP_FORMAT_FP16, KVP_FORMAT_INT4, 0, 2, kv_len, q_len, 730};
+    batch bt;
+    kvp_ctx_t *gc = gpu_ctx(0);
+    (void)cudaGetLastError();
+    size_t n = 0;
+    float *a = nullptr, *b = nullptr;
+    /* pending while the store is built and written (append kernels) */
+    int ndev = 0;
+    assert_int_equal(cudaGetDeviceCount(&ndev), cudaSuccess);
+    assert_int_equal(cudaSetDevice(ndev + 7), cudaErrorInvalidDevice);
+    batch_build(&bt, &s);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidDevice);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    n = (size_t)bt.rows * 4 * 64;
+    a = (float *)malloc(n * 4);
+    b = (float *)malloc(n * 4);
+    assert_true(a && b);
+    /* pending across attention: the first call (occupancy query, attention
+     * and merge kernels) and a later one */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(cudaSetDevice(ndev + 7), cudaErrorInvalidDevice);
+        run_attention(gc, &bt, true, &plain_opts, i ? b : a, nullptr);
+        assert_int_equal(cudaGetLastError(), cudaErrorInvalidDevice);
+        assert_int_equal(cudaGetLastError(), cudaSuccess);
+    }
+    assert_memory_equal(a, b, n * 4);
+    free(a);
+    free(b);
+    kvp_ctx_destroy(gc);
+    batch_free(&bt);
+}
+
+/* Split-KV sizing aims at SMs x the CTAs of the kernel variant one SM holds
+ * (cudaOccupancyMaxActiveBlocksPerMultiprocessor, asked once per context
+ * and variant), not a fixed count. */
+template <int D, int R>
+static void check_occupancy(int32_t kf, int32_t vf, int32_t q_heads, int32_t kv_heads) {
+    int32_t kv_len[] = {600, 40}, q_len[] = {1, 1};
+    batch_spec s = {kv_heads, q_heads, D, 16, kf, vf, 0, 2, kv_len, q_len, 720 + (uint64_t)D + R};
+    kvp_ctx_t *gc = gpu_ctx(0), *cc = cpu_ctx();
+    check_batch(&s, cc, gc, &plain_opts, "occupancy");
+    using namespace kvp_attn;
+    const int32_t kk = kf == KVP_FORMAT_FP32 ? KIND_F32 : KIND_F16;
+    const int32_t vk = vf == KVP_FORMAT_FP32 ? KIND_F32 : KIND_F16;
+    int n = 0, sms = 0, ri = R == 1 ? 0 : R == 2 ? 1 : R == 4 ? 2 : 3;
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attention<D, R>, NT,
+                                                                   (size_t)smem_plan<D>::bytes(kk, vk, R)),
+                     cudaSuccess);
+    assert_int_equal(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    assert_true(n >= 1 && sms >= 1);
+    const kvp__cuda_ctx *x = kvp__cctx(gc);
+    int di = D == 64 ? 0 : D == 80 ? 1 : D == 96 ? 2 : D == 128 ? 3 : 4;
+    assert_int_equal(x->ctas_per_sm[di][ri][kk == KIND_F32][vk == KIND_F32], n);
+    if (x->split_target != (int64_t)sms * n)
+        print_error("occupancy D %d R %d: split sizing aimed at %lld CTAs, %d SMs x %d fit\n", D, R,
+                    (long long)x->split_target, sms, n);
+    assert_true(x->split_target == (int64_t)sms * n);
+    kvp_ctx_destroy(gc);
+    kvp_ctx_destroy(cc);
+}
+
+static void test_split_occupancy(void **state) {
+    (void)state;
+    check_occupancy<64, 4>(KVP_FORMAT_FP16, KVP_FORMAT_FP16, 8, 2);
+    check_occupancy<128, 1>(KVP_FORMAT_FP32, KVP_FORMAT_INT8, 2, 2);
+    check_occupancy<256, 2>(KVP_FORMAT_INT4, KVP_FORMAT_FP32, 4, 2);
+}
+
 /* Engine-provided memory: an arena handed over, and a device allocator hook. */
 typedef struct {
     int allocs, frees;
@@ -1209,6 +1395,175 @@ static void test_engine_memory(void **state) {
     assert_true(h.live == 0 && h.frees == h.allocs);
     cp.allocator.free = nullptr;
     assert_int_equal(kvp_cuda_store_create(&sp, &cp, &s, err, sizeof err), KVP_EINVAL);
+}
+
+/* ---- block padding: written as zeros, whatever the arena held ---------------------------- */
+
+/* A page's serialization (kvp_store_page_to_host), padding included. */
+static uint8_t *page_bytes(kvp_store_t *s, int32_t page, uint64_t bytes) {
+    uint8_t *b = (uint8_t *)malloc((size_t)bytes);
+    assert_non_null(b);
+    assert_int_equal(kvp_store_page_to_host(s, page, 0, b, bytes), KVP_OK);
+    assert_int_equal(kvp_store_synchronize(s), KVP_OK);
+    return b;
+}
+
+/* The engine hands over an arena full of garbage (its own, not the
+ * simulator's poison); the CPU store's arena holds the same garbage with
+ * zero padding. After appends (rows into pool and staging pages, seals), a
+ * COPY and kvp_cuda_quantize, every page written has the CPU's bytes,
+ * padding included. */
+static void padding_case(int32_t kf, int32_t vf, int32_t P, uint64_t seed) {
+    const int32_t layers = 2, H = 2, D = 40, pages = 12, staging = 2;
+    kvp_store_params_t sp = store_params(layers, H, D, P, kf, vf, 0, pages, staging);
+    twin t;
+    memset(&t, 0, sizeof t);
+    char err[KVP_ERR_SIZE] = "";
+    assert_int_equal(kvp_store_create(&sp, &t.cpu, err, sizeof err), KVP_OK);
+    t.lay.struct_size = sizeof t.lay;
+    assert_int_equal(kvp_store_layout(t.cpu, &t.lay), KVP_OK);
+    assert_true(t.lay.k_block_bytes % KVP_BLOCK_ALIGN == 0);
+    t.layers = layers;
+    t.H = H;
+    t.D = D;
+    t.P = P;
+    t.num_pages = pages;
+    t.num_staging = t.lay.needs_staging ? staging : 0;
+    kvp_store_info_t ci = store_info(t.cpu);
+    const uint64_t n = ci.arena_bytes, f = t.lay.fixed_bytes;
+    uint8_t *garbage = (uint8_t *)malloc((size_t)n);
+    assert_non_null(garbage);
+    kvd_rng rng;
+    kvd_seed(&rng, seed);
+    for (uint64_t i = 0; i < n; i++) garbage[i] = (uint8_t)(kvd_next(&rng) >> 56);
+    void *mem = dev_copy(garbage, (size_t)n);
+    kvp_cuda_params_t cp;
+    kvp_cuda_params_init(&cp);
+    cp.arena = mem;
+    cp.arena_bytes = n;
+    assert_int_equal(kvp_cuda_store_create(&sp, &cp, &t.gpu, err, sizeof err), KVP_OK);
+    memcpy((uint8_t *)ci.arena + f, garbage + f, (size_t)(n - f));
+    uint64_t pad = zero_padding(t.cpu, (uint8_t *)ci.arena);
+    /* fp32 / fp16 / bf16 blocks have none (P x D x 2 is a multiple of 16); the others here do */
+    assert_true(kvp__format_bits(kf) >= 16 && kvp__format_bits(vf) >= 16 ? pad == 0 : pad > 0);
+
+    paging pg;
+    paging_make(&pg, &t, pages, staging);
+    int32_t seq = paging_seq(&pg);
+    const int32_t want[] = {2 * P + 1, 1, P - 1, 2, 1};
+    const int64_t stride = (int64_t)H * D;
+    for (size_t step = 0; step < sizeof want / sizeof *want; step++) {
+        int32_t rows = want[step], nops = 0;
+        int64_t *slots = (int64_t *)malloc((size_t)rows * 8);
+        kvp_page_op_t *ops = (kvp_page_op_t *)malloc((size_t)(rows + 1) * sizeof *ops);
+        float *k = (float *)malloc((size_t)rows * (size_t)stride * 4);
+        float *v = (float *)malloc((size_t)rows * (size_t)stride * 4);
+        assert_true(slots && ops && k && v);
+        kvd_fill_normal(&rng, (size_t)rows * (size_t)stride, k);
+        kvd_fill_normal(&rng, (size_t)rows * (size_t)stride, v);
+        paging_append(&pg, seq, rows, 0, slots, ops, rows + 1, &nops);
+        for (int32_t layer = 0; layer < layers; layer++)
+            twin_append(&t, layer, rows, KVP_FORMAT_FP32, k, v, stride, slots, ops, nops);
+        free(slots);
+        free(ops);
+        free(k);
+        free(v);
+    }
+    int32_t ids[32];
+    kvp_seq_info_t si = paging_pages(&pg, seq, ids, 32);
+    assert_true(si.num_pages >= 2);
+    /* a COPY of the first page to a page no sequence holds */
+    int32_t spare = -1;
+    for (int32_t p = pages - 1; p >= 0 && spare < 0; p--) {
+        bool held = false;
+        for (int32_t i = 0; i < si.num_pages; i++) held |= ids[i] == p;
+        if (!held) spare = p;
+    }
+    assert_true(spare >= 0);
+    kvp_page_op_t op;
+    memset(&op, 0, sizeof op);
+    op.kind = KVP_OP_COPY;
+    op.src = ids[0];
+    op.dst = spare;
+    twin_ops(&t, &op, 1);
+    ids[si.num_pages] = spare;
+    for (int32_t i = 0; i <= si.num_pages; i++) {
+        bool stage = ids[i] >= pages;
+        uint64_t bytes = stage ? t.lay.staging_page_bytes : t.lay.page_bytes;
+        uint8_t *c = page_bytes(t.cpu, ids[i], bytes), *g = page_bytes(t.gpu, ids[i], bytes);
+        uint64_t diff = 0, first = 0;
+        for (uint64_t j = 0; j < bytes; j++)
+            if (c[j] != g[j] && diff++ == 0) first = j;
+        if (diff != 0)
+            print_error("padding: formats K %s V %s, P %d: page %d (%s): %llu of %llu bytes differ, "
+                        "first at %llu (cpu %02x, cuda %02x)\n",
+                        kvp_format_name(kf), kvp_format_name(vf), (int)P, (int)ids[i],
+                        stage ? "staging" : "pool", (unsigned long long)diff,
+                        (unsigned long long)bytes, (unsigned long long)first, c[first], g[first]);
+        assert_true(diff == 0);
+        free(c);
+        free(g);
+    }
+    paging_free(&pg);
+    twin_free(&t);
+    assert_int_equal(cudaFree(mem), cudaSuccess);
+
+    /* kvp_cuda_quantize into garbage: the padding of every block is zeros */
+    for (int side = 0; side < 2; side++) {
+        kvp_quant_desc_t q;
+        memset(&q, 0, sizeof q);
+        q.struct_size = sizeof q;
+        q.format = side ? vf : kf;
+        q.is_value = side;
+        q.page_size = P;
+        q.head_dim = D;
+        q.heads = H;
+        q.dtype = KVP_FORMAT_FP32;
+        q.fp8_scale = 0.25f;
+        const int64_t qpages = 2;
+        size_t elems = (size_t)qpages * (size_t)P * (size_t)H * (size_t)D;
+        float *x = (float *)malloc(elems * 4);
+        assert_non_null(x);
+        kvd_fill_normal(&rng, elems, x);
+        uint64_t block = 0;
+        assert_int_equal(kvp_quant_block_bytes(&q, &block, err, sizeof err), KVP_OK);
+        size_t bytes = (size_t)(qpages * H) * (size_t)block;
+        uint8_t *cpu = (uint8_t *)malloc(bytes), *gpu = (uint8_t *)malloc(bytes);
+        assert_true(cpu && gpu);
+        memcpy(cpu, garbage, bytes < n ? bytes : (size_t)n);
+        uint64_t used = kvp__block_bytes(q.format, !side, (uint64_t)P, (uint64_t)D);
+        for (size_t b = 0; b < (size_t)(qpages * H); b++)
+            memset(cpu + b * (size_t)block + used, 0, (size_t)(block - used));
+        assert_int_equal(kvp_quantize(&q, x, qpages, cpu, err, sizeof err), KVP_OK);
+        void *dx = dev_copy(x, elems * 4), *dblk = dev_copy(garbage, bytes < n ? bytes : (size_t)n);
+        assert_int_equal(kvp_cuda_quantize(&q, dx, qpages, dblk, nullptr, err, sizeof err), KVP_OK);
+        to_host(gpu, dblk, bytes);
+        if (memcmp(cpu, gpu, bytes) != 0)
+            print_error("padding: kvp_cuda_quantize %s %s, P %d: bytes differ\n",
+                        kvp_format_name(q.format), side ? "values" : "keys", (int)P);
+        assert_memory_equal(cpu, gpu, bytes);
+        assert_int_equal(cudaFree(dx), cudaSuccess);
+        assert_int_equal(cudaFree(dblk), cudaSuccess);
+        free(x);
+        free(cpu);
+        free(gpu);
+    }
+    free(garbage);
+}
+
+static void test_block_padding(void **state) {
+    (void)state;
+    /* every format on both sides, head_dim 40, page sizes that leave padding */
+    static const struct {
+        int32_t kf, vf, P;
+    } cases[] = {
+        {KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, 3},  {KVP_FORMAT_INT8, KVP_FORMAT_FP8_E4M3, 5},
+        {KVP_FORMAT_INT4, KVP_FORMAT_INT4, 6},      {KVP_FORMAT_INT8, KVP_FORMAT_INT4, 3},
+        {KVP_FORMAT_INT4, KVP_FORMAT_INT8, 4},      {KVP_FORMAT_FP16, KVP_FORMAT_BF16, 3},
+        {KVP_FORMAT_FP32, KVP_FORMAT_FP8_E4M3, 3},  {KVP_FORMAT_BF16, KVP_FORMAT_INT4, 5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        padding_case(cases[i].kf, cases[i].vf, cases[i].P, 4000 + i);
 }
 
 /* ---- the cache façade on the device ------------------------------------------------------ */
@@ -2453,7 +2808,11 @@ int main(void) {
         cmocka_unit_test(test_attention_ragged_and_splits),
         cmocka_unit_test(test_attention_options),
         cmocka_unit_test(test_streams),
+        cmocka_unit_test(test_kernel_timing),
+        cmocka_unit_test(test_pending_error_untouched),
+        cmocka_unit_test(test_split_occupancy),
         cmocka_unit_test(test_engine_memory),
+        cmocka_unit_test(test_block_padding),
         cmocka_unit_test(test_cache_facade),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_info_and_conventions),
@@ -2471,5 +2830,9 @@ int main(void) {
 #else
     const char *name = "cuda_backend (GPU)";
 #endif
+    /* KVP_TEST_FILTER=PATTERN (cmocka's wildcards * and ?) runs the matching
+     * tests only: scripts/gpu-check.sh runs the sanitizers one test at a time */
+    const char *filter = getenv("KVP_TEST_FILTER");
+    if (filter != NULL && filter[0] != '\0') cmocka_set_test_filter(filter);
     return cmocka_run_group_tests_name(name, tests, setup, NULL);
 }
