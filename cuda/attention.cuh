@@ -548,8 +548,14 @@ __device__ void load_tiles(const tile_ref &K, const kvp__blockfmt &fk, bool fast
 
 /* ---- the kernel ------------------------------------------------------------------------------- */
 
+/* CTAs per SM the register allocation must leave room for: 3 (168
+ * registers a thread) up to 4 query rows per CTA, 2 (255) at 8. Left to
+ * itself ptxas aims at more CTAs for some variants and spills (up to 200 bytes
+ * a thread at head_dim 80/96, 8 rows); make cuda-resources gates on it. */
+template <int R> constexpr int min_ctas() { return R == 8 ? 2 : 3; }
+
 template <int D, int R>
-__global__ void __launch_bounds__(NT) k_attention(params p) {
+__global__ void __launch_bounds__(NT, min_ctas<R>()) k_attention(params p) {
     using S = shape<D>;
     constexpr int TT = S::TT, LPT = S::LPT, VEC = S::VEC, TG = S::TG, TPR = S::TPR, TS = S::TS;
     constexpr int RW = (R + NW - 1) / NW; /* softmax rows per warp */
