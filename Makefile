@@ -18,6 +18,8 @@
 #                        why, when the model cannot be fetched)
 #   make test SAN=1      the same tests under AddressSanitizer + UBSan (build/san/)
 #   make engine          examples/engine built against the installed library
+#   make cuda-resources  registers, shared memory and spills of the CUDA kernels (ptxas);
+#                        fails if a decode attention kernel spills
 #   make bench docs install uninstall clean
 #
 # Variables: CC CFLAGS LDFLAGS PREFIX DESTDIR LIBDIR INCLUDEDIR BINDIR
@@ -192,7 +194,10 @@ CXX ?= g++
 ifeq ($(origin CXX),default)
 CXX := g++
 endif
-SIM_CXXFLAGS := -std=c++17 -Wall -Wextra -Wno-unused-parameter $(CFLAGS) $(SANFLAGS) \
+# A misaligned vector load (uint4, float4, __half2 ... through reinterpret_cast)
+# faults on a GPU and passes on x86: the alignment sanitizer stops it, always.
+SIM_SANFLAGS := -fsanitize=alignment -fno-sanitize-recover=alignment
+SIM_CXXFLAGS := -std=c++17 -Wall -Wextra -Wno-unused-parameter $(CFLAGS) $(SANFLAGS) $(SIM_SANFLAGS) \
                 -DKVP_CUDASIM -isystem $(CUDA_HOME)/include -Iinclude -Ilib -Itests/cudasim -MMD -MP
 ifeq ($(WERROR),1)
 SIM_CXXFLAGS += -Werror
@@ -263,7 +268,8 @@ $(OBJ)/%.o: %.c $(CONFIG_STAMP)
 $(OBJ)/%.o: %.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
-	$(Q)$(NVCC) $(ALL_NVCCFLAGS) $(NVCC_EXTRA) -c $< -o $@
+	$(Q)$(NVCC) $(ALL_NVCCFLAGS) $(NVCC_EXTRA) -Xptxas -v -c $< -o $@ 2>$@.ptxas; rc=$$?; \
+	    sed -e '/^ptxas info/d' -e '/^ *[0-9]* bytes stack frame/d' $@.ptxas >&2; exit $$rc
 
 # The encoders must round exactly as the CPU's reference codec: no
 # contraction of a multiply and an add into an FMA behind our back.
@@ -336,13 +342,13 @@ $(BUILD)/tests/test_cudasim: $(OBJ)/sim/tests/cudasim/test_cudasim.o $(OBJ)/sim/
                              $(NVCC_CHECKS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $(filter-out $(NVCC_CHECKS),$^) -lcmocka -lm -lpthread
+	$(Q)$(CXX) $(SANFLAGS) $(SIM_SANFLAGS) $(LDFLAGS) -o $@ $(filter-out $(NVCC_CHECKS),$^) -lcmocka -lm -lpthread
 
 $(BUILD)/tests/test_cuda_sim: $(OBJ)/sim/tests/test_cuda_backend.o $(SIM_CU_OBJS) \
                               $(OBJ)/sim/tests/cudasim/cudasim.o $(LIB_C_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) $(REDIS_LIBS) -lm -lpthread
+	$(Q)$(CXX) $(SANFLAGS) $(SIM_SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) $(REDIS_LIBS) -lm -lpthread
 
 # The attention and store fuzz harnesses on the CUDA backend (FZ_CUDA), in
 # the simulator: C sources that call the CUDA runtime API, linked like
@@ -358,7 +364,7 @@ $(BUILD)/tests/test_fuzz_cuda_sim: $(FUZZ_CUDA_OBJS) $(SIM_CU_OBJS) \
                                    $(OBJ)/sim/tests/cudasim/cudasim.o $(LIB_C_OBJS)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CXX) $(SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) $(REDIS_LIBS) -lm -lpthread
+	$(Q)$(CXX) $(SANFLAGS) $(SIM_SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) $(REDIS_LIBS) -lm -lpthread
 
 $(OBJ)/gpu/tests/%.o: tests/%.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
@@ -429,6 +435,18 @@ ifeq ($(HAVE_CUDA),1)
 	@scripts/run-tests.sh $(BUILD)/tests/test_cuda_gpu
 else
 	@echo "test-cuda: this build has HAVE_CUDA=0 (no nvcc)" >&2; exit 1
+endif
+
+# Registers, shared memory, spills and stack of every kernel per arch, from
+# the ptxas report each CUDA object keeps beside it (FILE.o.ptxas); fails when
+# a decode attention kernel spills (KVP_SPILL_GATE=report: only report).
+.PHONY: cuda-resources
+cuda-resources:
+ifeq ($(HAVE_CUDA),1)
+cuda-resources: $(CU_SRCS:%.cu=$(OBJ)/%.o)
+	@scripts/cuda-resources.sh $(CU_SRCS:%.cu=$(OBJ)/%.o.ptxas)
+else
+	@echo "cuda-resources: this build has HAVE_CUDA=0 (no nvcc)" >&2; exit 1
 endif
 
 test-install: deps-test all
