@@ -269,6 +269,20 @@ class CudaContext(Context):
         """Make ``stream`` the context's stream (ordered after earlier work)."""
         self._check(L.kvp_cuda_ctx_set_stream(self._p(), stream_handle(stream)))
 
+    def set_timing(self, enable: bool = True) -> None:
+        """Time each :meth:`attention` call's kernels on the device
+        (``kvp_cuda_ctx_set_timing``): events right before its first kernel
+        and after its last, the host's share left out."""
+        self._check(L.kvp_cuda_ctx_set_timing(self._p(), 1 if enable else 0))
+
+    def kernel_time(self) -> float:
+        """Seconds of device time of the last :meth:`attention` call, timed as
+        :meth:`set_timing` says (waits for its kernels). Raises the library's
+        error (``KVP_ESTATE``) when that call was not timed."""
+        s = ctypes.c_double(0.0)
+        self._check(L.kvp_cuda_ctx_kernel_time(self._p(), ctypes.byref(s)))
+        return s.value
+
     def attention(self, store: Store, batch: Export, layer: int, q, out=None,
                   q_heads: Optional[int] = None, sm_scale: Optional[float] = None,
                   causal: bool = True, window_left: int = -1, soft_cap: float = 0.0,

@@ -268,7 +268,9 @@ def test_gpu_store_and_attention_match_the_cpu_backend(k_fmt, v_fmt):
             kd, vd, qd = rt.upload(k), rt.upload(v), rt.upload(q)
             od = rt.upload(np.zeros_like(q))
             store.append(0, kd, vd, slots, ops, dtype=np.float16)
+            ctx.set_timing(True)
             ctx.attention(store, batch, 0, qd, od, q_heads=QH, dtype=np.float16, sm_scale=0.125)
+            assert ctx.kernel_time() >= 0.0
             outs.append(rt.download(od, q))
             for p in (kd, vd, qd, od):
                 rt.free(p)
