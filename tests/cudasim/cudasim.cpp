@@ -193,6 +193,17 @@ struct StackPoolCleanup {
 enum class State { Ready, AtBarrier, AtWarp, Done };
 enum class Collective { None, Exchange, Ballot, SyncWarp };
 
+/* One cp.async in flight: where it goes, where from, and the source bytes as
+ * they were when it started (a source written before the copy lands is a race
+ * the landing would otherwise hide: it reads the source only then). */
+struct AsyncCopy {
+    unsigned char *dst = nullptr;
+    const unsigned char *src = nullptr;
+    uint32_t bytes = 0;
+    uint32_t group = 0; /* the issuing thread's group sequence number */
+    unsigned char snapshot[16];
+};
+
 struct Fiber {
     ucontext_t ctx;
     void *sp = nullptr; /* saved stack pointer (fast switch) */
@@ -201,6 +212,12 @@ struct Fiber {
     unsigned warp = 0, lane = 0;
     State state = State::Ready;
     unsigned wait_gen = 0; /* warp generation this fiber waits on */
+    /* cp.async: the copies not yet landed, in the order they started (so in group
+     * order); groups [groups_landed, groups_committed) are committed and in
+     * flight, and group number groups_committed is the open one. */
+    std::vector<AsyncCopy> copies;
+    uint32_t groups_committed = 0;
+    uint32_t groups_landed = 0;
 };
 
 struct Warp {
@@ -231,6 +248,11 @@ struct Block {
 
 Block *g_block = nullptr;        /* the block being run */
 unsigned char *g_dyn_smem = nullptr;
+size_t g_dyn_smem_bytes = 0;     /* as the launch asked */
+/* The static shared memory of the running launch: the launching thread's
+ * thread-local storage (cudasim.h), where cp.async may write too. */
+unsigned char *g_static_smem = nullptr;
+size_t g_static_smem_bytes = 0;
 std::string g_launch_error;
 /* The last launch failed with this status, and no runtime call has failed
  * since: cudaGetErrorString(status) then returns g_launch_error. */
@@ -354,6 +376,8 @@ void switch_to_scheduler(Fiber *f, bool exiting) {
 #endif
 }
 
+void check_copies_at_exit(const Fiber &f);
+
 void fiber_entry() {
     Block *b = g_block;
 #ifdef CUDASIM_ASAN
@@ -361,6 +385,7 @@ void fiber_entry() {
 #endif
     Fiber *f = b->current;
     (*b->body)();
+    check_copies_at_exit(*f);
     f->state = State::Done;
     b->warps[f->warp].done |= 1u << f->lane;
     switch_to_scheduler(f, true);
@@ -516,6 +541,10 @@ __attribute__((noinline)) void start_block(Block &b, dim3 block, size_t threads)
         f.warp = (unsigned)(i / 32);
         f.lane = (unsigned)(i % 32);
         f.state = State::Ready;
+        /* a block that failed may have left copies in flight */
+        f.copies.clear();
+        f.groups_committed = 0;
+        f.groups_landed = 0;
         init_context(f, b.fast);
     }
     for (size_t w = 0; w < b.warps.size(); w++) {
@@ -594,6 +623,148 @@ unsigned lane_id() { return self()->lane; }
 
 void *dynamic_smem() { return g_dyn_smem; }
 
+/* ---- cp.async ---------------------------------------------------------------------- */
+
+namespace {
+const unsigned char k_copy_poison[16] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+                                         0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
+
+/* "block (x,y,z), thread (x,y,z)" of the running fiber, for reports. */
+std::string where(const Fiber &f) {
+    char buf[96];
+    snprintf(buf, sizeof buf, "block (%u,%u,%u), thread (%u,%u,%u)", cur_blockIdx.x, cur_blockIdx.y,
+             cur_blockIdx.z, f.tid.x, f.tid.y, f.tid.z);
+    return buf;
+}
+
+/* Where a shared-memory address is, for reports: an offset into dynamic
+ * shared memory reads better than a host address. */
+std::string smem_place(const void *p) {
+    uintptr_t a = (uintptr_t)p, dyn = (uintptr_t)g_dyn_smem;
+    char buf[96];
+    if (g_dyn_smem && a >= dyn && a < dyn + g_dyn_smem_bytes)
+        snprintf(buf, sizeof buf, "dynamic shared memory offset %zu", (size_t)(a - dyn));
+    else
+        snprintf(buf, sizeof buf, "address %p", p);
+    return buf;
+}
+
+bool inside(uintptr_t a, size_t n, const void *base, size_t size) {
+    uintptr_t lo = (uintptr_t)base;
+    return base != nullptr && a >= lo && a <= lo + size && n <= lo + size - a;
+}
+
+/* Is [p, p+n) inside one live cudaMalloc allocation? Unlike range_ok (for
+ * cudaMemcpy), host memory does not pass: cp.async reads global memory. */
+bool in_device_allocation(const void *p, size_t n) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = g_device_allocs.upper_bound(a);
+    if (it == g_device_allocs.begin()) return false;
+    --it;
+    return inside(a, n, (const void *)it->first, it->second);
+}
+
+/* Land one copy: the source as it is now (equal to the snapshot, or the
+ * kernel raced with its own copy) into a destination nobody touched since
+ * it started (else a write raced with the copy). */
+void land(const Fiber &f, const AsyncCopy &c) {
+    if (std::memcmp(c.dst, k_copy_poison, c.bytes) != 0) {
+        fail("cp.async in " + where(f) + ": " + smem_place(c.dst) + " (" + std::to_string(c.bytes) +
+             " bytes) was written while a cp.async to it was in flight (a race: a store or "
+             "another cp.async must wait for the copy, and for a __syncthreads if from "
+             "another thread)");
+    } else if (std::memcmp(c.src, c.snapshot, c.bytes) != 0) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%p", (const void *)c.src);
+        fail("cp.async in " + where(f) + ": the source " + buf + " (" + std::to_string(c.bytes) +
+             " bytes) changed while the copy was in flight (a race)");
+    }
+    std::memcpy(c.dst, c.src, c.bytes);
+}
+} // namespace
+
+void cp_async(void *smem_dst, const void *gmem_src, size_t bytes) {
+    Fiber *f = self();
+    uintptr_t d = (uintptr_t)smem_dst, s = (uintptr_t)gmem_src;
+    char buf[160];
+    if (bytes != 4 && bytes != 8 && bytes != 16) {
+        snprintf(buf, sizeof buf, "a copy of %zu bytes: the size must be 4, 8 or 16", bytes);
+        fail("cp.async in " + where(*f) + ": " + buf);
+        return;
+    }
+    if (d % bytes != 0 || s % bytes != 0) {
+        if (d % bytes != 0)
+            snprintf(buf, sizeof buf, "misaligned destination (%s) for a %zu-byte copy",
+                     smem_place(smem_dst).c_str(), bytes);
+        else
+            snprintf(buf, sizeof buf, "misaligned source %p for a %zu-byte copy", gmem_src, bytes);
+        fail("cp.async in " + where(*f) + ": " + buf);
+        return;
+    }
+    if (!inside(d, bytes, g_dyn_smem, g_dyn_smem_bytes) &&
+        !inside(d, bytes, g_static_smem, g_static_smem_bytes)) {
+        snprintf(buf, sizeof buf,
+                 "the destination %p (%zu bytes) is not in the block's shared memory (%zu bytes "
+                 "dynamic at %p)",
+                 smem_dst, bytes, g_dyn_smem_bytes, (void *)g_dyn_smem);
+        fail("cp.async in " + where(*f) + ": " + buf);
+        return;
+    }
+    if (!in_device_allocation(gmem_src, bytes)) {
+        snprintf(buf, sizeof buf,
+                 "the source %p (%zu bytes) is not inside a live device allocation", gmem_src, bytes);
+        fail("cp.async in " + where(*f) + ": " + buf);
+        return;
+    }
+    AsyncCopy c;
+    c.dst = static_cast<unsigned char *>(smem_dst);
+    c.src = static_cast<const unsigned char *>(gmem_src);
+    c.bytes = (uint32_t)bytes;
+    c.group = f->groups_committed;
+    std::memcpy(c.snapshot, gmem_src, bytes);
+    f->copies.push_back(c);
+    /* Until it lands the destination holds garbage: NaN in fp32 / fp16 / bf16,
+     * 255 in bytes, so a read before the wait spoils the results. */
+    std::memset(smem_dst, 0xFF, bytes);
+}
+
+void cp_async_commit() { self()->groups_committed++; }
+
+void cp_async_wait(int pending) {
+    Fiber *f = self();
+    if (pending < 0) {
+        fail("cp.async in " + where(*f) + ": cp.async.wait_group with a negative count (" +
+             std::to_string(pending) + ")");
+        return;
+    }
+    uint32_t in_flight = f->groups_committed - f->groups_landed;
+    if (in_flight <= (uint32_t)pending) return;
+    /* the oldest groups, all but the newest `pending` committed ones; the
+     * open group's copies stay in flight (wait_group concerns committed
+     * groups only) */
+    uint32_t upto = f->groups_committed - (uint32_t)pending;
+    size_t n = 0;
+    while (n < f->copies.size() && f->copies[n].group < upto) land(*f, f->copies[n++]);
+    f->copies.erase(f->copies.begin(), f->copies.begin() + (ptrdiff_t)n);
+    f->groups_landed = upto;
+}
+
+namespace {
+/* A thread must wait for its copies before it exits: on a GPU they land
+ * after the thread is gone, maybe after another block reuses the memory. */
+void check_copies_at_exit(const Fiber &f) {
+    if (f.copies.empty()) return;
+    size_t open = 0;
+    for (const AsyncCopy &c : f.copies) open += c.group == f.groups_committed;
+    char buf[192];
+    snprintf(buf, sizeof buf,
+             "exited with cp.async copies not waited for: %zu committed, %zu never committed; "
+             "the first to %s",
+             f.copies.size() - open, open, smem_place(f.copies[0].dst).c_str());
+    fail("cp.async in " + where(f) + ": " + buf);
+}
+} // namespace
+
 const char *last_launch_error() { return g_launch_error.c_str(); }
 
 cudaError_t launch_blocks(const void *func, dim3 grid, dim3 block, size_t smem,
@@ -632,7 +803,10 @@ cudaError_t launch_blocks(const void *func, dim3 grid, dim3 block, size_t smem,
     std::string why;
     if (!smem_fits(func, smem, &why)) return launch_error(cudaErrorInvalidValue, why);
     std::vector<unsigned char> dyn(smem + 16);
+    unsigned char *saved_dyn = g_dyn_smem, *saved_static = g_static_smem;
+    size_t saved_dyn_bytes = g_dyn_smem_bytes, saved_static_bytes = g_static_smem_bytes;
     g_dyn_smem = dyn.data();
+    g_dyn_smem_bytes = smem;
 
     Block b;
     b.body = &body;
@@ -647,7 +821,8 @@ cudaError_t launch_blocks(const void *func, dim3 grid, dim3 block, size_t smem,
         b.fibers[i].stack = take_stack();
         if (!b.fibers[i].stack) {
             for (size_t j = 0; j < i; j++) give_stack(b.fibers[j].stack);
-            g_dyn_smem = nullptr;
+            g_dyn_smem = saved_dyn;
+            g_dyn_smem_bytes = saved_dyn_bytes;
             return launch_error(cudaErrorMemoryAllocation, "out of host memory for thread stacks");
         }
     }
@@ -672,6 +847,8 @@ cudaError_t launch_blocks(const void *func, dim3 grid, dim3 block, size_t smem,
         host_tls = host_tls_heap.data();
     }
     if (tls.size != 0) std::memcpy(host_tls, tls.data, tls.size);
+    g_static_smem = static_cast<unsigned char *>(tls.data);
+    g_static_smem_bytes = tls.size;
     size_t static_seen = 0;
     for (unsigned bz = 0; bz < grid.z && ok; bz++)
         for (unsigned by = 0; by < grid.y && ok; by++)
@@ -691,7 +868,10 @@ cudaError_t launch_blocks(const void *func, dim3 grid, dim3 block, size_t smem,
             }
     if (tls.size != 0) std::memcpy(tls.data, host_tls, tls.size);
     g_block = saved;
-    g_dyn_smem = nullptr;
+    g_dyn_smem = saved_dyn;
+    g_dyn_smem_bytes = saved_dyn_bytes;
+    g_static_smem = saved_static;
+    g_static_smem_bytes = saved_static_bytes;
     for (Fiber &f : b.fibers) give_stack(f.stack);
     if (!ok) return launch_error(cudaErrorLaunchFailure, b.error);
     /* A kernel's static shared memory is known once it has run: a launch that

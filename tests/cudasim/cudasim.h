@@ -36,6 +36,28 @@
  *     (2048 per SM), blocks (32 per SM) and shared memory (228 KiB per SM,
  *     1 KiB reserved per block); NOT registers, which the simulator does not
  *     know (cudaFuncGetAttributes reports numRegs 0), so a GPU may fit fewer;
+ *   - cp.async, the asynchronous global -> shared copy of sm_80+
+ *     (cudasim::cp_async / cp_async_commit / cp_async_wait: cp.async,
+ *     commit_group, wait_group; the CUDA sources reach them through the
+ *     wrappers of cuda/compat.cuh), per CUDA thread: a copy joins the
+ *     thread's open group, and its destination is filled with 0xFF at once
+ *     (NaN in fp32 / fp16 / bf16, 255 in a byte), so a kernel that reads
+ *     it before waiting gets wrong results; the source is read, and the
+ *     bytes land, only when a wait retires the copy's group (committed
+ *     groups oldest first; the open group never). Each of these makes the
+ *     launch fail (cudaErrorLaunchFailure) with a description naming the
+ *     block and thread: a size other than 4, 8 or 16 bytes, a misaligned
+ *     address, a destination outside the block's shared memory (its
+ *     dynamic shared memory, or the storage of static __shared__
+ *     variables: the launching thread's thread-local storage, so a copy
+ *     into a host thread-local passes too), a source outside every live
+ *     cudaMalloc allocation (pinned or plain host memory is outside), a
+ *     destination written between the start and the landing, a source
+ *     written in that time (races), and a thread that exits with copies
+ *     not waited for, committed or not. A copy lands at its wait, never
+ *     earlier (on a GPU, at any time in between): the latest landing, so
+ *     a read that is correct only once the copy has landed fails here
+ *     unless a wait comes first;
  *   - misaligned vector loads (uint4, float4, int2, __half2 ... through
  *     reinterpret_cast), which fault on a GPU: the simulator's objects are
  *     built with -fsanitize=alignment -fno-sanitize-recover=alignment (the
@@ -101,7 +123,10 @@
  *     unnoticed;
  *   - out-of-bounds accesses to device memory inside kernels, except under
  *     `make test SAN=1` (AddressSanitizer sees the host allocations behind
- *     cudaMalloc).
+ *     cudaMalloc), and except the sources of cp.async, always checked;
+ *   - a write to a cp.async destination while the copy is in flight is
+ *     seen only when the write leaves a byte other than 0xFF, and one to
+ *     its source only when the value changes.
  */
 #ifndef KVPAGE_CUDASIM_H
 #define KVPAGE_CUDASIM_H
@@ -163,15 +188,28 @@ unsigned lane_id();
 /* Pointer to the dynamic shared memory of the running block. */
 void *dynamic_smem();
 
+/* ---- cp.async (sm_80+), per CUDA thread; see the header comment ------------------ */
+/* cp.async.{ca,cg}.shared.global: a copy of `bytes` (4, 8 or 16; both
+ * addresses aligned to it) into the calling thread's open group. The
+ * destination reads 0xFF until a wait lands the copy. */
+void cp_async(void *smem_dst, const void *gmem_src, size_t bytes);
+/* cp.async.commit_group: closes the open group (an empty one too). */
+void cp_async_commit();
+/* cp.async.wait_group N: lands every committed group but the newest
+ * `pending`, oldest first; 0 lands them all. The open group is not waited
+ * for (nor committed: PTX's wait_all, which commits, is not modelled). */
+void cp_async_wait(int pending);
+
 /* ---- launching --------------------------------------------------------------- */
 /* Runs body(thread) for every thread of every block of `func` (the kernel, for
  * its attributes: cudaFuncSetAttribute). Returns cudaSuccess or the launch's
  * error (cudaErrorInvalidConfiguration for bad dimensions, cudaErrorInvalidValue
- * for too much shared memory, cudaErrorLaunchFailure for a divergence), with a
- * description readable via last_launch_error() and cudaGetErrorString. Like
- * the CUDA runtime's cudaLaunchKernelEx (which KVP_LAUNCH is under nvcc), a
- * failure is also recorded as the thread's last error (cudaGetLastError); a
- * success leaves an error already pending untouched. */
+ * for too much shared memory, cudaErrorLaunchFailure for a divergence or a
+ * misused cp.async), with a description readable via last_launch_error() and
+ * cudaGetErrorString. Like the CUDA runtime's cudaLaunchKernelEx (which
+ * KVP_LAUNCH is under nvcc), a failure is also recorded as the thread's last
+ * error (cudaGetLastError); a success leaves an error already pending
+ * untouched. */
 cudaError_t launch_blocks(const void *func, dim3 grid, dim3 block, size_t smem,
                           const std::function<void()> &body);
 const char *last_launch_error();

@@ -196,6 +196,171 @@ __global__ void k_vector_load(const unsigned char *p, int offset, uint4 *out) {
     out[threadIdx.x] = *reinterpret_cast<const uint4 *>(p + offset + 16 * threadIdx.x);
 }
 
+/* cp.async (sm_80+) in these kernels: the simulator's model, or the PTX
+ * under nvcc. Not cuda/compat.cuh's wrappers, which copy 16 bytes only:
+ * the tests here need 4 and 8 too, and sizes that are wrong. */
+#ifdef KVP_CUDASIM
+static inline void cpa_copy(void *smem_dst, const void *src, size_t bytes) {
+    cudasim::cp_async(smem_dst, src, bytes);
+}
+static inline void cpa_commit() { cudasim::cp_async_commit(); }
+template <int N> static inline void cpa_wait() { cudasim::cp_async_wait(N); }
+#else
+__device__ __forceinline__ void cpa_copy(void *smem_dst, const void *src, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
+    if (bytes == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    else if (bytes == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+#else
+    memcpy(smem_dst, src, bytes);
+#endif
+}
+__device__ __forceinline__ void cpa_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void cpa_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+#endif
+
+/* One tile of a block: two 16-byte chunks per thread, into one stage. */
+__device__ void cpa_start_tile(uint4 *stage, const uint4 *tile) {
+    cpa_copy(&stage[threadIdx.x], &tile[threadIdx.x], 16);
+    cpa_copy(&stage[threadIdx.x + blockDim.x], &tile[threadIdx.x + blockDim.x], 16);
+}
+
+/* A STAGES-deep cp.async pipeline: each block streams `tiles` tiles (two
+ * 16-byte chunks per thread) through a ring of STAGES shared-memory stages
+ * and writes them out. PENDING is the wait's count: STAGES - 1 is right
+ * (tile k has landed), STAGES is one too many. Each thread writes out chunks
+ * that another thread copied, so the wait alone is not enough: the barrier
+ * after it is needed too. */
+template <int STAGES, int PENDING>
+__global__ void k_cp_async_pipeline(const uint4 *src, int tiles, uint4 *out) {
+    KVP_DYNAMIC_SMEM(uint4, ring);
+    const int per_tile = 2 * blockDim.x;
+    const uint4 *in = src + (size_t)blockIdx.x * tiles * per_tile;
+    uint4 *res = out + (size_t)blockIdx.x * tiles * per_tile;
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < tiles) cpa_start_tile(ring + s * per_tile, in + s * per_tile);
+        cpa_commit(); /* one group per tile, empty or not: the wait counts them */
+    }
+    for (int k = 0; k < tiles; k++) {
+        int next = k + STAGES - 1;
+        /* the stage tile `next` goes to was read in the previous round,
+         * before its closing barrier */
+        if (next < tiles) cpa_start_tile(ring + (next % STAGES) * per_tile, in + next * per_tile);
+        cpa_commit();
+        cpa_wait<PENDING>();
+        __syncthreads();
+        const uint4 *stage = ring + (k % STAGES) * per_tile;
+        int j0 = per_tile - 1 - (int)threadIdx.x, j1 = j0 - (int)blockDim.x;
+        res[k * per_tile + j0] = stage[j0];
+        res[k * per_tile + j1] = stage[j1];
+        __syncthreads();
+    }
+}
+
+/* Reads its cp.async destination before the wait, and after. */
+__global__ void k_cp_async_read_early(const uint4 *src, uint4 *before, uint4 *after) {
+    KVP_DYNAMIC_SMEM(uint4, s);
+    int t = threadIdx.x;
+    cpa_copy(&s[t], &src[t], 16);
+    cpa_commit();
+    before[t] = s[t];
+    cpa_wait<0>();
+    after[t] = s[t];
+}
+
+/* Each thread owns 48 bytes of shared memory: a = [0,16) (group 0, copied
+ * as 8 + 4 + 4 bytes), b = [16,32) (group 1), c = [32,48) (started after an
+ * empty group 2, in the open group, committed last). `snap` receives the 48
+ * bytes after each of four waits. */
+__global__ void k_cp_async_groups(const unsigned char *src, unsigned char *snap) {
+    KVP_DYNAMIC_SMEM(unsigned char, smem);
+    unsigned char *mine = smem + 48 * threadIdx.x;
+    const unsigned char *from = src + 48 * threadIdx.x;
+    unsigned char *out = snap + 4 * 48 * threadIdx.x;
+    cpa_copy(mine, from, 8);
+    cpa_copy(mine + 8, from + 8, 4);
+    cpa_copy(mine + 12, from + 12, 4);
+    cpa_commit();
+    cpa_copy(mine + 16, from + 16, 16);
+    cpa_commit();
+    cpa_wait<1>(); /* group 0 lands, group 1 does not */
+    memcpy(out, mine, 48);
+    cpa_commit(); /* group 2, empty */
+    cpa_copy(mine + 32, from + 32, 16);
+    cpa_wait<1>(); /* group 1 lands; c, not committed, is not waited for */
+    memcpy(out + 48, mine, 48);
+    cpa_wait<0>(); /* still not c */
+    memcpy(out + 96, mine, 48);
+    cpa_commit();
+    cpa_wait<0>();
+    memcpy(out + 144, mine, 48);
+}
+
+/* Misuses of cp.async, by thread 3 of block 1 only (block 0 runs first and
+ * must pass): every other thread copies its 16 bytes of `src` into shared
+ * memory correctly, waits, and writes them to `dst`. */
+enum {
+    CPA_NONE,
+    CPA_STATIC_DST,     /* every thread copies into static __shared__: fine */
+    CPA_SIZE,           /* 12 bytes */
+    CPA_MISALIGNED_DST, /* 16 bytes to an 8-byte boundary */
+    CPA_MISALIGNED_SRC,
+    CPA_DST_GLOBAL,     /* the destination is device memory */
+    CPA_DST_PAST_SMEM,  /* the destination is past the dynamic shared memory */
+    CPA_SRC_PAST_END,   /* the source runs 8 bytes past its allocation */
+    CPA_SRC_HOST,       /* the source is host memory */
+    CPA_DST_RACE,       /* thread 4 writes thread 3's destination before the wait */
+    CPA_SRC_RACE,       /* thread 4 writes thread 3's source before the wait */
+    CPA_EXIT_COMMITTED, /* thread 3 never waits */
+    CPA_EXIT_OPEN,      /* thread 3 starts a copy after its wait, never committed */
+    CPA_NEGATIVE_WAIT,  /* the simulator only: PTX takes no negative count */
+    CPA_CASES
+};
+
+__global__ void k_cp_async_misuse(int what, unsigned char *src, size_t src_bytes, const unsigned char *host,
+                                  size_t smem_bytes, unsigned char *dst) {
+    KVP_DYNAMIC_SMEM(unsigned char, smem);
+    __shared__ uint4 stat[64];
+    const int t = threadIdx.x;
+    const bool bad = blockIdx.x == 1 && t == 3, writer = blockIdx.x == 1 && t == 4;
+    unsigned char *mine = what == CPA_STATIC_DST ? reinterpret_cast<unsigned char *>(&stat[t]) : smem + 16 * t;
+    unsigned char *from = src + 16 * t;
+    if (!bad) {
+        cpa_copy(mine, from, 16);
+    } else {
+        switch (what) {
+        case CPA_SIZE: cpa_copy(mine, from, 12); break;
+        case CPA_MISALIGNED_DST: cpa_copy(mine + 8, from, 16); break;
+        case CPA_MISALIGNED_SRC: cpa_copy(mine, from + 4, 16); break;
+        case CPA_DST_GLOBAL: cpa_copy(dst, from, 16); break;
+        case CPA_DST_PAST_SMEM: cpa_copy(smem + smem_bytes, from, 16); break;
+        case CPA_SRC_PAST_END: cpa_copy(mine, src + src_bytes - 8, 16); break;
+        case CPA_SRC_HOST: cpa_copy(mine, host, 16); break;
+        default: cpa_copy(mine, from, 16); break;
+        }
+    }
+    cpa_commit();
+    __syncthreads();
+    if (what == CPA_DST_RACE && writer) smem[16 * 3 + 5] = 1;
+    if (what == CPA_SRC_RACE && writer) src[16 * 3] ^= 1;
+    __syncthreads();
+    if (!(what == CPA_EXIT_COMMITTED && bad)) cpa_wait<0>();
+#ifdef KVP_CUDASIM
+    if (what == CPA_NEGATIVE_WAIT && bad) cudasim::cp_async_wait(-1);
+#endif
+    if (what == CPA_EXIT_OPEN && bad) cpa_copy(mine, from, 16);
+    reinterpret_cast<uint4 *>(dst)[blockIdx.x * blockDim.x + t] = *reinterpret_cast<const uint4 *>(mine);
+}
+
 /* ---- helpers -------------------------------------------------------------------- */
 
 /* KVP_LAUNCH's commas cannot go inside cmocka's macros directly. */
@@ -745,6 +910,183 @@ static void test_misaligned_vector_load(void **state) {
 #endif
 }
 
+/* Bytes i % 251: never 0xFF, the simulator's mark of a copy not landed. */
+static std::vector<unsigned char> cpa_pattern(size_t n) {
+    std::vector<unsigned char> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = (unsigned char)(i % 251);
+    return v;
+}
+
+#ifdef KVP_CUDASIM
+/* The launch failed, and its description says `phrase` and names the thread. */
+static void expect_cp_async_report(cudaError_t rc, const char *phrase) {
+    assert_int_equal(rc, cudaErrorLaunchFailure);
+    assert_int_equal(cudaGetLastError(), cudaErrorLaunchFailure);
+    const char *msg = cudasim::last_launch_error();
+    if (strstr(msg, phrase) == NULL || strstr(msg, "block (1,0,0), thread (3,0,0)") == NULL)
+        fail_msg("the launch's error \"%s\" lacks \"%s\" or the thread", msg, phrase);
+}
+#endif
+
+/* Two- and three-stage cp.async pipelines deliver exactly the source. */
+template <int STAGES> static void run_cp_async_pipeline(int blocks, int threads, int tiles) {
+    size_t chunks = (size_t)blocks * tiles * 2 * threads;
+    std::vector<unsigned char> src = cpa_pattern(chunks * 16);
+    uint4 *dsrc = dev_alloc<uint4>(chunks), *dout = dev_alloc<uint4>(chunks);
+    assert_int_equal(cudaMemcpy(dsrc, src.data(), src.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    size_t smem = (size_t)STAGES * 2 * threads * sizeof(uint4);
+    LAUNCH_EXPECT(cudaSuccess, (k_cp_async_pipeline<STAGES, STAGES - 1>), blocks, threads, smem, 0,
+                  (const uint4 *)dsrc, tiles, dout);
+    std::vector<unsigned char> out(src.size());
+    assert_int_equal(cudaMemcpy(out.data(), dout, out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_memory_equal(out.data(), src.data(), src.size());
+    cudaFree(dsrc);
+    cudaFree(dout);
+}
+
+static void test_cp_async_pipeline(void **state) {
+    (void)state;
+    run_cp_async_pipeline<2>(3, 64, 5);
+    run_cp_async_pipeline<3>(3, 64, 5);
+    run_cp_async_pipeline<3>(2, 96, 1); /* fewer tiles than stages: empty groups only */
+}
+
+/* The same pipeline waiting for one group too few: tile 0 is read before it
+ * lands (0xFF), and tile 2 is copied into the stage where tile 0 is still in
+ * flight (a race, which fails the launch). */
+static void test_cp_async_pipeline_wait_too_short(void **state) {
+    (void)state;
+#ifndef KVP_CUDASIM
+    skip(); /* on a GPU the copies may land early: the values are undefined */
+#else
+    const int threads = 64, tiles = 4, per_tile = 2 * threads;
+    std::vector<unsigned char> src = cpa_pattern((size_t)tiles * per_tile * 16);
+    uint4 *dsrc = dev_alloc<uint4>((size_t)tiles * per_tile), *dout = dev_alloc<uint4>((size_t)tiles * per_tile);
+    assert_int_equal(cudaMemcpy(dsrc, src.data(), src.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    (void)cudaGetLastError();
+    cudaError_t rc = KVP_LAUNCH((k_cp_async_pipeline<2, 2>), 1, threads, 2 * per_tile * sizeof(uint4), 0,
+                                (const uint4 *)dsrc, tiles, dout);
+    assert_int_equal(rc, cudaErrorLaunchFailure);
+    assert_int_equal(cudaGetLastError(), cudaErrorLaunchFailure);
+    assert_non_null(strstr(cudasim::last_launch_error(), "while a cp.async to it was in flight"));
+    std::vector<unsigned char> out = from_dev(reinterpret_cast<unsigned char *>(dout), (size_t)per_tile * 16);
+    for (unsigned char c : out) assert_int_equal(c, 0xFF);
+    cudaFree(dsrc);
+    cudaFree(dout);
+#endif
+}
+
+/* A cp.async destination read before the wait holds 0xFF; after it, the source. */
+static void test_cp_async_read_before_wait(void **state) {
+    (void)state;
+#ifndef KVP_CUDASIM
+    skip(); /* on a GPU the copy may have landed: the value is undefined */
+#else
+    const int n = 64;
+    std::vector<unsigned char> src = cpa_pattern(n * 16);
+    uint4 *dsrc = dev_alloc<uint4>(n), *before = dev_alloc<uint4>(n), *after = dev_alloc<uint4>(n);
+    assert_int_equal(cudaMemcpy(dsrc, src.data(), src.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    LAUNCH_EXPECT(cudaSuccess, k_cp_async_read_early, 1, n, n * sizeof(uint4), 0, (const uint4 *)dsrc, before,
+                  after);
+    std::vector<unsigned char> b = from_dev(reinterpret_cast<unsigned char *>(before), n * 16);
+    std::vector<unsigned char> a = from_dev(reinterpret_cast<unsigned char *>(after), n * 16);
+    for (unsigned char c : b) assert_int_equal(c, 0xFF);
+    assert_memory_equal(a.data(), src.data(), src.size());
+    cudaFree(dsrc);
+    cudaFree(before);
+    cudaFree(after);
+#endif
+}
+
+/* wait_group N lands the committed groups but the newest N, oldest first;
+ * empty groups count; the open group is never waited for. */
+static void test_cp_async_groups_land_oldest_first(void **state) {
+    (void)state;
+#ifndef KVP_CUDASIM
+    skip(); /* on a GPU a group may land before its wait */
+#else
+    const int n = 40;
+    std::vector<unsigned char> src = cpa_pattern(n * 48);
+    unsigned char *dsrc = dev_alloc<unsigned char>(n * 48), *dsnap = dev_alloc<unsigned char>(n * 4 * 48);
+    to_dev(dsrc, src);
+    LAUNCH_EXPECT(cudaSuccess, k_cp_async_groups, 1, n, n * 48, 0, (const unsigned char *)dsrc, dsnap);
+    std::vector<unsigned char> snap = from_dev(dsnap, n * 4 * 48);
+    const unsigned char ff[16] = {0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
+                                  0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
+    std::vector<unsigned char> untouched(16, 0xA5); /* shared memory's poison: c not yet started */
+    for (int t = 0; t < n; t++) {
+        const unsigned char *want = src.data() + 48 * t, *s = snap.data() + 4 * 48 * t;
+        /* after wait(1) with groups 0 and 1 committed: a landed, b not */
+        assert_memory_equal(s, want, 16);
+        assert_memory_equal(s + 16, ff, 16);
+        assert_memory_equal(s + 32, untouched.data(), 16);
+        /* after wait(1) with the empty group 2 newest: b landed, c (open) not */
+        assert_memory_equal(s + 48, want, 32);
+        assert_memory_equal(s + 48 + 32, ff, 16);
+        /* wait(0) leaves the open group in flight */
+        assert_memory_equal(s + 96, want, 32);
+        assert_memory_equal(s + 96 + 32, ff, 16);
+        /* committed, then waited for */
+        assert_memory_equal(s + 144, want, 48);
+    }
+    cudaFree(dsrc);
+    cudaFree(dsnap);
+#endif
+}
+
+/* Every misuse of cp.async fails the launch with a description naming the
+ * thread; a correct launch of the same kernel passes before and after. */
+static void test_cp_async_misuse_is_reported(void **state) {
+    (void)state;
+#ifndef KVP_CUDASIM
+    skip(); /* on a GPU: faults (sticky) or silent races */
+#else
+    const int threads = 64;
+    const size_t src_bytes = threads * 16 + 8, smem = threads * 16;
+    std::vector<unsigned char> src = cpa_pattern(src_bytes);
+    unsigned char *dsrc = dev_alloc<unsigned char>(src_bytes), *ddst = dev_alloc<unsigned char>(2 * threads * 16);
+    alignas(16) static const unsigned char host[16] = {1, 2, 3};
+    const struct {
+        int what;
+        const char *phrase;
+    } cases[] = {
+        {CPA_SIZE, "the size must be 4, 8 or 16"},
+        {CPA_MISALIGNED_DST, "misaligned destination"},
+        {CPA_MISALIGNED_SRC, "misaligned source"},
+        {CPA_DST_GLOBAL, "not in the block's shared memory"},
+        {CPA_DST_PAST_SMEM, "not in the block's shared memory"},
+        {CPA_SRC_PAST_END, "not inside a live device allocation"},
+        {CPA_SRC_HOST, "not inside a live device allocation"},
+        {CPA_DST_RACE, "was written while a cp.async to it was in flight"},
+        {CPA_SRC_RACE, "changed while the copy was in flight"},
+        {CPA_EXIT_COMMITTED, "not waited for: 1 committed, 0 never committed"},
+        {CPA_EXIT_OPEN, "not waited for: 0 committed, 1 never committed"},
+        {CPA_NEGATIVE_WAIT, "negative count"},
+    };
+    static_assert(sizeof cases / sizeof cases[0] == CPA_CASES - 2, "one row per misuse");
+    (void)cudaGetLastError();
+    for (int what : {(int)CPA_NONE, (int)CPA_STATIC_DST}) {
+        to_dev(dsrc, src);
+        LAUNCH_EXPECT(cudaSuccess, k_cp_async_misuse, 2, threads, smem, 0, what, dsrc, src_bytes, host, smem,
+                      ddst);
+        std::vector<unsigned char> out = from_dev(ddst, 2 * threads * 16);
+        assert_memory_equal(out.data(), src.data(), threads * 16);
+        assert_memory_equal(out.data() + threads * 16, src.data(), threads * 16);
+    }
+    for (const auto &c : cases) {
+        to_dev(dsrc, src);
+        cudaError_t rc = KVP_LAUNCH(k_cp_async_misuse, 2, threads, smem, 0, c.what, dsrc, src_bytes, host, smem,
+                                    ddst);
+        expect_cp_async_report(rc, c.phrase);
+    }
+    to_dev(dsrc, src);
+    LAUNCH_EXPECT(cudaSuccess, k_cp_async_misuse, 2, threads, smem, 0, (int)CPA_NONE, dsrc, src_bytes, host,
+                  smem, ddst);
+    cudaFree(dsrc);
+    cudaFree(ddst);
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grid_stride),
@@ -769,6 +1111,11 @@ int main(void) {
         cmocka_unit_test(test_static_plus_dynamic_shared_memory),
         cmocka_unit_test(test_occupancy_and_properties),
         cmocka_unit_test(test_misaligned_vector_load),
+        cmocka_unit_test(test_cp_async_pipeline),
+        cmocka_unit_test(test_cp_async_pipeline_wait_too_short),
+        cmocka_unit_test(test_cp_async_read_before_wait),
+        cmocka_unit_test(test_cp_async_groups_land_oldest_first),
+        cmocka_unit_test(test_cp_async_misuse_is_reported),
     };
     return cmocka_run_group_tests_name("cudasim", tests, NULL, NULL);
 }
