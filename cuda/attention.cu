@@ -10,7 +10,11 @@
  * contexts), each sequence's pages are split into up to that factor of
  * ranges of at least 256 tokens (flash-decoding); the splits' partial
  * results (m, l, o) go to the context's workspace and a merge kernel
- * combines them. No split when the workspace cannot hold the partials. Everything the kernels need about
+ * combines them. No split when the workspace cannot hold the partials.
+ * Kernel: the copy pipeline (k_attention_pipe) when plan_pipe finds that
+ * the store's pages fit a tile, its blocks are 16-byte aligned and the
+ * stages fit the device's shared memory, else the single-buffer loader
+ * (k_attention). Everything the kernels need about
  * the batch (the CSR view, qo_indptr, the schedule) is uploaded in one copy,
  * or not at all when it is identical to the last one (every layer of a step).
  */
@@ -21,17 +25,82 @@ using namespace kvp_attn;
 #define MIN_SPLIT_TOKENS 256
 /* Dynamic shared memory a kernel may use without opting in. */
 #define DEFAULT_SMEM_LIMIT (48 * 1024)
+/* The copy pipeline's ceiling: the device's per-block limit, less room for
+ * the kernel's static shared memory (48 bytes) */
+#define PIPE_SMEM_LIMIT(cc) ((cc)->smem_optin - 1024)
 
 namespace {
 
 typedef void (*attn_kernel)(params);
 
+/* The copy pipeline's shape for a store and tile shape; ok = false when it
+ * does not apply (pages larger than a tile, blocks not 16-byte aligned, or
+ * more shared memory than the device gives a block even with 2 stages). */
+struct pipe_plan {
+    bool ok;
+    int stages, stage_k, stage_v, copy_k, copy_v, slot_k, slot_v, dec_k, dec_v, smem;
+    bool direct[2], sdirect, kint;
+};
+
+bool a16(uint64_t x) { return (x & 15u) == 0; }
+int up16(uint64_t x) { return (int)((x + 15u) & ~(uint64_t)15u); }
+
+template <int D> pipe_plan plan_pipe(const kvp__geo &g, int32_t kind_k, int32_t kind_v, int R, int limit) {
+    pipe_plan pl;
+    memset(&pl, 0, sizeof pl);
+    constexpr int TT = shape<D>::TT;
+    const int32_t P = g.P;
+    if (P > TT || !a16((uint64_t)(uintptr_t)g.arena) || !a16(g.sblock)) return pl;
+    for (int s = 0; s < 2; s++)
+        if (!a16(g.off[s]) || !a16(g.soff[s]) || !a16(g.pstride[s]) || !a16(g.sstride[s]) ||
+            !a16(g.hstride[s]) || !a16(g.block[s]) || g.block[s] < g.used[s])
+            return pl;
+    const int ppt = TT / P;
+    pl.copy_k = up16(g.used[0]);
+    pl.copy_v = up16(g.used[1]);
+    for (int s = 0; s < 2; s++) {
+        const kvp__blockfmt &f = g.fmt[s];
+        pl.direct[s] = (f.format == KVP_FORMAT_FP16 || f.format == KVP_FORMAT_BF16 ||
+                        f.format == KVP_FORMAT_FP32) &&
+                       !kvp__blockfmt_dim_major(&f) &&
+                       g.used[s] == (uint64_t)P * (uint64_t)D * (uint64_t)kvp__plain_size(f.format);
+    }
+    pl.sdirect = !kvp__blockfmt_dim_major(&g.sfmt[0]);
+    /* blocks decoded from the stage sit 64 bytes (16 banks) off the previous
+     * one's bank alignment, so a warp reading the same offset in two pages
+     * is not a 2-way conflict; blocks read in place must be rows end to end */
+    pl.slot_k = pl.copy_k + (pl.direct[0] ? 0 : 64);
+    pl.slot_v = pl.copy_v + (pl.direct[1] ? 0 : 64);
+    /* int8 / int4 keys: integer dot products (up to 8 pages a tile) */
+    pl.kint = (g.fmt[0].format == KVP_FORMAT_INT8 || g.fmt[0].format == KVP_FORMAT_INT4) && ppt <= 8;
+    const int sb = (int)g.sblock;
+    pl.stage_k = ppt * pl.slot_k > sb ? ppt * pl.slot_k : sb;
+    pl.stage_v = ppt * pl.slot_v > sb ? ppt * pl.slot_v : sb;
+    pl.dec_k = (pl.direct[0] || pl.kint) && pl.sdirect ? 0 : smem_plan<D>::tile_bytes(kind_k);
+    pl.dec_v = pl.direct[1] ? 0 : smem_plan<D>::tile_bytes(kind_v);
+    for (int st = 3; st >= 2; st--) {
+        int bytes = smem_plan<D>::pipe_bytes(st, pl.stage_k, pl.stage_v, pl.dec_k, pl.dec_v, R, pl.kint, ppt);
+        if (bytes <= limit) {
+            pl.ok = true;
+            pl.stages = st;
+            pl.smem = bytes;
+            return pl;
+        }
+    }
+    return pl;
+}
+
 template <int D> struct kernels_of {
     static constexpr attn_kernel attn[4] = {k_attention<D, 1>, k_attention<D, 2>, k_attention<D, 4>,
                                             k_attention<D, 8>};
+    static constexpr attn_kernel pipe_attn[4] = {k_attention_pipe<D, 1>, k_attention_pipe<D, 2>,
+                                                 k_attention_pipe<D, 4>, k_attention_pipe<D, 8>};
     static constexpr attn_kernel merge[4] = {k_merge<D, 1>, k_merge<D, 2>, k_merge<D, 4>,
                                              k_merge<D, 8>};
     static int smem(int32_t kk, int32_t vk, int R) { return smem_plan<D>::bytes(kk, vk, R); }
+    static pipe_plan pipe(const kvp__geo &g, int32_t kk, int32_t vk, int R, int limit) {
+        return plan_pipe<D>(g, kk, vk, R, limit);
+    }
 };
 
 int dim_index(int32_t D) {
@@ -79,20 +148,38 @@ struct call {
 size_t up8(size_t x) { return (x + 7) & ~(size_t)7; }
 
 /* CTAs of attention kernel `ka` (`smem` bytes of dynamic shared memory) one
- * SM holds at once, asked once per context and variant (*cached, 0 until
- * then). A kernel above the default dynamic shared memory limit is opted in
- * first (which its launch needs anyway). If the occupancy query fails: 1, and
- * the query's own error is not left pending (an earlier one stays). */
-int ctas_per_sm(attn_kernel ka, int smem, int *cached, char *err, size_t err_size) {
-    if (*cached > 0) return KVP_OK;
-    if (smem > DEFAULT_SMEM_LIMIT)
-        KVP_CUDA_TRY(cudaFuncSetAttribute(ka, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), err,
+ * SM holds at once, asked once per context, variant (di, ri, pipeline) and
+ * size. A kernel above the default dynamic shared memory limit is opted in first
+ * (which its launch needs anyway), to the device's whole per-block limit:
+ * the attribute belongs to the kernel, not to this context or size, so a
+ * smaller value set for another call would fail this one's launch. If the
+ * occupancy query fails: 1, and the query's own error is not left pending
+ * (an earlier one stays). */
+int ctas_per_sm(kvp__cuda_ctx *cc, attn_kernel ka, int di, int ri, int pipe, int smem, int *ctas,
+                char *err, size_t err_size) {
+    for (int w = 0; w < KVP__OCC_WAYS; w++)
+        if (cc->occ[di][ri][pipe][w].ctas > 0 && cc->occ[di][ri][pipe][w].smem == smem) {
+            *ctas = cc->occ[di][ri][pipe][w].ctas;
+            return KVP_OK;
+        }
+    if (smem > DEFAULT_SMEM_LIMIT) {
+        cudaFuncAttributes fa;
+        memset(&fa, 0, sizeof fa);
+        KVP_CUDA_TRY(cudaFuncGetAttributes(&fa, ka), err, err_size,
+                     "cudaFuncGetAttributes (attention kernel)");
+        const int most = cc->smem_optin - (int)fa.sharedSizeBytes; /* less its static memory */
+        KVP_CUDA_TRY(cudaFuncSetAttribute(ka, cudaFuncAttributeMaxDynamicSharedMemorySize, most), err,
                      err_size, "cudaFuncSetAttribute (attention kernel shared memory)");
+    }
     bool clean = cudaPeekAtLastError() == cudaSuccess;
     int n = 0;
     cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ka, NT, (size_t)smem);
     if (e != cudaSuccess && clean) (void)cudaGetLastError();
-    *cached = e == cudaSuccess && n > 0 ? n : 1;
+    *ctas = e == cudaSuccess && n > 0 ? n : 1;
+    const int w = cc->occ_next[di][ri][pipe];
+    cc->occ[di][ri][pipe][w].smem = smem;
+    cc->occ[di][ri][pipe][w].ctas = *ctas;
+    cc->occ_next[di][ri][pipe] = (w + 1) % KVP__OCC_WAYS;
     return KVP_OK;
 }
 
@@ -130,12 +217,16 @@ int launch(kvp_ctx_t *c, const call &in) {
     const int32_t kind_k = kind_of(in.g.fmt[0].format), kind_v = kind_of(in.g.fmt[1].format);
     attn_kernel ka = nullptr, km = nullptr;
     int smem = 0;
+    pipe_plan pl;
+    memset(&pl, 0, sizeof pl);
     switch (di) {
 #define KVP_PICK(i, Dv)                                                    \
     case i:                                                                \
-        ka = kernels_of<Dv>::attn[ri];                                     \
         km = kernels_of<Dv>::merge[ri];                                    \
         smem = kernels_of<Dv>::smem(kind_k, kind_v, R);                    \
+        if (cc->pipeline)                                                  \
+            pl = kernels_of<Dv>::pipe(in.g, kind_k, kind_v, R, PIPE_SMEM_LIMIT(cc)); \
+        ka = pl.ok ? kernels_of<Dv>::pipe_attn[ri] : kernels_of<Dv>::attn[ri]; \
         break;
         KVP_PICK(0, 64)
         KVP_PICK(1, 80)
@@ -144,9 +235,14 @@ int launch(kvp_ctx_t *c, const call &in) {
         KVP_PICK(4, 256)
 #undef KVP_PICK
     }
-    int *occ = &cc->ctas_per_sm[di][ri][kind_k == KIND_F32][kind_v == KIND_F32];
-    int rc = ctas_per_sm(ka, smem, occ, err, err_size);
+    if (pl.ok) smem = pl.smem;
+    int occ = 0;
+    int rc = ctas_per_sm(cc, ka, di, ri, pl.ok, smem, &occ, err, err_size);
     if (rc != KVP_OK) return rc;
+    cc->last_smem = smem;
+    cc->last_pipe = pl.ok;
+    cc->last_stages = pl.ok ? pl.stages : 0;
+    cc->last_kint = pl.ok && pl.kint;
 
     /* metadata layout: int32 arrays, then int64 part_off, then indices */
     const int32_t nnz = in.indptr[B];
@@ -176,7 +272,7 @@ int launch(kvp_ctx_t *c, const call &in) {
         int32_t rows = (qo[b + 1] - qo[b]) * in.group;
         base_units += rows > 0 ? (int64_t)H * ((rows + R - 1) / R) : 0;
     }
-    const int64_t target = (int64_t)cc->sm_count * *occ;
+    const int64_t target = (int64_t)cc->sm_count * occ;
     cc->split_target = target;
     int64_t factor = base_units > 0 && base_units < target ? (target + base_units - 1) / base_units : 1;
     const int32_t min_pages = (MIN_SPLIT_TOKENS + P - 1) / P;
@@ -250,6 +346,22 @@ int launch(kvp_ctx_t *c, const call &in) {
     k.causal = in.causal;
     k.window = in.window;
     k.partials = cc->partials;
+    if (pl.ok) {
+        k.pipe = 1;
+        k.stages = pl.stages;
+        k.stage_k = pl.stage_k;
+        k.stage_v = pl.stage_v;
+        k.copy_k = pl.copy_k;
+        k.copy_v = pl.copy_v;
+        k.direct[0] = pl.direct[0];
+        k.direct[1] = pl.direct[1];
+        k.sdirect = pl.sdirect;
+        k.dec_k = pl.dec_k;
+        k.dec_v = pl.dec_v;
+        k.slot_k = pl.slot_k;
+        k.slot_v = pl.slot_v;
+        k.kint = pl.kint;
+    }
 
     rc = mark(cc, 0, err, err_size);
     if (rc != KVP_OK) return rc;
@@ -365,6 +477,14 @@ int kvp__cuda_ctx_init(kvp_ctx_t *c, const void *bparams, char *err, size_t err_
         cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cc->o.device);
         rc = kvp__cuda_status(e, err, err_size, "cudaDeviceGetAttribute");
         cc->sm_count = sms > 0 ? sms : 1;
+    }
+    if (rc == KVP_OK) {
+        int optin = 0;
+        cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                               cc->o.device);
+        rc = kvp__cuda_status(e, err, err_size, "cudaDeviceGetAttribute");
+        cc->smem_optin = optin > DEFAULT_SMEM_LIMIT ? optin : DEFAULT_SMEM_LIMIT;
+        cc->pipeline = true;
     }
     if (rc == KVP_OK) {
         void *w = nullptr;

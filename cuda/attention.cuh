@@ -6,13 +6,23 @@
  * Work item = one CTA of 128 threads = (sequence, kv head, block of R query
  * rows of that head, split of its pages). Rows are (query token i, head g of
  * the GQA group) pairs, so the query heads of a group share every K/V tile.
- * The CTA walks its pages in tiles of TT tokens (32; 16 at head_dim 256):
+ * The CTA walks its pages in tiles of TT tokens (32; 16 at head_dim 256).
+ * Where pages fit a tile and blocks are 16-byte aligned, the copy pipeline
+ * brings them on chip: a ring of 2-3 stages, each one tile's K and V blocks
+ * copied whole (cp.async, 16 bytes a thread), S-1 tiles ahead of the tile
+ * being computed, page ids fetched a tile before their copy starts; plain
+ * token-major 16/32-bit pages are then computed in the stage itself,
+ * int8 / int4 keys dotted in their codes with dp4a against the query
+ * quantized per page (prep_int, logits_int), the other formats decoded from
+ * the stage in phase B. Otherwise (the single-buffer loader), per tile:
  *
  *   A  page ids of the tile -> shared memory (block addresses per page,
  *      page and token per tile row)
  *   B  load: K and V blocks -> shared-memory tiles with coalesced 16-byte
  *      loads, dequantized on the way (fused: no page-sized temporary in
  *      device memory); elements kept as fp32, fp16 or bf16 ("kinds")
+ *
+ * and then, with either loader:
  *   C  logits: 16 lanes per token (32 at head_dim 256), each with its
  *      slice of the R query rows in registers; one reduce-scatter over
  *      the lanes gives each row's dot product
@@ -79,6 +89,21 @@ struct params {
     float sm_scale, soft_cap;
     int32_t causal, window;
     float *partials;
+    /* The copy pipeline (pipe != 0; pages no larger than a tile, every block
+     * 16-byte aligned): each tile's K and V blocks are copied whole, in their
+     * own layout, into a ring of `stages` shared-memory stages with cp.async,
+     * `stages` - 1 tiles ahead of the one being computed. */
+    int32_t pipe, stages;
+    int32_t stage_k, stage_v;   /* bytes of a stage's K and V areas */
+    int32_t copy_k, copy_v;     /* bytes copied per pool block (and between pool pages in a stage) */
+    int32_t direct[2];          /* pool K / V tiles are read where they landed (plain, token-major,
+                                   16 or 32 bits: the block is the tile) */
+    int32_t sdirect;            /* the same for staging K pages (token-major); staging V always */
+    int32_t dec_k, dec_v;       /* bytes of the decoded K / V tile (0: that side is always direct) */
+    int32_t slot_k, slot_v;     /* bytes between pool pages in a stage (copy_k / copy_v, plus a
+                                   64-byte skew between blocks that are decoded, not read in place) */
+    int32_t kint;               /* pool int8 / int4 keys: logits by integer dot products (dp4a)
+                                   against the query quantized per page (the kvp_int_* layout below) */
 };
 
 /* ---- shared-memory layout --------------------------------------------------------------- */
@@ -89,11 +114,36 @@ template <int D> struct smem_plan {
     static __host__ __device__ int pitch(int32_t kind) { return kind == KIND_F32 ? (D + 4) * 4 : (D + 8) * 2; }
     static __host__ __device__ int tile_bytes(int32_t kind) { return TT * pitch(kind); }
     /* offsets: K tile | V tile | S [R][TT] | P [TT][R] | vs [TT] | row info | tables */
+    /* what follows the tiles: S, P, vs, row info, pj / tt, kblk / vblk */
+    static __host__ __device__ int rest(int R) { return 2 * R * TT * 4 + TT * 4 + 16 * R + TT * 8 + TT * 16; }
+    /* the tiles, or the final reduction when larger (it reuses them) */
+    static __host__ __device__ int main_area(int tiles, int R) {
+        int red = shape<D>::TS * R * D * 4;
+        return red > tiles ? red : tiles;
+    }
     static __host__ __device__ int bytes(int32_t kk, int32_t vk, int R) {
-        int tiles = tile_bytes(kk) + tile_bytes(vk);
-        int red = shape<D>::TS * R * D * 4; /* the final reduction reuses the tiles */
-        if (red > tiles) tiles = red;
-        return tiles + 2 * R * TT * 4 + TT * 4 + 16 * R + TT * 8 + TT * 16 + 64;
+        return main_area(tile_bytes(kk) + tile_bytes(vk), R) + rest(R) + 64;
+    }
+    /* With the copy pipeline: the stages, then the decoded tiles; after the
+     * rest, each stage's block pointers (K, V) and page ids. */
+    static __host__ __device__ int pipe_bytes(int stages, int stage_k, int stage_v, int dec_k, int dec_v,
+                                              int R, bool kint, int ppt) {
+        return main_area(stages * (stage_k + stage_v) + dec_k + dec_v, R) + rest(R) + stages * TT * 20 +
+               (kint ? kint_bytes(R, ppt) : 0) + 64;
+    }
+    /* Integer keys, after the page ids (offsets in this order, each a
+     * multiple of 16): the rows' scaled queries qf [R][D] (fp32); per page
+     * of the tile, the query quantized against the page's channel scales,
+     * qq [ppt][R][D/4] x (hi, lo) words, a page's part padded by 16 bytes
+     * so the pages' words fall in different banks; per page and row the
+     * step and constant of the logits, sc [ppt][R][2]; int4 outlier
+     * coefficients ko [ppt][R][D/32]; the warps' partial dot products
+     * part [NW][R][TT] (int32). */
+    static __host__ __device__ int qq_page(int R) { return R * D * 2 + 16; }
+    static __host__ __device__ int up16(int x) { return (x + 15) & ~15; }
+    static __host__ __device__ int kint_bytes(int R, int ppt) {
+        return R * D * 4 + ppt * qq_page(R) + up16(ppt * R * 8) + up16(ppt * R * (D / 32) * 4) +
+               NW * R * TT * 4;
     }
 };
 
@@ -554,8 +604,39 @@ __device__ void load_tiles(const tile_ref &K, const kvp__blockfmt &fk, bool fast
  * a thread at head_dim 80/96, 8 rows); make cuda-resources gates on it. */
 template <int R> constexpr int min_ctas() { return R == 8 ? 2 : 3; }
 
-template <int D, int R>
-__global__ void __launch_bounds__(NT, min_ctas<R>()) k_attention(params p) {
+/* A tile of the copy pipeline: pages [cur, cur + np) of the sequence, its
+ * tokens from position pos0 on. */
+struct ptile {
+    int32_t cur, np, pos0, ntok;
+};
+
+/* The tiles of a CTA's pages when pages are no larger than a tile: as many
+ * whole pages as fit, the staging page alone, tiles no row can see skipped.
+ * Every thread walks them itself (the pipeline keeps three cursors: the tile
+ * computed, the tile whose copy starts, the tile whose page ids are fetched). */
+struct walk {
+    int32_t end, npages, ppt, P, kv_len, lo_min, hi_max;
+    bool last_staging;
+    /* The tile at cursor pg (then moved past it), or false after the last. */
+    __device__ __forceinline__ bool next(int32_t &pg, ptile &t) const {
+        while (pg < end) {
+            int32_t np = ppt < end - pg ? ppt : end - pg;
+            if (last_staging && np > 1 && pg + np == npages) np--; /* the staging page alone */
+            t.cur = pg;
+            t.np = np;
+            t.pos0 = pg * P;
+            t.ntok = np * P < kv_len - t.pos0 ? np * P : kv_len - t.pos0;
+            pg += np;
+            if (t.pos0 <= hi_max && t.pos0 + t.ntok - 1 >= lo_min) return true;
+        }
+        return false;
+    }
+};
+
+/* The kernel body; PIPE: the copy pipeline, else the single-buffer loader
+ * (two kernels, so that each gets the registers of its own path). */
+template <int D, int R, bool PIPE>
+__device__ __forceinline__ void attention_body(const params &p) {
     using S = shape<D>;
     constexpr int TT = S::TT, LPT = S::LPT, VEC = S::VEC, TG = S::TG, TPR = S::TPR, TS = S::TS;
     constexpr int RW = (R + NW - 1) / NW; /* softmax rows per warp */
@@ -566,12 +647,14 @@ __global__ void __launch_bounds__(NT, min_ctas<R>()) k_attention(params p) {
     /* ---- shared memory ---- */
     KVP_DYNAMIC_SMEM(uint8_t, smem);
     int32_t kind_k = p.kind[0], kind_v = p.kind[1];
+    constexpr bool pipe = PIPE;
     /* staging tiles are fp16 on both sides; size the tiles for the widest kind */
     const int kpitch_max = smem_plan<D>::pitch(kind_k), vpitch_max = smem_plan<D>::pitch(kind_v);
-    uint8_t *ktile = smem;
-    uint8_t *vtile = smem + TT * kpitch_max;
-    int tiles = TT * (kpitch_max + vpitch_max), red_bytes = TS * R * D * 4;
-    uint8_t *after = smem + (tiles > red_bytes ? tiles : red_bytes);
+    const int stage_bytes = p.stage_k + p.stage_v; /* pipeline: stage s at smem + s * stage_bytes */
+    uint8_t *ktile = pipe ? smem + p.stages * stage_bytes : smem; /* decoded tiles */
+    uint8_t *vtile = ktile + (pipe ? p.dec_k : TT * kpitch_max);
+    const int tiles = pipe ? p.stages * stage_bytes + p.dec_k + p.dec_v : TT * (kpitch_max + vpitch_max);
+    uint8_t *after = smem + smem_plan<D>::main_area(tiles, R);
     float *Sl = reinterpret_cast<float *>(after);            /* [R][TT] logits */
     float *Pv = Sl + R * TT;                                   /* [TT][R] p for o += p v */
     float *vs = Pv + TT * R;                                   /* [TT] value multipliers */
@@ -583,6 +666,8 @@ __global__ void __launch_bounds__(NT, min_ctas<R>()) k_attention(params p) {
     int32_t *tt = pj + TT;                                     /* [TT] */
     uint8_t **kblk = reinterpret_cast<uint8_t **>(after + 2 * R * TT * 4 + TT * 4 + 16 * R + TT * 8);
     uint8_t **vblk = kblk + TT;
+    uint8_t **ptab = reinterpret_cast<uint8_t **>(after + smem_plan<D>::rest(R)); /* [stages][K, V][TT] */
+    int32_t *s_ids = reinterpret_cast<int32_t *>(ptab + 2 * TT * (pipe ? p.stages : 0)); /* [stages][TT] */
     float *red = reinterpret_cast<float *>(smem);              /* [TS][R][D], after the tiles */
     __shared__ int32_t s_item[4];
     __shared__ int32_t s_rhi[8];
@@ -667,81 +752,168 @@ __global__ void __launch_bounds__(NT, min_ctas<R>()) k_attention(params p) {
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = 0.0f;
 
     const int ppt = P <= TT ? TT / P : 1; /* whole pages per tile */
-    int32_t pg = first, tin = 0;
-    while (pg < end) {
-        /* ---- the next tile: pages [pg, pg+np) or tokens [tin, tin+ntok) of page pg ---- */
-        int32_t np, t0, ntok, pos0;
-        if (P <= TT) {
-            np = ppt < end - pg ? ppt : end - pg;
-            if (last_staging && np > 1 && pg + np == npages) np--; /* the staging page alone */
-            t0 = 0;
-            pos0 = pg * P;
-            ntok = np * P < kv_len - pos0 ? np * P : kv_len - pos0;
-        } else {
-            np = 1;
-            t0 = tin;
-            pos0 = pg * P + tin;
-            int32_t left = (P - tin) < (kv_len - pos0) ? (P - tin) : (kv_len - pos0);
-            ntok = TT < left ? TT : left;
-        }
-        const int32_t cur = pg;
-        if (P <= TT) {
-            pg += np;
-        } else {
-            tin += TT;
-            if (tin >= P || pg * P + tin >= kv_len) {
-                pg++;
-                tin = 0;
+
+    /* ---- integer keys (copy pipeline, pool int8 / int4 keys): the layout of smem_plan::kint_bytes ---- */
+    constexpr int QD = D / 4, RO = D / 32; /* channel quads; int4 outlier channels */
+    const bool kint = pipe && p.kint != 0;
+    uint8_t *kint_at = reinterpret_cast<uint8_t *>(s_ids + TT * (pipe ? p.stages : 0));
+    float *s_qf = reinterpret_cast<float *>(kint_at);                      /* [R][D] */
+    uint8_t *s_qq = kint_at + R * D * 4;                                   /* [ppt] x qq_page */
+    float *s_sc = reinterpret_cast<float *>(s_qq + ppt * smem_plan<D>::qq_page(R)); /* [ppt][R][2] */
+    float *s_ko = s_sc + smem_plan<D>::up16(ppt * R * 8) / 4;              /* [ppt][R][RO] */
+    int32_t *s_part = reinterpret_cast<int32_t *>(s_ko + smem_plan<D>::up16(ppt * R * RO * 4) / 4);
+    const bool k8 = g.fmt[0].format == KVP_FORMAT_INT8;
+
+    /* Per page j of the tile in stage blocks kb and row r: the query folded
+     * with the page's channel scales, q' = q * scale, quantized to 15 bits
+     * against max|q'| (the CPU's VNNI kernels use the cheaper bound
+     * max|q| * max(scale), which wastes bits when a few channels are wide):
+     * x = rne(q' * 16256 / max|q'|) = 128 hi + lo, hi in -127..127 and lo in
+     * 0..127 as two signed bytes per channel, the rounding error times the
+ * middle code (127.5, 7.5) moved to the constant. The
+     * logit is then step * (128 dot(hi, c) + dot(lo, c)) + sum q * min, and
+     * for int4 keys the outlier channels' int8 part in fp32 (their int4
+     * scale and min are excluded even when the bytes are not 0). One warp
+     * per (page, row). */
+    auto prep_int = [&](uint8_t *const *kb, int32_t np) {
+        for (int pr = warp; pr < np * R; pr += NW) { /* uniform per warp */
+            const int j = pr / R, r = pr - j * R;
+            const uint8_t *blk = kb[j];
+            const uint8_t *sc = blk + (k8 ? (size_t)P * D : (size_t)P * D / 2), *mn = sc + 2 * D;
+            const float *qr = s_qf + r * D;
+            int oidx[RO > 0 ? RO : 1]; /* int4: the outlier channels (D: none) */
+            const uint8_t *ot = k8 ? nullptr : blk + (size_t)P * D / 2 + 4 * D; /* the outlier table */
+            KVP_UNROLL
+            for (int o = 0; o < RO; o++) oidx[o] = k8 ? D : (int)kvp__load_u16(ot + 2 * o);
+            /* the channel scale of d (0 for an int4 outlier channel) */
+            auto scale_of = [&](int d) {
+                float s = f16_bits(kvp__load_u16(sc + 2 * d));
+                KVP_UNROLL
+                for (int o = 0; o < RO; o++)
+                    if (oidx[o] == d) s = 0.0f;
+                return s;
+            };
+            float am = 0.0f; /* max |q'| */
+            for (int d = lane; d < D; d += 32) am = fmaxf(am, fabsf(qr[d] * scale_of(d)));
+            am = kvp__warp_max(am);
+            const float inv = am > 0.0f ? 16256.0f / am : 0.0f, step = am * (1.0f / 16256.0f);
+            const float mid = k8 ? 127.5f : 7.5f;
+            float cst = 0.0f;
+            uint2 *qq = reinterpret_cast<uint2 *>(s_qq + j * smem_plan<D>::qq_page(R)) + r * QD;
+            for (int qd = lane; qd < QD; qd += 32) {
+                uint32_t hw = 0, lw = 0;
+                KVP_UNROLL
+                for (int k = 0; k < 4; k++) {
+                    const int d = 4 * qd + k;
+                    const float s = scale_of(d);
+                    float m = f16_bits(kvp__load_u16(mn + 2 * d));
+                    KVP_UNROLL
+                    for (int o = 0; o < RO; o++)
+                        if (oidx[o] == d) m = 0.0f;
+                    float v = qr[d] * s * inv; /* |v| <= 16256, but for rounding */
+                    v = v != v ? 0.0f : fminf(fmaxf(v, -16256.0f), 16256.0f); /* NaN: foreign bytes */
+                    const int x = __float2int_rn(v);
+                    /* q * min, and q's rounding error charged at the middle code */
+                    cst = fmaf(qr[d], m, fmaf(qr[d] * s - step * (float)x, mid, cst));
+                    hw |= (uint32_t)(uint8_t)(int8_t)(x >> 7) << (8 * k);
+                    lw |= (uint32_t)(x & 127) << (8 * k);
+                }
+                qq[qd] = make_uint2(hw, lw);
+            }
+            float ko = 0.0f, oc = 0.0f; /* lane o < RO: outlier o's coefficient and constant */
+            if (!k8 && lane < RO) {
+                const int d = (int)kvp__load_u16(ot + 2 * lane);
+                if (d < D) {
+                    ko = qr[d] * f16_bits(kvp__load_u16(ot + 2 * (RO + lane)));
+                    oc = qr[d] * f16_bits(kvp__load_u16(ot + 2 * (2 * RO + lane)));
+                }
+            }
+            cst = kvp__warp_sum(cst + oc);
+            if (lane < RO) s_ko[(j * R + r) * RO + lane] = ko;
+            if (lane == 0) {
+                s_sc[2 * (j * R + r)] = step;
+                s_sc[2 * (j * R + r) + 1] = cst;
             }
         }
-        if (pos0 > hi_max || pos0 + ntok - 1 < lo_min) continue; /* nothing visible (uniform) */
+    };
 
-        /* A: page ids -> block addresses; rows -> (page, token) */
-        if (tid < np) {
-            const int32_t id = p.indices[p.indptr[b] + cur + tid];
-            kblk[tid] = kvp__geo_block(g, 0, id, h);
-            vblk[tid] = kvp__geo_block(g, 1, id, h);
-            if (tid == 0) s_tile_staging = id >= g.num_pages;
+    /* Logits of a tile of integer keys: a lane per token (two at 16 tokens a
+     * tile), each warp (and half) a share of the channel quads of every token,
+     * dp4a of the key codes (u8) against hi and lo (s8);
+     * the warps' sums meet in s_part. Then a thread per (row, token) forms
+     * the logit, adds int4 outliers, soft cap and mask, into Sl. */
+    auto logits_int = [&](uint8_t *const *kb, int32_t ntok, int32_t pos0) {
+        constexpr int LT = 32 / TT; /* lanes per token: 1, or 2 at head_dim 256 */
+        const int t = lane % TT, half = lane / TT;
+        int acc8[R]; /* 128 dot(hi, c) + dot(lo, c), at most 2^30 in magnitude */
+        KVP_UNROLL
+        for (int r = 0; r < R; r++) acc8[r] = 0;
+        if (t < ntok) {
+            const int j = pj[t], tk = tt[t];
+            const uint8_t *blk = kb[j];
+            const uint4 *qq = reinterpret_cast<const uint4 *>(s_qq + j * smem_plan<D>::qq_page(R));
+            /* quad pairs (2pp, 2pp+1), dealt round the (warp, half) lanes:
+             * one 16-byte broadcast read of the query words a pair and row */
+            for (int pp = warp * LT + half; pp < QD / 2; pp += NW * LT) {
+                uint32_t w0, w1;
+                if (k8) {
+                    w0 = *reinterpret_cast<const uint32_t *>(blk + ((size_t)(2 * pp) * P + tk) * 4);
+                    w1 = *reinterpret_cast<const uint32_t *>(blk + ((size_t)(2 * pp + 1) * P + tk) * 4);
+                } else {
+                    const int sh = 4 * (tk & 1);
+                    w0 = *reinterpret_cast<const uint32_t *>(blk + ((size_t)(2 * pp) * (P / 2) + tk / 2) * 4);
+                    w1 = *reinterpret_cast<const uint32_t *>(blk + ((size_t)(2 * pp + 1) * (P / 2) + tk / 2) * 4);
+                    w0 = (w0 >> sh) & 0x0F0F0F0Fu;
+                    w1 = (w1 >> sh) & 0x0F0F0F0Fu;
+                }
+                KVP_UNROLL
+                for (int r = 0; r < R; r++) {
+                    const uint4 x = qq[r * (QD / 2) + pp]; /* hi, lo of quad 2pp; hi, lo of 2pp+1 */
+                    acc8[r] = kvp_dp4a_us(w1, x.w, kvp_dp4a_us(w0, x.y, acc8[r])) +
+                              128 * kvp_dp4a_us(w1, x.z, kvp_dp4a_us(w0, x.x, 0));
+                }
+            }
         }
-        if (tid < ntok) {
-            pj[tid] = P <= TT ? tid / P : 0;
-            tt[tid] = P <= TT ? tid % P : t0 + tid;
+        KVP_UNROLL
+        for (int r = 0; r < R; r++) {
+            int x = acc8[r];
+            if (LT == 2) x += __shfl_xor_sync(0xffffffffu, x, 16);
+            if (half == 0) s_part[(warp * R + r) * TT + t] = x;
         }
-        __syncthreads(); /* A */
-        const bool stg = s_tile_staging != 0;
-        const int32_t kk = stg ? KIND_F16 : kind_k, vk = stg ? KIND_F16 : kind_v;
-        const float kscale = stg ? 1.0f : kscale_pool;
+        __syncthreads(); /* the warps' parts */
+        for (int e = tid; e < R * TT; e += NT) {
+            const int r = e / TT, u = e - r * TT;
+            if (u >= ntok) continue;
+            int32_t sum = 0;
+            KVP_UNROLL
+            for (int w = 0; w < NW; w++) sum += s_part[(w * R + r) * TT + u];
+            const int j = pj[u];
+            float x = fmaf(s_sc[2 * (j * R + r)], (float)sum, s_sc[2 * (j * R + r) + 1]);
+            if (!k8) {
+                const uint8_t *codes = kb[j] + (size_t)P * D / 2 + 4 * D + 6 * RO;
+                KVP_UNROLL
+                for (int o = 0; o < RO; o++)
+                    x = fmaf(s_ko[(j * R + r) * RO + o], (float)codes[o * P + tt[u]], x);
+            }
+            if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
+            const int32_t pos = pos0 + u;
+            if (pos < rlo[r] || pos > s_rhi[r]) x = -INFINITY;
+            Sl[r * TT + u] = x;
+        }
+    };
 
-        /* B: K and V tiles */
-        {
-            tile_ref K, V;
-            K.base = ktile;
-            K.pitch = smem_plan<D>::pitch(kk);
-            K.kind = kk;
-            K.blk = kblk;
-            K.pj = pj;
-            K.tt = tt;
-            K.vs = nullptr;
-            K.ntok = ntok;
-            V = K;
-            V.base = vtile;
-            V.pitch = smem_plan<D>::pitch(vk);
-            V.kind = vk;
-            V.blk = vblk;
-            V.vs = vs;
-            load_tiles<D>(K, stg ? g.sfmt[0] : g.fmt[0], stg ? p.sfast != 0 : p.fast[0] != 0, V,
-                          stg ? g.sfmt[1] : g.fmt[1], stg ? true : p.fast[1] != 0, P,
-                          stg ? 1.0f : vscale_pool);
-        }
-        __syncthreads(); /* B */
-
+    /* C, D, E of one tile: K rows at kt (pitch kp, kind kk), V rows at vt. */
+    auto compute = [&](const uint8_t *kt, int kp, int32_t kk, const uint8_t *vt, int vp, int32_t vk,
+                       float kscale, int32_t ntok, int32_t pos0, uint8_t *const *kint_blocks) {
         /* C: logits. Tokens base+tg; lanes ln hold channels [ln*VEC, +VEC). */
-        {
-            const int kp = smem_plan<D>::pitch(kk), es = kk == KIND_F32 ? 4 : 2;
+        if (kint_blocks != nullptr) {
+            logits_int(kint_blocks, ntok, pos0);
+        } else {
+            const int es = kk == KIND_F32 ? 4 : 2;
             for (int base = 0; base < ntok; base += TG) { /* uniform trip count */
                 const int t = base + tg;
                 float kv[VEC];
-                if (t < ntok) get<VEC>(ktile + t * kp + ln * VEC * es, kk, kv);
+                if (t < ntok) get<VEC>(kt + t * kp + ln * VEC * es, kk, kv);
                 else
                     KVP_UNROLL
                     for (int v = 0; v < VEC; v++) kv[v] = 0.0f;
@@ -787,7 +959,7 @@ __global__ void __launch_bounds__(NT, min_ctas<R>()) k_attention(params p) {
 
         /* E: o = o * alpha + sum_t p v */
         if (slice < TS) {
-            const int vp = smem_plan<D>::pitch(vk), es = vk == KIND_F32 ? 4 : 2;
+            const int es = vk == KIND_F32 ? 4 : 2;
             KVP_UNROLL
             for (int r = 0; r < R; r++) {
                 acc[r][0] *= alpha[r];
@@ -795,7 +967,7 @@ __global__ void __launch_bounds__(NT, min_ctas<R>()) k_attention(params p) {
             }
             for (int t = slice; t < ntok; t += TS) {
                 float v[2], pr[R];
-                get<2>(vtile + t * vp + c2 * es, vk, v);
+                get<2>(vt + t * vp + c2 * es, vk, v);
                 get<R>(reinterpret_cast<const uint8_t *>(Pv + t * R), KIND_F32, pr);
                 KVP_UNROLL
                 for (int r = 0; r < R; r++) {
@@ -805,6 +977,181 @@ __global__ void __launch_bounds__(NT, min_ctas<R>()) k_attention(params p) {
                     }
                 }
             }
+        }
+    };
+
+    if constexpr (PIPE) {
+        /* ---- the copy pipeline: tile i is computed while tiles i+1 .. i+S-1 are in flight ---- */
+        const int S = p.stages;
+        for (int e = tid; e < S * ppt; e += NT) { /* block j of stage s, K and V */
+            const int s = e / ppt, j = e % ppt;
+            uint8_t *st = smem + s * stage_bytes;
+            ptab[2 * s * TT + j] = st + j * p.slot_k;
+            ptab[(2 * s + 1) * TT + j] = st + p.stage_k + j * p.slot_v;
+        }
+        if (kint) /* the rows' queries, scaled (published by the barrier below) */
+            for (int e = tid; e < R * D; e += NT) {
+                const int r = e / D, d = e - r * D;
+                const int32_t rr = rb * R + r;
+                float v = 0.0f;
+                if (rr < rows_per_head) {
+                    const int32_t i = rr / p.group, qh = h * p.group + rr % p.group;
+                    v = kvp__load_elem(p.q + (((size_t)(qbase + i) * p.q_heads + qh) * D + d) * p.esize,
+                                       p.dtype) * p.sm_scale;
+                }
+                s_qf[e] = v;
+            }
+        for (int i = tid; i < TT; i += NT) {
+            pj[i] = i / P;
+            tt[i] = i % P;
+        }
+        const walk W = {end, npages, ppt, P, kv_len, lo_min, hi_max, last_staging};
+        const int32_t *ids_b = p.indices + p.indptr[b];
+        /* Start copying tile F into stage s: its blocks whole (pool: copy_k / copy_v
+         * bytes; the staging page: sblock), 16 bytes a thread at a time, page
+         * ids from s_ids[s] (fetched a tile earlier). */
+        auto issue = [&](const ptile &F, int s) {
+            const bool fstg = last_staging && F.cur == npages - 1;
+            const int ck = (fstg ? (int)g.sblock : p.copy_k) >> 4, cv = (fstg ? (int)g.sblock : p.copy_v) >> 4;
+            const int nk = F.np * ck, total = nk + F.np * cv;
+            const int32_t *ids = s_ids + s * TT;
+            uint8_t *st = smem + s * stage_bytes;
+            for (int c = tid; c < total; c += NT) {
+                const int side = c >= nk ? 1 : 0, cc = side ? c - nk : c, per = side ? cv : ck;
+                const int j = cc / per, w = cc - j * per;
+                const uint8_t *src = kvp__geo_block(g, side, ids[j], h) + 16 * w;
+                uint8_t *dst = st + (side ? p.stage_k + j * p.slot_v : j * p.slot_k) + 16 * w;
+                kvp_cp_async16(dst, src);
+            }
+        };
+        int32_t c_comp = first, c_issue = first, c_ids = first; /* the three cursors */
+        ptile T, F;
+        for (int s = 0; s < S; s++) /* page ids of the first S tiles */
+            if (W.next(c_ids, F) && tid < F.np) s_ids[s * TT + tid] = ids_b[F.cur + tid];
+        __syncthreads();
+        for (int s = 0; s < S - 1; s++) {
+            if (W.next(c_issue, F)) issue(F, s);
+            kvp_cp_async_commit(); /* one group per tile, empty or not */
+        }
+        for (int i = 0; W.next(c_comp, T); i++) {
+            if (S == 3) kvp_cp_async_wait<1>();
+            else kvp_cp_async_wait<0>();
+            __syncthreads(); /* tile i has landed for every thread; tile i-1 is done with */
+            if (W.next(c_issue, F)) issue(F, (i + S - 1) % S); /* into tile i-1's stage */
+            kvp_cp_async_commit();
+            /* page ids of tile i+S: loaded now, stored once this tile is done
+             * (into s_ids[i % S], whose tile was issued S-1 tiles ago) */
+            const bool idn = W.next(c_ids, F) && tid < F.np;
+            const int32_t nid = idn ? ids_b[F.cur + tid] : 0;
+
+            const int s = i % S;
+            const bool stg = last_staging && T.cur == npages - 1;
+            const int32_t kk = stg ? KIND_F16 : kind_k, vk = stg ? KIND_F16 : kind_v;
+            const bool dk = stg ? p.sdirect != 0 : p.direct[0] != 0;
+            const bool dv = stg || p.direct[1] != 0;
+            const bool ki = kint && !stg; /* integer keys: no K tile, logits from the codes */
+            uint8_t *st = smem + s * stage_bytes;
+            if (!dk || !dv) { /* B: decode from the stage into the tiles */
+                if (ki) prep_int(ptab + 2 * s * TT, T.np);
+                tile_ref K, V;
+                K.base = ktile;
+                K.pitch = smem_plan<D>::pitch(kk);
+                K.kind = kk;
+                K.blk = ptab + 2 * s * TT;
+                K.pj = pj;
+                K.tt = tt;
+                K.vs = nullptr;
+                K.ntok = dk || ki ? 0 : T.ntok;
+                V = K;
+                V.base = vtile;
+                V.pitch = smem_plan<D>::pitch(vk);
+                V.kind = vk;
+                V.blk = ptab + (2 * s + 1) * TT;
+                V.vs = vs;
+                V.ntok = dv ? 0 : T.ntok;
+                load_tiles<D>(K, stg ? g.sfmt[0] : g.fmt[0], stg ? p.sfast != 0 : p.fast[0] != 0, V,
+                              stg ? g.sfmt[1] : g.fmt[1], stg ? true : p.fast[1] != 0, P,
+                              stg ? 1.0f : vscale_pool);
+            }
+            if (dv) /* plain 16/32-bit values: p is not scaled (C's barrier orders this before D) */
+                for (int e = tid; e < T.ntok; e += NT) vs[e] = 1.0f;
+            if (!dk || !dv) __syncthreads(); /* B */
+            const int es_k = kk == KIND_F32 ? 4 : 2, es_v = vk == KIND_F32 ? 4 : 2;
+            compute(dk ? st : ktile, dk ? D * es_k : smem_plan<D>::pitch(kk), kk,
+                    dv ? st + p.stage_k : vtile, dv ? D * es_v : smem_plan<D>::pitch(vk), vk,
+                    stg ? 1.0f : kscale_pool, T.ntok, T.pos0, ki ? ptab + 2 * s * TT : nullptr);
+            if (idn) s_ids[s * TT + tid] = nid;
+        }
+        kvp_cp_async_wait<0>(); /* only empty groups remain; the stages become `red` below */
+    } else {
+        int32_t pg = first, tin = 0;
+        while (pg < end) {
+            /* ---- the next tile: pages [pg, pg+np) or tokens [tin, tin+ntok) of page pg ---- */
+            int32_t np, t0, ntok, pos0;
+            if (P <= TT) {
+                np = ppt < end - pg ? ppt : end - pg;
+                if (last_staging && np > 1 && pg + np == npages) np--; /* the staging page alone */
+                t0 = 0;
+                pos0 = pg * P;
+                ntok = np * P < kv_len - pos0 ? np * P : kv_len - pos0;
+            } else {
+                np = 1;
+                t0 = tin;
+                pos0 = pg * P + tin;
+                int32_t left = (P - tin) < (kv_len - pos0) ? (P - tin) : (kv_len - pos0);
+                ntok = TT < left ? TT : left;
+            }
+            const int32_t cur = pg;
+            if (P <= TT) {
+                pg += np;
+            } else {
+                tin += TT;
+                if (tin >= P || pg * P + tin >= kv_len) {
+                    pg++;
+                    tin = 0;
+                }
+            }
+            if (pos0 > hi_max || pos0 + ntok - 1 < lo_min) continue; /* nothing visible (uniform) */
+
+            /* A: page ids -> block addresses; rows -> (page, token) */
+            if (tid < np) {
+                const int32_t id = p.indices[p.indptr[b] + cur + tid];
+                kblk[tid] = kvp__geo_block(g, 0, id, h);
+                vblk[tid] = kvp__geo_block(g, 1, id, h);
+                if (tid == 0) s_tile_staging = id >= g.num_pages;
+            }
+            if (tid < ntok) {
+                pj[tid] = P <= TT ? tid / P : 0;
+                tt[tid] = P <= TT ? tid % P : t0 + tid;
+            }
+            __syncthreads(); /* A */
+            const bool stg = s_tile_staging != 0;
+            const int32_t kk = stg ? KIND_F16 : kind_k, vk = stg ? KIND_F16 : kind_v;
+
+            /* B: K and V tiles, loaded from device memory */
+            {
+                tile_ref K, V;
+                K.base = ktile;
+                K.pitch = smem_plan<D>::pitch(kk);
+                K.kind = kk;
+                K.blk = kblk;
+                K.pj = pj;
+                K.tt = tt;
+                K.vs = nullptr;
+                K.ntok = ntok;
+                V = K;
+                V.base = vtile;
+                V.pitch = smem_plan<D>::pitch(vk);
+                V.kind = vk;
+                V.blk = vblk;
+                V.vs = vs;
+                load_tiles<D>(K, stg ? g.sfmt[0] : g.fmt[0], stg ? p.sfast != 0 : p.fast[0] != 0, V,
+                              stg ? g.sfmt[1] : g.fmt[1], stg ? true : p.fast[1] != 0, P,
+                              stg ? 1.0f : vscale_pool);
+            }
+            __syncthreads(); /* B */
+            compute(ktile, smem_plan<D>::pitch(kk), kk, vtile, smem_plan<D>::pitch(vk), vk,
+                    stg ? 1.0f : kscale_pool, ntok, pos0, nullptr);
         }
     }
 
@@ -854,6 +1201,21 @@ __global__ void __launch_bounds__(NT, min_ctas<R>()) k_attention(params p) {
         else *reinterpret_cast<uint16_t *>(op) = bf16_from(x);
         if (d == 0 && p.lse != nullptr) p.lse[row] = mfin[r] + logf(l);
     }
+}
+
+template <int D, int R>
+__global__ void __launch_bounds__(NT, min_ctas<R>()) k_attention(params p) {
+    attention_body<D, R, false>(p);
+}
+
+/* The copy pipeline's kernel: as min_ctas, except head_dim 80 at 4 rows,
+ * which spills 8 bytes a thread on sm_80 within 3 CTAs' registers. */
+template <int D, int R> constexpr int min_ctas_pipe() { return D == 80 && R == 4 ? 2 : min_ctas<R>(); }
+
+/* The copy pipeline (the host sets params::pipe and the stage sizes). */
+template <int D, int R>
+__global__ void __launch_bounds__(NT, (min_ctas_pipe<D, R>())) k_attention_pipe(params p) {
+    attention_body<D, R, true>(p);
 }
 
 /* Merge the split partials of one (sequence, unit): block per unit of the

@@ -79,6 +79,18 @@ int kvp_cuda_ctx_kernel_time(kvp_ctx_t *ctx, double *seconds) {
     return kvp__cuda_ctx_kernel_time(ctx, seconds);
 }
 
+int kvp_cuda_ctx_set_pipeline(kvp_ctx_t *ctx, int enable) {
+    if (ctx == nullptr) return KVP_EINVAL;
+    if (ctx->backend != &kvp__cuda_backend)
+        return kvp__errf(ctx->error, KVP_ERR_SIZE, KVP_EINVAL,
+                         "not a CUDA context (kvp_cuda_ctx_create makes one)");
+    if (enable != 0 && enable != 1)
+        return kvp__errf(ctx->error, KVP_ERR_SIZE, KVP_EINVAL, "enable must be 0 or 1, got %d",
+                         enable);
+    kvp__cctx(ctx)->pipeline = enable != 0;
+    return KVP_OK;
+}
+
 int kvp_cuda_host_alloc(uint64_t bytes, void **ptr, char *err, size_t err_size) {
     if (ptr == nullptr || bytes == 0)
         return kvp__errf(err, err_size, KVP_EINVAL, "ptr is NULL or bytes is 0");

@@ -87,6 +87,7 @@ struct kvp__cuda_obj {
 };
 
 #define KVP__DEFAULT_STAGING (4ull << 20)
+#define KVP__OCC_WAYS 4
 
 /* Check the parameters, make the device current (the guard is left for the
  * caller to release), create events and the staging area. */
@@ -128,11 +129,22 @@ struct kvp__cuda_ctx {
     float *partials;             /* device workspace: split-KV partial results */
     uint64_t partial_bytes;
     int sm_count;
-    /* CTAs of each attention kernel variant one SM holds at once
-     * (cudaOccupancyMaxActiveBlocksPerMultiprocessor, asked at first use;
-     * 0: not yet): [head_dim index][log2 R][K tiles fp32][V tiles fp32] */
-    int ctas_per_sm[5][4][2][2];
-    int64_t split_target;        /* CTAs the last call's split sizing aimed at (tests) */
+    int smem_optin;              /* cudaDevAttrMaxSharedMemoryPerBlockOptin */
+    bool pipeline;               /* kvp_cuda_ctx_set_pipeline(); default on */
+    /* CTAs of each attention kernel variant one SM holds at once with a given
+     * dynamic shared memory size (cudaOccupancyMaxActiveBlocksPerMultiprocessor,
+     * asked at first use of a (variant, size) pair): [head_dim index][log2 R]
+     * [copy pipeline][the last KVP__OCC_WAYS sizes seen] */
+    struct {
+        int smem, ctas;          /* ctas 0: empty */
+    } occ[5][4][2][KVP__OCC_WAYS];
+    int occ_next[5][4][2];       /* the entry replaced next */
+    /* the last call (tests): CTAs its split sizing aimed at, its shared
+     * memory, whether it used the copy pipeline, with how many stages, and
+     * integer dot products for the keys */
+    int64_t split_target;
+    int last_smem, last_stages;
+    bool last_pipe, last_kint;
     /* kvp_cuda_ctx_set_timing(): events recorded on the stream right before
      * an attention call's first kernel and right after its last */
     cudaEvent_t timing_ev[2];

@@ -267,6 +267,29 @@ KVP_API int kvp_cuda_ctx_set_timing(kvp_ctx_t *ctx, int enable);
 KVP_API int kvp_cuda_ctx_kernel_time(kvp_ctx_t *ctx, double *seconds);
 
 /**
+ * @brief Choose how the context's attention kernels bring K/V pages on chip.
+ *
+ * On (the default), when pages are no larger than a kernel tile (32 tokens;
+ * 16 at head_dim 256) and every block is 16-byte aligned (always so for a
+ * store's own arena), each CTA copies its tiles' blocks whole, in their
+ * stored layout, into a ring of 2 or 3 shared-memory stages with
+ * asynchronous copies (`cp.async`, sm_80+), a tile's page ids fetched a
+ * tile earlier, so the next tiles' loads overlap the current tile's
+ * arithmetic; fp16, bf16 and fp32 token-major pages are computed where
+ * they land, quantized ones decoded from shared memory. Off, or when the
+ * conditions do not hold, a single-buffer loader reads each tile from device
+ * memory and decodes it on the way. Both give the same results within the
+ * stated tolerances; the switch exists to compare them
+ * (`kvpage-bench attention --device cuda`) and as a fallback.
+ *
+ * @param[in,out] ctx    A CUDA context.
+ * @param[in]     enable 1 (default) or 0; takes effect at the next call.
+ * @return #KVP_OK; #KVP_EINVAL for NULL, a CPU context or `enable` not 0 or 1;
+ *         #KVP_ENOTSUP in a CPU-only build.
+ */
+KVP_API int kvp_cuda_ctx_set_pipeline(kvp_ctx_t *ctx, int enable);
+
+/**
  * @brief kvp_quantize() on the device: `src` and `dst` are device memory;
  *        the blocks are byte-identical to kvp_quantize()'s, and their padding
  *        (up to #KVP_BLOCK_ALIGN) is written as zeros.

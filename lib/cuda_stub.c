@@ -76,6 +76,12 @@ int kvp_cuda_ctx_kernel_time(kvp_ctx_t *ctx, double *seconds) {
     return not_built(ctx->error, KVP_ERR_SIZE);
 }
 
+int kvp_cuda_ctx_set_pipeline(kvp_ctx_t *ctx, int enable) {
+    (void)enable;
+    if (ctx == NULL) return KVP_EINVAL;
+    return not_built(ctx->error, KVP_ERR_SIZE);
+}
+
 int kvp_cuda_quantize(const kvp_quant_desc_t *desc, const void *src, int64_t pages, void *dst,
                       void *stream, char *err, size_t err_size) {
     (void)desc;

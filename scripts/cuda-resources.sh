@@ -1,7 +1,8 @@
 #!/bin/sh
 # Registers, shared memory, spills and stack of every CUDA kernel, per arch,
 # as ptxas reports them, and a gate: exit 1 when a decode attention kernel
-# (cuda/attention.cuh: k_attention, and the split-KV merge k_merge) spills
+# (cuda/attention.cuh: k_attention, k_attention_pipe, and the split-KV merge
+# k_merge) spills
 # registers to local memory.
 #
 #   make cuda-resources                                (the library's objects)
@@ -16,7 +17,7 @@
 # Environment:
 #   KVP_SPILL_GATE=fail    (default) exit 1 when a decode attention kernel spills
 #   KVP_SPILL_GATE=report  print the same table and verdict, exit 0
-#   KVP_SPILL_KERNELS      extended regex for the gated kernels ('^(k_attention|k_merge)<')
+#   KVP_SPILL_KERNELS      extended regex for the gated kernels ('^(k_attention|k_attention_pipe|k_merge)<')
 set -eu
 
 markdown=0
@@ -24,7 +25,7 @@ logs=""
 for a in "$@"; do
     case "$a" in
     --markdown) markdown=1 ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "cuda-resources: unknown option '$a' (see --help)" >&2; exit 2 ;;
     *)
         [ -f "$a" ] || { echo "cuda-resources: no ptxas report $a (built before the Makefile kept them? make clean)" >&2; exit 2; }
@@ -38,7 +39,7 @@ gate=${KVP_SPILL_GATE:-fail}
 case "$gate" in fail | report) ;; *)
     echo "cuda-resources: KVP_SPILL_GATE must be 'fail' or 'report', not '$gate'" >&2; exit 2 ;;
 esac
-gated=${KVP_SPILL_KERNELS:-'^(k_attention|k_merge)<'}
+gated=${KVP_SPILL_KERNELS:-'^(k_attention|k_attention_pipe|k_merge)<'}
 
 # ptxas -v, per function and arch:
 #   ptxas info    : Compiling entry function '_Z...' for 'sm_90'

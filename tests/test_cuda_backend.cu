@@ -1118,6 +1118,100 @@ static void test_attention_options(void **state) {
     kvp_ctx_destroy(gc);
 }
 
+/* The copy pipeline (kvp_cuda_ctx_set_pipeline): taken where pages fit a
+ * tile, and its results are the single-buffer loader's bit for bit (the
+ * same arithmetic on the same tile values: plain pages read where they
+ * landed, quantized ones decoded from shared memory instead of device
+ * memory), for every loader: plain token- and dim-major, fp8, int8 and int4
+ * (with outliers) through the 16-byte loaders, page sizes only the
+ * element-wise loader covers, the staging page, windows that skip tiles,
+ * splits, GQA groups up to 8 rows. */
+static void test_attention_pipeline(void **state) {
+    (void)state;
+    static const struct {
+        int32_t kf, vf, order, P, D, kv_heads, q_heads;
+    } cases[] = {
+        {KVP_FORMAT_FP16, KVP_FORMAT_FP16, 0, 16, 128, 2, 16},   /* read in place, GQA 8 */
+        {KVP_FORMAT_FP16, KVP_FORMAT_FP16, 1, 16, 64, 2, 8},     /* dim-major keys decoded */
+        {KVP_FORMAT_BF16, KVP_FORMAT_BF16, 0, 1, 64, 1, 2},      /* 32 pages a tile */
+        {KVP_FORMAT_FP32, KVP_FORMAT_FP32, 0, 16, 256, 1, 4},    /* one page a tile (TT 16) */
+        {KVP_FORMAT_FP8_E4M3, KVP_FORMAT_FP8_E4M3, 0, 8, 128, 2, 4},
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT8, 0, 16, 128, 2, 8},
+        {KVP_FORMAT_INT4, KVP_FORMAT_INT4, 0, 32, 128, 1, 4},    /* int4 keys' outliers */
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT4, 0, 8, 80, 2, 2},
+        {KVP_FORMAT_INT4, KVP_FORMAT_FP16, 0, 16, 96, 1, 1},
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT8, 0, 6, 64, 1, 2},      /* element-wise loader */
+        {KVP_FORMAT_FP16, KVP_FORMAT_FP8_E4M3, 1, 3, 96, 1, 2},  /* element-wise, dim-major */
+        {KVP_FORMAT_BF16, KVP_FORMAT_INT8, 1, 5, 256, 1, 1},
+    };
+    /* gn: no workspace, no splits (the split count follows each kernel's
+     * occupancy, and so would the rounding); gc: splits */
+    kvp_ctx_t *cc = cpu_ctx(), *gc = gpu_ctx(0), *gn = gpu_ctx(4096);
+    assert_int_equal(kvp_cuda_ctx_set_pipeline(gc, 2), KVP_EINVAL);
+    assert_non_null(strstr(kvp_ctx_last_error(gc), "0 or 1"));
+    assert_int_equal(kvp_cuda_ctx_set_pipeline(gc, -1), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_ctx_set_pipeline(cc, 1), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_ctx_set_pipeline(nullptr, 1), KVP_EINVAL);
+    const kvp__cuda_ctx *x = kvp__cctx(gn);
+    assert_true(x->pipeline); /* on by default */
+    static const attn_opts window = {1, 40, KVP_FORMAT_FP32, 0.0f};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const int32_t P = cases[i].P;
+        int32_t kv_len[] = {300 + P / 2, 2 * P + 1, 3 * P + 2}, q_len[] = {1, 1, 1};
+        batch_spec s = {cases[i].kv_heads, cases[i].q_heads, cases[i].D, P, cases[i].kf, cases[i].vf,
+                        cases[i].order, 3, kv_len, q_len, 1700 + i};
+        batch bt;
+        batch_build(&bt, &s);
+        const size_t n = (size_t)bt.rows * (size_t)s.q_heads * (size_t)s.head_dim;
+        const size_t nl = (size_t)bt.rows * (size_t)s.q_heads;
+        /* int8 / int4 keys take the integer path where a tile holds at most 8 pages */
+        const bool kint = (s.k_format == KVP_FORMAT_INT8 || s.k_format == KVP_FORMAT_INT4) &&
+                          P >= (s.head_dim >= 256 ? 2 : 4);
+        for (int o = 0; o < 2; o++) {
+            const attn_opts *opt = o == 0 ? &plain_opts : &window;
+            float *a = (float *)malloc(n * 4), *b = (float *)malloc(n * 4);
+            float *la = (float *)malloc(nl * 4), *lb = (float *)malloc(nl * 4);
+            assert_int_equal(kvp_cuda_ctx_set_pipeline(gn, 1), KVP_OK);
+            run_attention(gn, &bt, true, opt, a, la);
+            assert_true(x->last_pipe);
+            assert_true(x->last_stages == 2 || x->last_stages == 3);
+            assert_true(x->last_kint == kint);
+            assert_int_equal(kvp_cuda_ctx_set_pipeline(gn, 0), KVP_OK);
+            run_attention(gn, &bt, true, opt, b, lb);
+            assert_false(x->last_pipe);
+            if (kint) { /* integer dot products against the quantized query: within tolerance */
+                const double e = rel_diff(a, b, n);
+                if (e > TOL_F16 || getenv("KVP_TEST_VERBOSE"))
+                    print_message("  pipeline case %zu (options %d): integer keys vs fp16 tiles %.2e\n", i, o, e);
+                assert_true(e <= TOL_F16);
+            } else {
+                if (memcmp(a, b, n * 4) != 0 || memcmp(la, lb, nl * 4) != 0)
+                    print_error("pipeline case %zu (options %d): results differ from the single-buffer "
+                                "loader\n", i, o);
+                assert_memory_equal(a, b, n * 4);
+                assert_memory_equal(la, lb, nl * 4);
+            }
+            free(a);
+            free(b);
+            free(la);
+            free(lb);
+        }
+        /* and right against the CPU, with splits and a window */
+        check_batch(&s, cc, gc, &plain_opts, "pipeline");
+        assert_true(kvp__cctx(gc)->last_pipe);
+        check_batch(&s, cc, gc, &window, "pipeline");
+        batch_free(&bt);
+    }
+    /* pages larger than a tile: the single-buffer loader */
+    int32_t kv_len[] = {150}, q_len[] = {1};
+    batch_spec big = {1, 2, 128, 64, KVP_FORMAT_FP16, KVP_FORMAT_FP16, 0, 1, kv_len, q_len, 1790};
+    check_batch(&big, cc, gc, &plain_opts, "pipeline");
+    assert_false(kvp__cctx(gc)->last_pipe);
+    kvp_ctx_destroy(cc);
+    kvp_ctx_destroy(gc);
+    kvp_ctx_destroy(gn);
+}
+
 /* ---- streams, errors, bad input ------------------------------------------------------------------ */
 
 static void test_streams(void **state) {
@@ -1287,20 +1381,30 @@ static void check_occupancy(int32_t kf, int32_t vf, int32_t q_heads, int32_t kv_
     kvp_ctx_t *gc = gpu_ctx(0), *cc = cpu_ctx();
     check_batch(&s, cc, gc, &plain_opts, "occupancy");
     using namespace kvp_attn;
-    const int32_t kk = kf == KVP_FORMAT_FP32 ? KIND_F32 : KIND_F16;
-    const int32_t vk = vf == KVP_FORMAT_FP32 ? KIND_F32 : KIND_F16;
-    int n = 0, sms = 0, ri = R == 1 ? 0 : R == 2 ? 1 : R == 4 ? 2 : 3;
-    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attention<D, R>, NT,
-                                                                   (size_t)smem_plan<D>::bytes(kk, vk, R)),
+    const kvp__cuda_ctx *x = kvp__cctx(gc);
+    /* pages of 16 fit a tile: the copy pipeline, with its own shared memory */
+    assert_true(x->last_pipe);
+    assert_true(x->last_smem > 0);
+    int n = 0, sms = 0;
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attention_pipe<D, R>, NT,
+                                                                   (size_t)x->last_smem),
                      cudaSuccess);
     assert_int_equal(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
     assert_true(n >= 1 && sms >= 1);
-    const kvp__cuda_ctx *x = kvp__cctx(gc);
-    int di = D == 64 ? 0 : D == 80 ? 1 : D == 96 ? 2 : D == 128 ? 3 : 4;
-    assert_int_equal(x->ctas_per_sm[di][ri][kk == KIND_F32][vk == KIND_F32], n);
     if (x->split_target != (int64_t)sms * n)
         print_error("occupancy D %d R %d: split sizing aimed at %lld CTAs, %d SMs x %d fit\n", D, R,
                     (long long)x->split_target, sms, n);
+    assert_true(x->split_target == (int64_t)sms * n);
+    /* the single-buffer loader: its own size and occupancy */
+    assert_int_equal(kvp_cuda_ctx_set_pipeline(gc, 0), KVP_OK);
+    check_batch(&s, cc, gc, &plain_opts, "occupancy");
+    const int32_t kk = kf == KVP_FORMAT_FP32 ? KIND_F32 : KIND_F16;
+    const int32_t vk = vf == KVP_FORMAT_FP32 ? KIND_F32 : KIND_F16;
+    assert_false(x->last_pipe);
+    assert_int_equal(x->last_smem, smem_plan<D>::bytes(kk, vk, R));
+    assert_int_equal(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attention<D, R>, NT,
+                                                                   (size_t)x->last_smem),
+                     cudaSuccess);
     assert_true(x->split_target == (int64_t)sms * n);
     kvp_ctx_destroy(gc);
     kvp_ctx_destroy(cc);
@@ -2123,6 +2227,7 @@ static int attend_page0(kvp_ctx_t *c, kvp_store_t *st, bool gpu, int32_t D, int3
     ap.q = gpu ? qd : q;
     ap.out = gpu ? od : out;
     int rc = kvp_attention(c, st, &v, &ap);
+    if (rc != KVP_OK) print_error("attention over page 0: %s\n", kvp_ctx_last_error(c));
     if (gpu) {
         if (rc == KVP_OK) to_host(out, od, (size_t)D * 4);
         cudaFree(qd);
@@ -2807,6 +2912,7 @@ int main(void) {
         cmocka_unit_test(test_attention_odd_pages),
         cmocka_unit_test(test_attention_ragged_and_splits),
         cmocka_unit_test(test_attention_options),
+        cmocka_unit_test(test_attention_pipeline),
         cmocka_unit_test(test_streams),
         cmocka_unit_test(test_kernel_timing),
         cmocka_unit_test(test_pending_error_untouched),

@@ -151,11 +151,13 @@ static void test_entry_points_without_gpu(void **state) {
     assert_int_equal(kvp_cuda_ctx_set_timing(cpu_ctx, 1), cpu_want);
     assert_int_equal(kvp_cuda_ctx_kernel_time(cpu_ctx, &secs), cpu_want);
     assert_true(secs == -1.0); /* untouched on error */
+    assert_int_equal(kvp_cuda_ctx_set_pipeline(cpu_ctx, 0), cpu_want);
     kvp_ctx_destroy(cpu_ctx);
     assert_int_equal(kvp_cuda_store_set_stream(NULL, NULL), KVP_EINVAL);
     assert_int_equal(kvp_cuda_ctx_set_stream(NULL, NULL), KVP_EINVAL);
     assert_int_equal(kvp_cuda_ctx_set_timing(NULL, 1), KVP_EINVAL);
     assert_int_equal(kvp_cuda_ctx_kernel_time(NULL, &secs), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_ctx_set_pipeline(NULL, 1), KVP_EINVAL);
 }
 
 /* kvp_build_has(KVP_FEATURE_CUDA) agrees with what the CUDA entry points

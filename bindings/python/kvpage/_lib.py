@@ -900,6 +900,7 @@ _sig("kvp_cuda_store_set_stream", ctypes.c_int, _vp, _vp)
 _sig("kvp_cuda_ctx_set_stream", ctypes.c_int, _vp, _vp)
 _sig("kvp_cuda_ctx_set_timing", ctypes.c_int, _vp, ctypes.c_int)
 _sig("kvp_cuda_ctx_kernel_time", ctypes.c_int, _vp, _P(ctypes.c_double))
+_sig("kvp_cuda_ctx_set_pipeline", ctypes.c_int, _vp, ctypes.c_int)
 _sig("kvp_cuda_quantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, _vp, c_char_p,
      _sz)
 _sig("kvp_cuda_dequantize", ctypes.c_int, _P(QuantDescC), _vp, ctypes.c_int64, _vp, _vp,

@@ -275,6 +275,12 @@ class CudaContext(Context):
         and after its last, the host's share left out."""
         self._check(L.kvp_cuda_ctx_set_timing(self._p(), 1 if enable else 0))
 
+    def set_pipeline(self, enable: bool = True) -> None:
+        """Bring K/V pages on chip through the multi-stage copy pipeline
+        (default) or, with ``False``, the single-buffer loader
+        (``kvp_cuda_ctx_set_pipeline``); the same results, for comparisons."""
+        self._check(L.kvp_cuda_ctx_set_pipeline(self._p(), 1 if enable else 0))
+
     def kernel_time(self) -> float:
         """Seconds of device time of the last :meth:`attention` call, timed as
         :meth:`set_timing` says (waits for its kernels). Raises the library's

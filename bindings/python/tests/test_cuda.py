@@ -272,6 +272,11 @@ def test_gpu_store_and_attention_match_the_cpu_backend(k_fmt, v_fmt):
             ctx.attention(store, batch, 0, qd, od, q_heads=QH, dtype=np.float16, sm_scale=0.125)
             assert ctx.kernel_time() >= 0.0
             outs.append(rt.download(od, q))
+            ctx.set_pipeline(False)  # the single-buffer loader: the same results
+            ctx.attention(store, batch, 0, qd, od, q_heads=QH, dtype=np.float16, sm_scale=0.125)
+            single = rt.download(od, q).astype(np.float32)
+            assert np.abs(single - outs[-1].astype(np.float32)).max() < 2e-3
+            ctx.set_pipeline(True)
             for p in (kd, vd, qd, od):
                 rt.free(p)
         else:
