@@ -14,7 +14,10 @@
  * host's share of a call, the schedule and its upload, is not counted), each
  * rep after the device's L2 cache was flushed (a write of twice its size,
  * outside the timed interval: batch 1 at 8k, 32 MiB of fp16 K/V, would
- * otherwise be read from an H200's 50 MB L2). The bandwidth probe
+ * otherwise be read from an H200's 50 MB L2). Every paged case is also timed
+ * with the single-buffer loader (kvp_cuda_ctx_set_pipeline(ctx, 0)): the
+ * `vs single` column and the `*_pipeline_speedup` keys (medians over the
+ * cases of that time over the pipelined one). The bandwidth probe
  * (`read_gbps`) is a device-to-device copy of 1 GiB (bytes read plus bytes
  * written over the time). The last line is JSON.
  *
@@ -344,6 +347,19 @@ static int run_case(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng) {
         fail("paged attention");
         goto out;
     }
+    /* the same call with the single-buffer loader (kvp_cuda_ctx_set_pipeline) */
+    if (kvp_cuda_ctx_set_pipeline(ctx, 0) != KVP_OK) {
+        snprintf(g_err, sizeof g_err, "%s", kvp_ctx_last_error(ctx));
+        fail("kvp_cuda_ctx_set_pipeline");
+        goto out;
+    }
+    int trc = bench_cuda_time_kernels(ctx, NULL, run_paged, &c, o->reps, o->flush, o->flush_bytes,
+                                      &r->t_single, g_err, sizeof g_err);
+    (void)kvp_cuda_ctx_set_pipeline(ctx, 1);
+    if (trc != KVP_OK) {
+        fail("paged attention, single-buffer loader");
+        goto out;
+    }
     if (bench_cuda_time_kernels(ctx, NULL, run_contig, &c, o->reps, o->flush, o->flush_bytes,
                                 &r->t_contig, g_err, sizeof g_err) != KVP_OK) {
         fail("contiguous attention");
@@ -573,8 +589,8 @@ int bench_attention_cuda(int argc, char **argv) {
     int nfmt = o.quick && o.only.fmt != 3 ? 3 : NFORMATS, max_ctx = cx[ncx - 1];
     result rs[128];
     int n = 0;
-    printf("%-9s %4s %5s %7s %10s %9s %7s %8s %10s\n", "format", "page", "batch", "context",
-           "time ms", "KV GB/s", "of copy", "vs fp16", "paged/contig");
+    printf("%-9s %4s %5s %7s %10s %9s %7s %8s %10s %9s\n", "format", "page", "batch", "context",
+           "time ms", "KV GB/s", "of copy", "vs fp16", "paged/contig", "vs single");
     for (int ip = 0; ip < npg; ip++)
         for (int ib = 0; ib < NBATCHES; ib++)
             for (int ic = 0; ic < ncx; ic++)
@@ -595,9 +611,10 @@ int bench_attention_cuda(int argc, char **argv) {
                     }
                     const result *base = kvb_find(rs, n + 1, 0, r->page, r->batch, r->context);
                     double gbps = r->bytes / r->t_paged / 1e9;
-                    printf("%-9s %4d %5d %7d %10.4f %9.1f %7.2f %8.2f %10.2f\n", formats[f].name,
+                    printf("%-9s %4d %5d %7d %10.4f %9.1f %7.2f %8.2f %10.2f %9.2f\n", formats[f].name,
                            r->page, r->batch, r->context, r->t_paged * 1e3, gbps, gbps / copy_gbps,
-                           base->t_paged / r->t_paged, r->t_contig / r->t_paged);
+                           base->t_paged / r->t_paged, r->t_contig / r->t_paged,
+                           r->t_single / r->t_paged);
                     fflush(stdout);
                     n++;
                 }
@@ -615,20 +632,34 @@ int bench_attention_cuda(int argc, char **argv) {
     double bw64 = kvb_headline(large, nl, 0, KVB_BW_FRACTION, copy_gbps, max_ctx);
     double s8_64 = kvb_headline(large, nl, 1, KVB_SPEEDUP, copy_gbps, max_ctx);
     double s4_64 = kvb_headline(large, nl, 2, KVB_SPEEDUP, copy_gbps, max_ctx);
+    /* the copy pipeline against the single-buffer loader, per format, over every case */
+    double pipe_gain[3] = {0.0, 0.0, 0.0};
+    for (int f = 0; f < 3; f++) {
+        double v[128];
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (rs[i].fmt == f && rs[i].t_single > 0.0) v[k++] = rs[i].t_single / rs[i].t_paged;
+        pipe_gain[f] = k > 0 ? bench_median(v, k) : 0.0;
+    }
     printf("\nheadline (page 32, median over batch 1 and 16 at contexts >= 8k; paged/contig at %dk):\n"
            "  fp16 %.2f of copy bandwidth, int8 %.2fx and int4 %.2fx faster than fp16, "
            "paged/contiguous %.3f\n", max_ctx / 1024, bw, s8, s4, pc);
     printf("batch 64 (page 32, contexts >= 8k): fp16 %.2f of copy bandwidth, int8 %.2fx and int4 "
            "%.2fx faster than fp16\n", bw64, s8_64, s4_64);
+    printf("copy pipeline vs single-buffer loader (median over the cases): fp16 %.2fx, int8 %.2fx, "
+           "int4 %.2fx\n", pipe_gain[0], pipe_gain[1], pipe_gain[2]);
     printf("{\"bench\": \"attention\", \"device\": \"cuda\", \"gpu\": \"%s\", \"threads\": 0, "
            "\"isa\": \"cuda\", \"quick\": %s, \"read_gbps\": %.3f, \"fma_per_s\": null, "
            "\"fp16_bw_fraction\": %.4f, \"int8_speedup\": %.4f, \"int4_speedup\": %.4f, "
            "\"paged_vs_contiguous\": %.4f, \"fp16_rel_err\": %.3e, \"int8_rel_err\": %.3e, "
            "\"int4_rel_err\": %.3e, \"int8_rel_err_page16\": %.3e, \"int4_rel_err_page16\": %.3e, "
            "\"timing\": \"kernels\", \"l2_flush_bytes\": %llu, \"fp16_bw_fraction_batch64\": %.4f, "
-           "\"int8_speedup_batch64\": %.4f, \"int4_speedup_batch64\": %.4f}\n",
+           "\"int8_speedup_batch64\": %.4f, \"int4_speedup_batch64\": %.4f, "
+           "\"fp16_pipeline_speedup\": %.4f, \"int8_pipeline_speedup\": %.4f, "
+           "\"int4_pipeline_speedup\": %.4f}\n",
            info.name, o.quick ? "true" : "false", copy_gbps, bw, s8, s4, pc, acc[0], acc[1], acc[2],
-           acc16[1], acc16[2], (unsigned long long)o.flush_bytes, bw64, s8_64, s4_64);
+           acc16[1], acc16[2], (unsigned long long)o.flush_bytes, bw64, s8_64, s4_64, pipe_gain[0],
+           pipe_gain[1], pipe_gain[2]);
     bench_cuda_free(o.device, o.flush);
     kvp_ctx_destroy(ctx);
     return 0;

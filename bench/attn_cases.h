@@ -30,6 +30,7 @@ typedef struct {
     int fmt, page, batch, context;
     int layers; /* layers the timed calls cycle over (0: not recorded) */
     double t_paged, t_contig, bytes;
+    double t_single; /* CUDA: paged with the single-buffer loader (0: not measured) */
     /* medians of per-round ratios where the cases were timed in rounds
      * together (0: not measured; the ratio of the medians is used) */
     double speedup, vs_contig, bw_fraction;
