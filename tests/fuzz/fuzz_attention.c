@@ -392,8 +392,12 @@ static void fa_make_view(const fa_world *w, fzi_cursor *c, fa_view *v) {
             break;
         case 3: v->indices[where / 5 % (FA_NI - 1)] = val; break;
         default:
-            /* a sequence whose qo range runs past its tokens */
-            if (nb > 0) v->qo[nb] = v->qo[nb] + 1 + (int32_t)(where % 3);
+            /* a sequence whose qo range runs past its tokens (an earlier
+             * corruption may have left INT32_MAX there: no overflow) */
+            if (nb > 0) {
+                int64_t x = (int64_t)v->qo[nb] + 1 + (int64_t)(where % 3);
+                v->qo[nb] = x > INT32_MAX ? INT32_MAX : (int32_t)x;
+            }
             break;
         }
     }
