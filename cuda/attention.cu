@@ -98,9 +98,6 @@ template <int D> struct kernels_of {
     static constexpr attn_kernel merge[4] = {k_merge<D, 1>, k_merge<D, 2>, k_merge<D, 4>,
                                              k_merge<D, 8>};
     static int smem(int32_t kk, int32_t vk, int R) { return smem_plan<D>::bytes(kk, vk, R); }
-    static pipe_plan pipe(const kvp__geo &g, int32_t kk, int32_t vk, int R, int limit) {
-        return plan_pipe<D>(g, kk, vk, R, limit);
-    }
 };
 
 int dim_index(int32_t D) {
@@ -225,7 +222,7 @@ int launch(kvp_ctx_t *c, const call &in) {
         km = kernels_of<Dv>::merge[ri];                                    \
         smem = kernels_of<Dv>::smem(kind_k, kind_v, R);                    \
         if (cc->pipeline)                                                  \
-            pl = kernels_of<Dv>::pipe(in.g, kind_k, kind_v, R, PIPE_SMEM_LIMIT(cc)); \
+            pl = plan_pipe<Dv>(in.g, kind_k, kind_v, R, PIPE_SMEM_LIMIT(cc)); \
         ka = pl.ok ? kernels_of<Dv>::pipe_attn[ri] : kernels_of<Dv>::attn[ri]; \
         break;
         KVP_PICK(0, 64)
