@@ -1555,7 +1555,12 @@ KVP_API void kvp_attention_params_init(kvp_attention_params_t *p);
  * split across threads and merged (flash-decoding). The query heads of one
  * GQA group share each K/V load. On the AVX-512 path int8/int4 keys and
  * values use integer dot products (VNNI); their added error is bounded in
- * docs/formats.md. Thread-safe only with distinct contexts.
+ * docs/formats.md. A sequence with at least 32 query rows per kv head
+ * (q_len x GQA group: a prefill chunk) goes, without a soft cap, through
+ * prefill blocks instead, on the portable path and on AVX-512 for
+ * fp32/fp16/bf16/fp8 K and V: its K/V are decoded exactly to fp32 once per
+ * 32 tokens and multiplied as small matrices in fp32.
+ * Thread-safe only with distinct contexts.
  *
  * **CUDA** (a CUDA context and store on the same device): `q`, `out` and
  * `lse` are device pointers; the view and `qo_indptr` are host arrays,

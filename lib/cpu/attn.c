@@ -32,6 +32,8 @@ typedef struct {
     kvp__vacc_fn vacc;
     kvp__vacc2_fn vacc2; /* two full pages as one chunk, or NULL */
     kvp__vacc4_fn vacc4; /* four full pages as one chunk, or NULL */
+    kvp__pf_kdec_fn pf_kdec; /* prefill blocks' decoders */
+    kvp__pf_vdec_fn pf_vdec;
     const kvp__blockfmt *kf, *vf;
     uint64_t kdata, kused, vdata, vused; /* element bytes and used bytes of a K / V block */
 } stage_set;
@@ -45,6 +47,7 @@ typedef struct {
     float sm_scale;
     stage_set pool_stages, staging_stages;
     kvp__softmax_fn softmax;
+    kvp__pf_block_fn pf_block; /* NULL: no prefill blocks (the ISA has none, or a soft cap) */
     /* schedule, in the workspace */
     int32_t *item_start; /* [B+1] */
     int32_t *splits;     /* [B] */
@@ -102,6 +105,13 @@ static seq_shape shape_of(const attn_job *j, int32_t b) {
     sh.head_groups = (j->kv_heads + sh.heads_per_item - 1) / sh.heads_per_item;
     sh.units = sh.head_groups * sh.rowblocks;
     return sh;
+}
+
+/* Whether sequence b's items are prefill blocks (cpu.h): enough rows of
+ * each kv head to share a decoded chunk. Their shape is shape_of()'s with
+ * one head per item (rows_per_head >= 32 gives that). */
+static bool seq_block(const attn_job *j, int32_t b) {
+    return j->pf_block != NULL && seq_q_len(j, b) * j->group >= KVP__PF_MIN_ROWS;
 }
 
 /* ---- schedule ------------------------------------------------------------------------ */
@@ -422,7 +432,10 @@ static void finish_item(const attn_job *j, const item_id *id, kvp__tile *tiles, 
 }
 
 typedef struct {
-    kvp__tile tiles[KVP__ITEM_ROWS / KVP__TILE_ROWS];
+    union { /* an item has tiles or is a prefill block */
+        kvp__tile tiles[KVP__ITEM_ROWS / KVP__TILE_ROWS];
+        kvp__pblock pb;
+    };
     float o[KVP__ITEM_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;
     float tmp[KVP__ATTN_MAX_D] KVP__ALIGN64;
 } thread_scratch;
@@ -464,7 +477,10 @@ typedef struct {
     item_id id;
     int32_t first, end, kv_len; /* pages [first, end) */
     int32_t nh, steps, GP, ngrp, grp_steps;
+    bool block; /* a prefill block (process_block): no steps */
 } item_plan;
+
+static void split_finished(attn_job *j, const item_plan *pl, thread_scratch *ts);
 
 static void plan_item(const attn_job *j, int32_t item, item_plan *pl) {
     pl->item = item;
@@ -482,7 +498,8 @@ static void plan_item(const attn_job *j, int32_t item, item_plan *pl) {
     pl->first = first;
     pl->end = end;
     pl->nh = id->h1 - id->h0;
-    pl->steps = (end - first) * pl->nh;
+    pl->block = seq_block(j, id->b);
+    pl->steps = pl->block ? 0 : (end - first) * pl->nh;
     pl->GP = 1;
     pl->ngrp = 0;
     if (j->P == 16 || j->P == 32)
@@ -574,14 +591,126 @@ static int32_t process_item(attn_job *j, const item_plan *pl, int32_t pre, threa
         s += cnt;
     }
     finish_item(j, &id, ts->tiles, ntiles, ts->tmp);
-    /* the unit's last split to finish starts merging it (acquire: the
-     * other splits' partials, released by their own increments, are
-     * visible) */
-    if (j->splits[id.b] > 1 &&
-        atomic_fetch_add_explicit(&j->split_done[pl->item - id.split], 1, memory_order_acq_rel) ==
-            j->splits[id.b] - 1)
-        merge_parts(j, &id, pl->item - id.split, ts);
+    split_finished(j, pl, ts);
     return npre;
+}
+
+/* ---- prefill blocks ------------------------------------------------------------------------- */
+
+/* The unit's last split to finish starts merging it (acquire: the other
+ * splits' partials, released by their own increments, are visible). */
+static void split_finished(attn_job *j, const item_plan *pl, thread_scratch *ts) {
+    const item_id *id = &pl->id;
+    if (j->splits[id->b] > 1 &&
+        atomic_fetch_add_explicit(&j->split_done[pl->item - id->split], 1, memory_order_acq_rel) ==
+            j->splits[id->b] - 1)
+        merge_parts(j, id, pl->item - id->split, ts);
+}
+
+/* Tokens [c, c + n) of the item's head decoded into b->kc / b->vc, page by
+ * page (a chunk may span pages, or be part of one), the columns past n
+ * zeroed. */
+static void decode_chunk(const attn_job *j, const item_id *id, kvp__pblock *b, int32_t c, int n,
+                         float fp8_k, float fp8_v) {
+    const int32_t P = j->P, h = id->h0;
+    for (int32_t x = c; x < c + n;) {
+        int32_t pg = x / P, off = x % P, seg = P - off < c + n - x ? P - off : c + n - x;
+        const uint8_t *kb, *vb;
+        const stage_set *st;
+        resolve_page(j, id->b, h, pg, &kb, &vb, &st);
+        st->pf_kdec(kb, st->kf, off, seg, fp8_k, &b->kc[0][x - c]);
+        st->pf_vdec(vb, st->vf, off, seg, fp8_v, &b->vc[x - c][0]);
+        x += seg;
+    }
+    if (n < KVP__PF_CHUNK) {
+        for (int32_t d = 0; d < j->D; d++)
+            memset(&b->kc[d][n], 0, (size_t)(KVP__PF_CHUNK - n) * sizeof(float));
+        for (int i = n; i < KVP__PF_CHUNK; i++) memset(b->vc[i], 0, (size_t)j->D * sizeof(float));
+    }
+}
+
+/* Prefetches (into L2) the K/V blocks of the chunk at token c, while the
+ * current one is computed. */
+static void prefetch_chunk(const attn_job *j, const item_id *id, int32_t c, int32_t stop) {
+    for (int32_t x = c; x < stop && x < c + KVP__PF_CHUNK; x = (x / j->P + 1) * j->P) {
+        const uint8_t *kb, *vb;
+        const stage_set *st;
+        resolve_page(j, id->b, id->h0, x / j->P, &kb, &vb, &st);
+        prefetch_range(kb, 0, st->kused);
+        prefetch_range(vb, 0, st->vused);
+    }
+}
+
+/* A prefill block item: one kv head, rows [r0, r1) (padded to whole
+ * blocks with copies of the last row), the split's pages in chunks of
+ * KVP__PF_CHUNK tokens. Blocks of rows skip the chunks they cannot see
+ * and apply their bounds only on the chunks the bounds cut (the causal
+ * diagonal, a window's edge, the sequence's end). */
+static void process_block(attn_job *j, const item_plan *pl, thread_scratch *ts) {
+    const item_id *id = &pl->id;
+    kvp__pblock *b = &ts->pb;
+    const int32_t h = id->h0, rows = id->r1 - id->r0;
+    const int32_t nblk = (rows + KVP__PF_BLOCK - 1) / KVP__PF_BLOCK, prow = nblk * KVP__PF_BLOCK;
+    b->D = j->D;
+    b->o = &ts->o[0][0];
+    memset(b->o, 0, (size_t)prow * (size_t)j->D * sizeof(float));
+    int32_t lo_min = INT32_MAX, hi_max = -1;
+    for (int32_t r = 0; r < prow; r++) {
+        int32_t row = id->r0 + (r < rows ? r : rows - 1);
+        int32_t i = row / j->group, g = row % j->group;
+        load_q_row(j, id->b, i, h * j->group + g, b->q[r]);
+        row_bounds(j, id->b, i, &b->lo[r], &b->hi[r]);
+        b->m[r] = -INFINITY;
+        b->l[r] = 0.0f;
+        memset(b->lv[r], 0, sizeof b->lv[r]);
+        if (b->lo[r] < lo_min) lo_min = b->lo[r];
+        if (b->hi[r] > hi_max) hi_max = b->hi[r];
+    }
+    /* each block's bounds: the chunks it sees, and those it sees whole */
+    int32_t blo_min[KVP__ITEM_ROWS / KVP__PF_BLOCK], blo_max[KVP__ITEM_ROWS / KVP__PF_BLOCK];
+    int32_t bhi_min[KVP__ITEM_ROWS / KVP__PF_BLOCK], bhi_max[KVP__ITEM_ROWS / KVP__PF_BLOCK];
+    for (int32_t k = 0; k < nblk; k++) {
+        blo_min[k] = bhi_min[k] = INT32_MAX;
+        blo_max[k] = bhi_max[k] = INT32_MIN;
+        for (int32_t r = k * KVP__PF_BLOCK; r < (k + 1) * KVP__PF_BLOCK; r++) {
+            if (b->lo[r] < blo_min[k]) blo_min[k] = b->lo[r];
+            if (b->lo[r] > blo_max[k]) blo_max[k] = b->lo[r];
+            if (b->hi[r] < bhi_min[k]) bhi_min[k] = b->hi[r];
+            if (b->hi[r] > bhi_max[k]) bhi_max[k] = b->hi[r];
+        }
+    }
+    float fp8_k = fp8_scale_of(j, 0, h), fp8_v = fp8_scale_of(j, 1, h);
+    int32_t start = pl->first * j->P, stop = pl->end * j->P;
+    if (stop > pl->kv_len) stop = pl->kv_len;
+    if (stop > hi_max + 1) stop = hi_max + 1;
+    while (start + KVP__PF_CHUNK <= lo_min) start += KVP__PF_CHUNK; /* before every window */
+    for (int32_t c = start; c < stop; c += KVP__PF_CHUNK) {
+        int n = stop - c < KVP__PF_CHUNK ? (int)(stop - c) : KVP__PF_CHUNK;
+        decode_chunk(j, id, b, c, n, fp8_k, fp8_v);
+        prefetch_chunk(j, id, c + KVP__PF_CHUNK, stop);
+        int32_t last = c + n - 1;
+        for (int32_t k = 0; k < nblk; k++) {
+            if (c > bhi_max[k] || last < blo_min[k]) continue; /* sees none of it */
+            int masked = n < KVP__PF_CHUNK || c < blo_max[k] || last > bhi_min[k];
+            j->pf_block(b, k * KVP__PF_BLOCK, c, n, masked);
+        }
+    }
+    for (int32_t r = 0; r < rows; r++) {
+        const float *o = b->o + (size_t)r * (size_t)j->D;
+        float l = b->l[r];
+        for (int k = 0; k < 16; k++) l += b->lv[r][k];
+        int32_t row = id->r0 + r;
+        if (j->splits[id->b] == 1) {
+            store_out_row(j, id->b, row / j->group, h * j->group + row % j->group, o, b->m[r], l,
+                          ts->tmp);
+        } else {
+            float *part = partial_at(j, id, id->split, r);
+            part[0] = b->m[r];
+            part[1] = l;
+            memcpy(part + 2, o, (size_t)j->D * sizeof(float));
+        }
+    }
+    split_finished(j, pl, ts);
 }
 
 /* Merges kv head h's rows of the item's unit from its splits' partials. */
@@ -645,7 +774,8 @@ static void attn_worker(void *arg, int32_t thread) {
     if (item < total) plan_item(j, item, &plans[0]);
     while (item < total) {
         int32_t next = -1;
-        pre = process_item(j, &plans[at], pre, ts, &next, &plans[at ^ 1]);
+        if (plans[at].block) process_block(j, &plans[at], ts);
+        else pre = process_item(j, &plans[at], pre, ts, &next, &plans[at ^ 1]);
         if (next < 0) {
             next = claim_item(j);
             pre = 0;
@@ -675,6 +805,8 @@ static void pick_stages(attn_job *j, const kvp__blockfmt *kf, const kvp__blockfm
     j->pool_stages.vacc = kvp__pick_vacc(isa, vf->format);
     j->pool_stages.vacc2 = kvp__pick_vacc2(isa, vf->format);
     j->pool_stages.vacc4 = kvp__pick_vacc4(isa, vf->format);
+    j->pool_stages.pf_kdec = kvp__pick_pf_kdec(isa, kf->format, kvp__blockfmt_dim_major(kf));
+    j->pool_stages.pf_vdec = kvp__pick_pf_vdec(isa, vf->format);
     set_sizes(&j->pool_stages);
     j->staging_stages.kf = skf;
     j->staging_stages.vf = svf;
@@ -683,6 +815,8 @@ static void pick_stages(attn_job *j, const kvp__blockfmt *kf, const kvp__blockfm
     j->staging_stages.vacc = kvp__pick_vacc(isa, svf->format);
     j->staging_stages.vacc2 = NULL; /* staging pages go one by one */
     j->staging_stages.vacc4 = NULL;
+    j->staging_stages.pf_kdec = kvp__pick_pf_kdec(isa, skf->format, kvp__blockfmt_dim_major(skf));
+    j->staging_stages.pf_vdec = kvp__pick_pf_vdec(isa, svf->format);
     set_sizes(&j->staging_stages);
 }
 
@@ -711,6 +845,9 @@ int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
     j.layer = a->p->layer;
     j.sm_scale = a->sm_scale;
     pick_stages(&j, &s->kfmt, &s->vfmt, &s->skfmt, &s->svfmt);
+    /* prefill blocks have no soft cap */
+    j.pf_block = a->p->logit_soft_cap > 0.0f ? NULL
+                                               : kvp__pick_pf_block(c->isa, s->kfmt.format, s->vfmt.format);
     return run_job(&j);
 }
 

@@ -96,6 +96,45 @@ typedef void (*kvp__vacc2_fn)(kvp__tile *t, const uint8_t *vb0, const uint8_t *v
 typedef void (*kvp__vacc4_fn)(kvp__tile *t, const uint8_t *const vb[4], const ptrdiff_t pf[4],
                               const kvp__blockfmt *f);
 
+/* ---- prefill blocks --------------------------------------------------------------
+ *
+ * Items whose rows of one kv head are many (chunked prefill, large GQA
+ * groups: at least KVP__PF_MIN_ROWS) go through a second path, built like a
+ * GEMM: the item's K/V are decoded once per chunk of KVP__PF_CHUNK tokens
+ * into fp32 (K dim-major, V token-major) and every block of KVP__PF_BLOCK
+ * query rows runs register-blocked products against them (logits, online
+ * softmax, o += p.v). A K/V element is then loaded and converted once per
+ * item (up to 32 rows) instead of once per tile of 4 rows, and each load in
+ * the products feeds KVP__PF_BLOCK FMAs. */
+#define KVP__PF_CHUNK 32
+#define KVP__PF_BLOCK 8
+#define KVP__PF_MIN_ROWS 32
+
+typedef struct {
+    float q[KVP__ITEM_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;  /* q * sm_scale */
+    float kc[KVP__ATTN_MAX_D][KVP__PF_CHUNK] KVP__ALIGN64;  /* the chunk's keys, [d][token] */
+    float vc[KVP__PF_CHUNK][KVP__ATTN_MAX_D] KVP__ALIGN64;  /* its values, [token][d] */
+    float s[KVP__ITEM_ROWS][KVP__PF_CHUNK] KVP__ALIGN64;    /* logits, then p */
+    float *o;                                               /* [rows][D] accumulators */
+    float lv[KVP__ITEM_ROWS][16] KVP__ALIGN64;              /* SIMD paths: l = l + sum(lv) */
+    float m[KVP__ITEM_ROWS], l[KVP__ITEM_ROWS];             /* running max and sum */
+    int32_t lo[KVP__ITEM_ROWS], hi[KVP__ITEM_ROWS];         /* positions each row may attend */
+    int32_t D;
+} kvp__pblock;
+
+/* Tokens [t0, t0+n) of a block (n <= KVP__PF_CHUNK) decoded to fp32 at
+ * kc[d * KVP__PF_CHUNK + i] (keys) or vc[i * KVP__ATTN_MAX_D + d] (values); fp8: the
+ * layer and head's scale. */
+typedef void (*kvp__pf_kdec_fn)(const uint8_t *kb, const kvp__blockfmt *f, int t0, int n,
+                                float fp8_scale, float *kc);
+typedef void (*kvp__pf_vdec_fn)(const uint8_t *vb, const kvp__blockfmt *f, int t0, int n,
+                                float fp8_scale, float *vc);
+/* Rows [r0, r0 + KVP__PF_BLOCK) against the chunk in kc/vc: n tokens
+ * (the columns past them are zero), token 0 at position pos0. Logits, then
+ * when `masked` the rows' bounds and n applied (else all 32 tokens are
+ * visible to every row), online softmax (m, l + lv, o rescaled), o += p.v. */
+typedef void (*kvp__pf_block_fn)(kvp__pblock *b, int r0, int32_t pos0, int n, int masked);
+
 typedef struct {
     const char *name;
     kvp__kprep_fn kprep[KVP_FORMAT_COUNT];
@@ -104,6 +143,12 @@ typedef struct {
     kvp__vacc_fn vacc[KVP_FORMAT_COUNT];
     kvp__vacc2_fn vacc2[KVP_FORMAT_COUNT]; /* NULL: pages go one by one */
     kvp__vacc4_fn vacc4[KVP_FORMAT_COUNT]; /* NULL: no four-page chunks (pairs if vacc2) */
+    /* prefill blocks: NULL pf_block, none in this ISA (its tiles take
+     * every item); NULL decoders fall back to the portable ones */
+    kvp__pf_block_fn pf_block;
+    uint32_t pf_formats; /* bit f: blocks take pool K/V of format f (both must be) */
+    kvp__pf_kdec_fn pf_kdec[KVP_FORMAT_COUNT][2]; /* [format][dim-major] */
+    kvp__pf_vdec_fn pf_vdec[KVP_FORMAT_COUNT];
 } kvp__kernels;
 
 /* Each ISA's table; entries it leaves NULL fall back to the portable ones. */
@@ -121,6 +166,12 @@ kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format);
 kvp__vacc2_fn kvp__pick_vacc2(int32_t isa, int32_t format);
 /* The ISA's own four-block V stage, or NULL. */
 kvp__vacc4_fn kvp__pick_vacc4(int32_t isa, int32_t format);
+
+/* The ISA's prefill-block stage for pool pages of these K and V formats,
+ * or NULL (tiles take every item); the decoders, with fallback. */
+kvp__pf_block_fn kvp__pick_pf_block(int32_t isa, int32_t k_format, int32_t v_format);
+kvp__pf_kdec_fn kvp__pick_pf_kdec(int32_t isa, int32_t format, int dim_major);
+kvp__pf_vdec_fn kvp__pick_pf_vdec(int32_t isa, int32_t format);
 
 /* Shared helpers for the kernels (portable code, used by every ISA). */
 /* int4 keys: the outlier channels' table of a block (docs/formats.md). */

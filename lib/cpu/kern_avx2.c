@@ -657,8 +657,12 @@ const kvp__kernels kvp__kernels_avx2 = {
     {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},
     {NULL, NULL, NULL, NULL, vacc2_int8, vacc2_int4},
     {NULL, NULL, NULL, NULL, NULL, NULL},
+    NULL, /* prefill blocks: the tiles take every item */
+    0,
+    {{NULL, NULL}},
+    {NULL},
 };
 
 #else
-const kvp__kernels kvp__kernels_avx2 = {"avx2", {0}, {{0}}, NULL, {0}, {0}, {0}};
+const kvp__kernels kvp__kernels_avx2 = {"avx2", {0}, {{0}}, NULL, {0}, {0}, {0}, NULL, 0, {{0}}, {0}};
 #endif

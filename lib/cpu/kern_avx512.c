@@ -1003,6 +1003,193 @@ PLAIN_STAGES(fp16, KVP_FORMAT_FP16)
 PLAIN_STAGES(bf16, KVP_FORMAT_BF16)
 PLAIN_STAGES(fp8, KVP_FORMAT_FP8_E4M3)
 
+/* ---- prefill blocks (cpu.h) ------------------------------------------------------------------------------ */
+
+#define PFC KVP__PF_CHUNK
+#define PFB KVP__PF_BLOCK
+
+/* Plain keys, dim-major: each channel's tokens converted where they lie. */
+TGT_INLINE static void pf_kdec_dm(int fmt, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n,
+                                  float fp8_scale, float *kc) {
+    const int es = kvp__plain_size(fmt), P = f->page_size, D = f->head_dim;
+    const __m512 u = _mm512_set1_ps(plain_unit(fmt, fp8_scale));
+    for (int d = 0; d < D; d++) {
+        const uint8_t *p = kb + ((size_t)d * (size_t)P + (size_t)t0) * (size_t)es;
+        for (int i = 0; i < n; i += 16) {
+            __m512 v = load_plain(fmt, p + (size_t)i * (size_t)es, n - i);
+            if (fmt == KVP_FORMAT_FP8_E4M3) v = _mm512_mul_ps(v, u);
+            _mm512_mask_storeu_ps(kc + (size_t)d * PFC + (size_t)i, mask16(n - i), v);
+        }
+    }
+}
+
+/* Plain keys, token-major: 16 tokens x 16 channels at a time, transposed
+ * in registers (four rounds of shuffles), stored as channel rows. */
+TGT_INLINE static void pf_kdec_tm(int fmt, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n,
+                                  float fp8_scale, float *kc) {
+    const int es = kvp__plain_size(fmt), D = f->head_dim;
+    const __m512 u = _mm512_set1_ps(plain_unit(fmt, fp8_scale));
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        const __mmask16 keep = mask16(n - i0);
+        for (int d = 0; d < D; d += 16) {
+            __m512 r[16], t[16];
+            UNROLL for (int i = 0; i < 16; i++) {
+                r[i] = i0 + i < n ? load_plain(fmt, kb + ((size_t)(t0 + i0 + i) * (size_t)D + (size_t)d) * (size_t)es, 16)
+                                  : _mm512_setzero_ps();
+                if (fmt == KVP_FORMAT_FP8_E4M3) r[i] = _mm512_mul_ps(r[i], u);
+            }
+            UNROLL for (int i = 0; i < 8; i++) {
+                t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+            }
+            /* r[4g + k]: tokens 4g..4g+3 of channel 4L + k in 128-bit lane L */
+            UNROLL for (int g = 0; g < 4; g++) {
+                r[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+                r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+                r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+                r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+            }
+            UNROLL for (int h = 0; h < 2; h++)
+                UNROLL for (int k = 0; k < 4; k++) {
+                    t[8 * h + k] = _mm512_shuffle_f32x4(r[8 * h + k], r[8 * h + k + 4], 0x88);
+                    t[8 * h + k + 4] = _mm512_shuffle_f32x4(r[8 * h + k], r[8 * h + k + 4], 0xDD);
+                }
+            float *o = kc + (size_t)d * PFC + (size_t)i0;
+            UNROLL for (int k = 0; k < 4; k++) {
+                _mm512_mask_storeu_ps(o + (size_t)k * PFC, keep, _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88));
+                _mm512_mask_storeu_ps(o + (size_t)(8 + k) * PFC, keep, _mm512_shuffle_f32x4(t[k], t[k + 8], 0xDD));
+                _mm512_mask_storeu_ps(o + (size_t)(4 + k) * PFC, keep, _mm512_shuffle_f32x4(t[k + 4], t[k + 12], 0x88));
+                _mm512_mask_storeu_ps(o + (size_t)(12 + k) * PFC, keep, _mm512_shuffle_f32x4(t[k + 4], t[k + 12], 0xDD));
+            }
+        }
+    }
+}
+
+/* Plain values: rows converted. */
+TGT_INLINE static void pf_vdec_pl(int fmt, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n,
+                                  float fp8_scale, float *vc) {
+    const int es = kvp__plain_size(fmt), D = f->head_dim;
+    const __m512 u = _mm512_set1_ps(plain_unit(fmt, fp8_scale));
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = vb + (size_t)(t0 + i) * (size_t)D * (size_t)es;
+        for (int d = 0; d < D; d += 16) {
+            __m512 v = load_plain(fmt, p + (size_t)d * (size_t)es, 16);
+            if (fmt == KVP_FORMAT_FP8_E4M3) v = _mm512_mul_ps(v, u);
+            _mm512_store_ps(vc + (size_t)i * KVP__ATTN_MAX_D + (size_t)d, v);
+        }
+    }
+}
+
+#define PF_PLAIN(name, FMT)                                                                        \
+    TGT static void pf_kdec_dm_##name(const uint8_t *kb, const kvp__blockfmt *f, int t0, int n,   \
+                                      float s, float *kc) {                                         \
+        pf_kdec_dm(FMT, kb, f, t0, n, s, kc);                                                      \
+    }                                                                                              \
+    TGT static void pf_kdec_tm_##name(const uint8_t *kb, const kvp__blockfmt *f, int t0, int n,   \
+                                      float s, float *kc) {                                         \
+        pf_kdec_tm(FMT, kb, f, t0, n, s, kc);                                                      \
+    }                                                                                              \
+    TGT static void pf_vdec_##name(const uint8_t *vb, const kvp__blockfmt *f, int t0, int n,       \
+                                   float s, float *vc) {                                            \
+        pf_vdec_pl(FMT, vb, f, t0, n, s, vc);                                                      \
+    }
+PF_PLAIN(fp32, KVP_FORMAT_FP32)
+PF_PLAIN(fp16, KVP_FORMAT_FP16)
+PF_PLAIN(bf16, KVP_FORMAT_BF16)
+PF_PLAIN(fp8, KVP_FORMAT_FP8_E4M3)
+
+/* Rows r0 .. r0+7 against the chunk: 8 x 32 logits in 16 registers (one
+ * K load feeds 8 FMAs), softmax with the rows' maxima reduced four at a
+ * time and one vector exp for the 8 rescale factors, then o += p.v over
+ * slices of 32 channels, 16 accumulators, the rescale folded into their
+ * load. */
+TGT static void pf_block_avx512(kvp__pblock *b, int r0, int32_t pos0, int n, int masked) {
+    const int D = b->D;
+    __m512 a[PFB], c[PFB];
+    UNROLL for (int r = 0; r < PFB; r++) a[r] = c[r] = _mm512_setzero_ps();
+    for (int d = 0; d < D; d++) {
+        __m512 k0 = _mm512_load_ps(&b->kc[d][0]), k1 = _mm512_load_ps(&b->kc[d][16]);
+        UNROLL for (int r = 0; r < PFB; r++) {
+            __m512 q = _mm512_set1_ps(b->q[r0 + r][d]);
+            a[r] = _mm512_fmadd_ps(q, k0, a[r]);
+            c[r] = _mm512_fmadd_ps(q, k1, c[r]);
+        }
+    }
+    __mmask16 v0[PFB], v1[PFB];
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 x[PFB];
+    if (masked) {
+        const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+        __m512i p0 = _mm512_add_epi32(iota, _mm512_set1_epi32(pos0));
+        __m512i p1 = _mm512_add_epi32(p0, _mm512_set1_epi32(16));
+        UNROLL for (int r = 0; r < PFB; r++) {
+            __m512i lo = _mm512_set1_epi32(b->lo[r0 + r]), hi = _mm512_set1_epi32(b->hi[r0 + r]);
+            v0[r] = mask16(n) & _mm512_cmpge_epi32_mask(p0, lo) & _mm512_cmple_epi32_mask(p0, hi);
+            v1[r] = mask16(n - 16) & _mm512_cmpge_epi32_mask(p1, lo) & _mm512_cmple_epi32_mask(p1, hi);
+        }
+    } else {
+        UNROLL for (int r = 0; r < PFB; r++) v0[r] = v1[r] = (__mmask16)0xFFFF;
+    }
+    UNROLL for (int r = 0; r < PFB; r++)
+        x[r] = _mm512_max_ps(_mm512_mask_mov_ps(ninf, v0[r], a[r]), _mm512_mask_mov_ps(ninf, v1[r], c[r]));
+    __m512 cm_a, cm_b;
+    REDUCE4(_mm512_max_ps, x[0], x[1], x[2], x[3], cm_a);
+    REDUCE4(_mm512_max_ps, x[4], x[5], x[6], x[7], cm_b);
+    /* lanes 0..7: the rows' chunk maxima */
+    __m512 cm = _mm512_permutex2var_ps(cm_a, _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 28, 24, 20, 16, 12, 8, 4, 0), cm_b);
+    __m512 mold = _mm512_maskz_loadu_ps(0xFF, &b->m[r0]);
+    __m512 mnew = _mm512_max_ps(mold, cm);
+    __mmask16 chg = _mm512_cmp_ps_mask(mnew, ninf, _CMP_NEQ_OQ) & _mm512_cmp_ps_mask(mold, mnew, _CMP_NEQ_OQ) & 0xFF;
+    __m512 alpha = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), chg, exp512(_mm512_sub_ps(mold, mnew)));
+    float mn[16] KVP__ALIGN64, al[16] KVP__ALIGN64;
+    _mm512_store_ps(mn, mnew);
+    _mm512_store_ps(al, alpha);
+    _mm512_mask_storeu_ps(&b->m[r0], 0xFF, mnew);
+    UNROLL for (int r = 0; r < PFB; r++) {
+        __m512 mv = _mm512_set1_ps(mn[r]);
+        __m512 p0 = _mm512_maskz_mov_ps(v0[r], exp512(_mm512_sub_ps(a[r], mv)));
+        __m512 p1 = _mm512_maskz_mov_ps(v1[r], exp512(_mm512_sub_ps(c[r], mv)));
+        _mm512_store_ps(&b->s[r0 + r][0], p0);
+        _mm512_store_ps(&b->s[r0 + r][16], p1);
+        __m512 lv = _mm512_fmadd_ps(_mm512_load_ps(b->lv[r0 + r]), _mm512_set1_ps(al[r]), _mm512_add_ps(p0, p1));
+        _mm512_store_ps(b->lv[r0 + r], lv);
+        b->l[r0 + r] *= al[r];
+    }
+    float *ob = b->o + (size_t)r0 * (size_t)D;
+    int d0 = 0;
+    for (; d0 + 32 <= D; d0 += 32) {
+        __m512 o0[PFB], o1[PFB];
+        UNROLL for (int r = 0; r < PFB; r++) {
+            __m512 s = _mm512_set1_ps(al[r]);
+            o0[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0), s);
+            o1[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0 + 16), s);
+        }
+        for (int i = 0; i < n; i++) {
+            __m512 w0 = _mm512_load_ps(&b->vc[i][d0]), w1 = _mm512_load_ps(&b->vc[i][d0 + 16]);
+            UNROLL for (int r = 0; r < PFB; r++) {
+                __m512 p = _mm512_set1_ps(b->s[r0 + r][i]);
+                o0[r] = _mm512_fmadd_ps(p, w0, o0[r]);
+                o1[r] = _mm512_fmadd_ps(p, w1, o1[r]);
+            }
+        }
+        UNROLL for (int r = 0; r < PFB; r++) {
+            _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0, o0[r]);
+            _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0 + 16, o1[r]);
+        }
+    }
+    if (d0 < D) { /* head_dim % 32 == 16 */
+        __m512 o0[PFB];
+        UNROLL for (int r = 0; r < PFB; r++)
+            o0[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0), _mm512_set1_ps(al[r]));
+        for (int i = 0; i < n; i++) {
+            __m512 w0 = _mm512_load_ps(&b->vc[i][d0]);
+            UNROLL for (int r = 0; r < PFB; r++)
+                o0[r] = _mm512_fmadd_ps(_mm512_set1_ps(b->s[r0 + r][i]), w0, o0[r]);
+        }
+        UNROLL for (int r = 0; r < PFB; r++) _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0, o0[r]);
+    }
+}
+
 const kvp__kernels kvp__kernels_avx512 = {
     "avx512",
     {kprep_plain, kprep_plain, kprep_plain, kprep_plain, kprep_int8, kprep_int4},
@@ -1016,8 +1203,22 @@ const kvp__kernels kvp__kernels_avx512 = {
     {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},
     {NULL, NULL, NULL, NULL, vacc2_int8, vacc2_int4},
     {NULL, NULL, NULL, NULL, NULL, vacc4_int4},
+    pf_block_avx512,
+    /* plain formats only: int8/int4 keys and values keep the integer dot
+     * products of the tiles, faster than fp32 products of decoded blocks
+     * (prefill 512 over 8k: int8 1.5 - 1.6x fp16 with tiles, 1.1x as
+     * blocks; int4 1.9 - 2.2x and 1.0x) */
+    (1u << KVP_FORMAT_FP32) | (1u << KVP_FORMAT_FP16) | (1u << KVP_FORMAT_BF16) |
+        (1u << KVP_FORMAT_FP8_E4M3),
+    {{pf_kdec_tm_fp32, pf_kdec_dm_fp32},
+     {pf_kdec_tm_fp16, pf_kdec_dm_fp16},
+     {pf_kdec_tm_bf16, pf_kdec_dm_bf16},
+     {pf_kdec_tm_fp8, pf_kdec_dm_fp8},
+     {NULL, NULL},
+     {NULL, NULL}},
+    {pf_vdec_fp32, pf_vdec_fp16, pf_vdec_bf16, pf_vdec_fp8, NULL, NULL},
 };
 
 #else
-const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}, {0}, {0}};
+const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}, {0}, {0}, NULL, 0, {{0}}, {0}};
 #endif

@@ -68,6 +68,60 @@ static void vacc_portable(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *
     }
 }
 
+/* ---- prefill blocks ------------------------------------------------------------------------ */
+
+static void pf_kdec_portable(const uint8_t *kb, const kvp__blockfmt *f, int t0, int n,
+                             float fp8_scale, float *kc) {
+    float row[KVP__ATTN_MAX_D];
+    for (int i = 0; i < n; i++) {
+        kvp__block_decode(f, kb, t0 + i, 1, row, (size_t)f->head_dim, fp8_scale);
+        for (int d = 0; d < f->head_dim; d++) kc[(size_t)d * KVP__PF_CHUNK + (size_t)i] = row[d];
+    }
+}
+
+static void pf_vdec_portable(const uint8_t *vb, const kvp__blockfmt *f, int t0, int n,
+                             float fp8_scale, float *vc) {
+    kvp__block_decode(f, vb, t0, n, vc, KVP__ATTN_MAX_D, fp8_scale);
+}
+
+static void pf_block_portable(kvp__pblock *b, int r0, int32_t pos0, int n, int masked) {
+    const int D = b->D, C = KVP__PF_CHUNK;
+    for (int r = r0; r < r0 + KVP__PF_BLOCK; r++) {
+        float *s = b->s[r];
+        for (int i = 0; i < C; i++) s[i] = 0.0f;
+        for (int d = 0; d < D; d++) {
+            const float q = b->q[r][d], *k = b->kc[d];
+            for (int i = 0; i < C; i++) s[i] += q * k[i];
+        }
+        float cm = -INFINITY;
+        for (int i = 0; i < C; i++) {
+            int32_t pos = pos0 + i;
+            if (masked && (i >= n || pos < b->lo[r] || pos > b->hi[r])) s[i] = -INFINITY;
+            if (s[i] > cm) cm = s[i];
+        }
+        float m_new = b->m[r] > cm ? b->m[r] : cm;
+        if (m_new == -INFINITY) continue; /* nothing visible yet: o, l stay 0 */
+        float alpha = b->m[r] == m_new ? 1.0f : expf(b->m[r] - m_new);
+        float *o = b->o + (size_t)r * (size_t)D;
+        if (alpha != 1.0f)
+            for (int d = 0; d < D; d++) o[d] *= alpha;
+        float l = b->l[r] * alpha;
+        for (int i = 0; i < 16; i++) b->lv[r][i] *= alpha;
+        for (int i = 0; i < C; i++) {
+            float p = expf(s[i] - m_new);
+            s[i] = p;
+            l += p;
+        }
+        b->l[r] = l;
+        b->m[r] = m_new;
+        for (int i = 0; i < C; i++) {
+            if (s[i] == 0.0f) continue;
+            const float p = s[i], *v = b->vc[i];
+            for (int d = 0; d < D; d++) o[d] += p * v[d];
+        }
+    }
+}
+
 const kvp__kernels kvp__kernels_portable = {
     "portable",
     {NULL, NULL, NULL, NULL, NULL, NULL},
@@ -81,6 +135,16 @@ const kvp__kernels kvp__kernels_portable = {
     {vacc_portable, vacc_portable, vacc_portable, vacc_portable, vacc_portable, vacc_portable},
     {NULL, NULL, NULL, NULL, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL, NULL},
+    pf_block_portable,
+    (1u << KVP_FORMAT_COUNT) - 1u, /* every format: decoded once per item, not per tile */
+    {{pf_kdec_portable, pf_kdec_portable},
+     {pf_kdec_portable, pf_kdec_portable},
+     {pf_kdec_portable, pf_kdec_portable},
+     {pf_kdec_portable, pf_kdec_portable},
+     {pf_kdec_portable, pf_kdec_portable},
+     {pf_kdec_portable, pf_kdec_portable}},
+    {pf_vdec_portable, pf_vdec_portable, pf_vdec_portable, pf_vdec_portable, pf_vdec_portable,
+     pf_vdec_portable},
 };
 
 /* ---- helpers shared by the SIMD paths ----------------------------------------------------- */
@@ -196,4 +260,19 @@ kvp__vacc2_fn kvp__pick_vacc2(int32_t isa, int32_t format) {
 
 kvp__vacc4_fn kvp__pick_vacc4(int32_t isa, int32_t format) {
     return table_of(isa)->vacc4[format]; /* as vacc2: 4 * P tokens */
+}
+
+kvp__pf_block_fn kvp__pick_pf_block(int32_t isa, int32_t k_format, int32_t v_format) {
+    const kvp__kernels *k = table_of(isa); /* the ISA's own, or its tiles take every item */
+    return (k->pf_formats >> k_format & 1u) && (k->pf_formats >> v_format & 1u) ? k->pf_block : NULL;
+}
+
+kvp__pf_kdec_fn kvp__pick_pf_kdec(int32_t isa, int32_t format, int dim_major) {
+    kvp__pf_kdec_fn f = table_of(isa)->pf_kdec[format][dim_major ? 1 : 0];
+    return f != NULL ? f : kvp__kernels_portable.pf_kdec[format][dim_major ? 1 : 0];
+}
+
+kvp__pf_vdec_fn kvp__pick_pf_vdec(int32_t isa, int32_t format) {
+    kvp__pf_vdec_fn f = table_of(isa)->pf_vdec[format];
+    return f != NULL ? f : kvp__kernels_portable.pf_vdec[format];
 }
