@@ -228,4 +228,15 @@ static inline void kvb_decode_call(kvp_attention_params_t *ap, const int32_t *qo
     ap->out = out;
 }
 
+/* Useful FMAs of one sequence's causal attention (QK and PV): q_len query
+ * rows, the last q_len of `context` tokens, row i attending to
+ * context - q_len + i + 1 of them. Exact in a double: at most
+ * 2^12 x context x (context + 1), below 2^53 for contexts up to
+ * KVB_MAX_CONTEXT. */
+static inline double kvb_attn_fmas(int64_t q_len, int64_t context) {
+    /* sum_{i<q_len} (context - q_len + i + 1) */
+    int64_t pairs = q_len * (context - q_len) + q_len * (q_len + 1) / 2;
+    return 2.0 * Q_HEADS * HEAD_DIM * (double)pairs;
+}
+
 #endif

@@ -361,6 +361,12 @@ static void test_bench_attention(void **state) {
         {{"attention", "--device"}, "--device", "needs a value"},
         {{"attention", "--quick", "--threads"}, "--threads", "needs a value"},
         {{"attention", "--accuracy-only", "--no-accuracy"}, "--accuracy-only", NULL},
+        {{"attention", "--prefill", "--decode"}, "--prefill and --decode", NULL},
+        {{"attention", "--chunk", "0"}, "--chunk", "got 0"},
+        {{"attention", "--chunk", "abc"}, "--chunk", "'abc'"},
+        {{"attention", "--chunk"}, "--chunk", "needs a value"},
+        {{"attention", "--chunk", "9000", "--context", "8192"}, "--chunk", "9000"},
+        {{"attention", "--decode", "--chunk", "128"}, "--chunk", "--decode"},
         {{"attention", "--bogus"}, "unknown option '--bogus'", NULL},
     };
     RUN_BAD("kvpage-bench", cases);
