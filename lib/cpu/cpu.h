@@ -104,21 +104,23 @@ typedef void (*kvp__vacc4_fn)(kvp__tile *t, const uint8_t *const vb[4], const pt
  * into fp32 (K dim-major, V token-major) and every block of KVP__PF_BLOCK
  * query rows runs register-blocked products against them (logits, online
  * softmax, o += p.v). A K/V element is then loaded and converted once per
- * item (up to 32 rows) instead of once per tile of 4 rows, and each load in
+ * item (up to KVP__PF_ITEM_ROWS rows) instead of once per tile of 4 rows, and each load in
  * the products feeds KVP__PF_BLOCK FMAs. */
 #define KVP__PF_CHUNK 32
 #define KVP__PF_BLOCK 8
 #define KVP__PF_MIN_ROWS 32
+#define KVP__PF_ITEM_ROWS 128 /* rows of one item at most (lib/cpu/attn.c) */
 
 typedef struct {
-    float q[KVP__ITEM_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64;  /* q * sm_scale */
+    float q[KVP__PF_ITEM_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* q * sm_scale */
+    float acc[KVP__PF_ITEM_ROWS][KVP__ATTN_MAX_D] KVP__ALIGN64; /* where o points */
     float kc[KVP__ATTN_MAX_D][KVP__PF_CHUNK] KVP__ALIGN64;  /* the chunk's keys, [d][token] */
     float vc[KVP__PF_CHUNK][KVP__ATTN_MAX_D] KVP__ALIGN64;  /* its values, [token][d] */
-    float s[KVP__ITEM_ROWS][KVP__PF_CHUNK] KVP__ALIGN64;    /* logits, then p */
-    float *o;                                               /* [rows][D] accumulators */
-    float lv[KVP__ITEM_ROWS][16] KVP__ALIGN64;              /* SIMD paths: l = l + sum(lv) */
-    float m[KVP__ITEM_ROWS], l[KVP__ITEM_ROWS];             /* running max and sum */
-    int32_t lo[KVP__ITEM_ROWS], hi[KVP__ITEM_ROWS];         /* positions each row may attend */
+    float s[KVP__PF_ITEM_ROWS][KVP__PF_CHUNK] KVP__ALIGN64; /* logits, then p */
+    float *o;                                                 /* [rows][D] accumulators */
+    float lv[KVP__PF_ITEM_ROWS][16] KVP__ALIGN64;             /* SIMD paths: l = l + sum(lv) */
+    float m[KVP__PF_ITEM_ROWS], l[KVP__PF_ITEM_ROWS];         /* running max and sum */
+    int32_t lo[KVP__PF_ITEM_ROWS], hi[KVP__PF_ITEM_ROWS];     /* positions each row may attend */
     int32_t D;
 } kvp__pblock;
 
