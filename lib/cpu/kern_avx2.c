@@ -644,6 +644,181 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *const *vbs, c
 
 INT_V_STAGES(int4)
 
+/* ---- prefill blocks (cpu.h) ------------------------------------------------------------------ */
+
+#define PFC KVP__PF_CHUNK
+
+/* The first n (<= 8) lanes set. */
+TGT_INLINE static __m256i lanes8(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0));
+}
+
+/* 8 plain elements at p, the first n valid (n < 8: the rest zero). */
+TGT_INLINE static __m256 load8_n(int fmt, const uint8_t *p, int n, __m256 u) {
+    __m256 v = n >= 8 ? load8(fmt, p) : load8_part(fmt, p, n);
+    return fmt == KVP_FORMAT_FP8_E4M3 ? _mm256_mul_ps(v, u) : v;
+}
+
+TGT_INLINE static void store8_n(float *dst, __m256 v, int n) {
+    if (n >= 8) _mm256_storeu_ps(dst, v);
+    else _mm256_maskstore_ps(dst, lanes8(n), v);
+}
+
+/* Plain keys, dim-major: each channel's tokens converted where they lie. */
+TGT_INLINE static void pf_kdec_dm(int fmt, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n,
+                                  float fp8_scale, float *kc) {
+    const int es = kvp__plain_size(fmt), P = f->page_size, D = f->head_dim;
+    const __m256 u = _mm256_set1_ps(plain_unit(fmt, fp8_scale));
+    for (int d = 0; d < D; d++) {
+        const uint8_t *p = kb + ((size_t)d * (size_t)P + (size_t)t0) * (size_t)es;
+        for (int i = 0; i < n; i += 8)
+            store8_n(kc + (size_t)d * PFC + (size_t)i, load8_n(fmt, p + (size_t)i * (size_t)es, n - i, u), n - i);
+    }
+}
+
+/* Plain keys, token-major: 8 tokens x 8 channels at a time, transposed in
+ * registers. */
+TGT_INLINE static void pf_kdec_tm(int fmt, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n,
+                                  float fp8_scale, float *kc) {
+    const int es = kvp__plain_size(fmt), D = f->head_dim;
+    const __m256 u = _mm256_set1_ps(plain_unit(fmt, fp8_scale));
+    for (int i0 = 0; i0 < n; i0 += 8)
+        for (int d = 0; d < D; d += 8) {
+            __m256 r[8], t[8];
+            UNROLL for (int i = 0; i < 8; i++)
+                r[i] = i0 + i < n ? load8_n(fmt, kb + ((size_t)(t0 + i0 + i) * (size_t)D + (size_t)d) * (size_t)es, 8, u)
+                                  : _mm256_setzero_ps();
+            UNROLL for (int i = 0; i < 4; i++) {
+                t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+            }
+            /* r[4h + k]: tokens 4h..4h+3 of channel 4L + k in 128-bit lane L */
+            UNROLL for (int h = 0; h < 2; h++) {
+                r[4 * h + 0] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+                r[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+                r[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+                r[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+            }
+            float *o = kc + (size_t)d * PFC + (size_t)i0;
+            UNROLL for (int k = 0; k < 4; k++) {
+                store8_n(o + (size_t)k * PFC, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20), n - i0);
+                store8_n(o + (size_t)(k + 4) * PFC, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31), n - i0);
+            }
+        }
+}
+
+/* Plain values: rows converted. */
+TGT_INLINE static void pf_vdec_pl(int fmt, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n,
+                                  float fp8_scale, float *vc) {
+    const int es = kvp__plain_size(fmt), D = f->head_dim;
+    const __m256 u = _mm256_set1_ps(plain_unit(fmt, fp8_scale));
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = vb + (size_t)(t0 + i) * (size_t)D * (size_t)es;
+        for (int d = 0; d < D; d += 8)
+            _mm256_store_ps(vc + (size_t)i * KVP__ATTN_MAX_D + (size_t)d, load8_n(fmt, p + (size_t)d * (size_t)es, 8, u));
+    }
+}
+
+#define PF_PLAIN(name, FMT)                                                                        \
+    TGT static void pf_kdec_dm_##name(const uint8_t *kb, const kvp__blockfmt *f, int t0, int n,   \
+                                      float s, float *kc) {                                         \
+        pf_kdec_dm(FMT, kb, f, t0, n, s, kc);                                                      \
+    }                                                                                              \
+    TGT static void pf_kdec_tm_##name(const uint8_t *kb, const kvp__blockfmt *f, int t0, int n,   \
+                                      float s, float *kc) {                                         \
+        pf_kdec_tm(FMT, kb, f, t0, n, s, kc);                                                      \
+    }                                                                                              \
+    TGT static void pf_vdec_##name(const uint8_t *vb, const kvp__blockfmt *f, int t0, int n,       \
+                                   float s, float *vc) {                                            \
+        pf_vdec_pl(FMT, vb, f, t0, n, s, vc);                                                      \
+    }
+PF_PLAIN(fp32, KVP_FORMAT_FP32)
+PF_PLAIN(fp16, KVP_FORMAT_FP16)
+PF_PLAIN(bf16, KVP_FORMAT_BF16)
+PF_PLAIN(fp8, KVP_FORMAT_FP8_E4M3)
+
+/* 16 registers: the logits go 4 rows x 16 tokens at a time (8
+ * accumulators, each K load feeding 4 FMAs), to b->s; the softmax works
+ * row by row from there; o += p.v takes 4 rows x 16 channels (8
+ * accumulators, the rescale folded into their load). */
+TGT static void pf_block_avx2(kvp__pblock *b, int r0, int32_t pos0, int n, int masked) {
+    const int D = b->D;
+    for (int rh = r0; rh < r0 + KVP__PF_BLOCK; rh += 4)
+        for (int c0 = 0; c0 < PFC; c0 += 16) {
+            __m256 a[4], c[4];
+            UNROLL for (int r = 0; r < 4; r++) a[r] = c[r] = _mm256_setzero_ps();
+            for (int d = 0; d < D; d++) {
+                __m256 k0 = _mm256_load_ps(&b->kc[d][c0]), k1 = _mm256_load_ps(&b->kc[d][c0 + 8]);
+                UNROLL for (int r = 0; r < 4; r++) {
+                    __m256 q = _mm256_broadcast_ss(&b->q[rh + r][d]);
+                    a[r] = _mm256_fmadd_ps(q, k0, a[r]);
+                    c[r] = _mm256_fmadd_ps(q, k1, c[r]);
+                }
+            }
+            UNROLL for (int r = 0; r < 4; r++) {
+                _mm256_store_ps(&b->s[rh + r][c0], a[r]);
+                _mm256_store_ps(&b->s[rh + r][c0 + 8], c[r]);
+            }
+        }
+    float al[KVP__PF_BLOCK];
+    const __m256i iota = _mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int r = r0; r < r0 + KVP__PF_BLOCK; r++) {
+        __m256 x[PFC / 8], vis[PFC / 8], mx = ninf;
+        UNROLL for (int j = 0; j < PFC / 8; j++) {
+            x[j] = _mm256_load_ps(&b->s[r][8 * j]);
+            vis[j] = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+            if (masked) {
+                __m256i pos = _mm256_add_epi32(iota, _mm256_set1_epi32(pos0 + 8 * j));
+                __m256i ok = _mm256_and_si256(lanes8(n - 8 * j),
+                                              _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(b->lo[r]), pos),
+                                                                  _mm256_cmpgt_epi32(_mm256_set1_epi32(b->hi[r] + 1), pos)));
+                vis[j] = _mm256_castsi256_ps(ok);
+            }
+            mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, x[j], vis[j]));
+        }
+        float cm = hmax8(mx), m_old = b->m[r], m_new = m_old > cm ? m_old : cm;
+        al[r - r0] = 1.0f;
+        if (m_new == -INFINITY) { /* nothing visible yet: p = 0 */
+            UNROLL for (int j = 0; j < PFC / 8; j++) _mm256_store_ps(&b->s[r][8 * j], _mm256_setzero_ps());
+            continue;
+        }
+        if (m_old != m_new) al[r - r0] = _mm_cvtss_f32(_mm256_castps256_ps128(exp256(_mm256_set1_ps(m_old - m_new))));
+        __m256 mv = _mm256_set1_ps(m_new), lv = _mm256_mul_ps(_mm256_load_ps(b->lv[r]), _mm256_set1_ps(al[r - r0]));
+        UNROLL for (int j = 0; j < PFC / 8; j++) {
+            __m256 p = _mm256_and_ps(exp256(_mm256_sub_ps(x[j], mv)), vis[j]);
+            _mm256_store_ps(&b->s[r][8 * j], p);
+            lv = _mm256_add_ps(lv, p);
+        }
+        _mm256_store_ps(b->lv[r], lv);
+        b->l[r] *= al[r - r0];
+        b->m[r] = m_new;
+    }
+    for (int rh = r0; rh < r0 + KVP__PF_BLOCK; rh += 4)
+        for (int d0 = 0; d0 < D; d0 += 16) {
+            __m256 o0[4], o1[4];
+            UNROLL for (int r = 0; r < 4; r++) {
+                float *o = b->o + (size_t)(rh + r) * (size_t)D + (size_t)d0;
+                __m256 s = _mm256_set1_ps(al[rh + r - r0]);
+                o0[r] = _mm256_mul_ps(_mm256_loadu_ps(o), s);
+                o1[r] = _mm256_mul_ps(_mm256_loadu_ps(o + 8), s);
+            }
+            for (int i = 0; i < n; i++) {
+                __m256 w0 = _mm256_load_ps(&b->vc[i][d0]), w1 = _mm256_load_ps(&b->vc[i][d0 + 8]);
+                UNROLL for (int r = 0; r < 4; r++) {
+                    __m256 p = _mm256_broadcast_ss(&b->s[rh + r][i]);
+                    o0[r] = _mm256_fmadd_ps(p, w0, o0[r]);
+                    o1[r] = _mm256_fmadd_ps(p, w1, o1[r]);
+                }
+            }
+            UNROLL for (int r = 0; r < 4; r++) {
+                float *o = b->o + (size_t)(rh + r) * (size_t)D + (size_t)d0;
+                _mm256_storeu_ps(o, o0[r]);
+                _mm256_storeu_ps(o + 8, o1[r]);
+            }
+        }
+}
+
 const kvp__kernels kvp__kernels_avx2 = {
     "avx2",
     {kprep_plain, kprep_plain, kprep_plain, kprep_plain, kprep_int16, kprep_int4},
@@ -657,10 +832,17 @@ const kvp__kernels kvp__kernels_avx2 = {
     {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},
     {NULL, NULL, NULL, NULL, vacc2_int8, vacc2_int4},
     {NULL, NULL, NULL, NULL, NULL, NULL},
-    NULL, /* prefill blocks: the tiles take every item */
-    0,
-    {{NULL, NULL}},
-    {NULL},
+    pf_block_avx2,
+    /* plain formats; int8/int4 keep the tiles' integer dot products */
+    (1u << KVP_FORMAT_FP32) | (1u << KVP_FORMAT_FP16) | (1u << KVP_FORMAT_BF16) |
+        (1u << KVP_FORMAT_FP8_E4M3),
+    {{pf_kdec_tm_fp32, pf_kdec_dm_fp32},
+     {pf_kdec_tm_fp16, pf_kdec_dm_fp16},
+     {pf_kdec_tm_bf16, pf_kdec_dm_bf16},
+     {pf_kdec_tm_fp8, pf_kdec_dm_fp8},
+     {NULL, NULL},
+     {NULL, NULL}},
+    {pf_vdec_fp32, pf_vdec_fp16, pf_vdec_bf16, pf_vdec_fp8, NULL, NULL},
 };
 
 #else
