@@ -499,6 +499,7 @@ typedef struct {
     double fmas;    /* useful FMAs of one call (QK and PV) */
     double t;       /* seconds per call: median of the rounds' samples */
     double speedup; /* over fp16: median of the rounds' ratios (0: not measured) */
+    double fma_fraction; /* of the FMA probe each round takes: median of the rounds' ratios */
 } prefill_result;
 
 /* Set up a prefill case: its store (pages shuffled as for decode, layers
@@ -569,14 +570,20 @@ static int prefill_setup(const options *o, kvp_ctx_t *ctx, prefill_result *r, kv
  * than min_seconds/8, else enough back-to-back calls to last about that
  * long, and PREFILL_MIN_ROUNDS to PREFILL_MAX_ROUNDS rounds cover about
  * min_seconds per case. Each case's warm-up call also sizes its samples
- * (a short one is timed again, warm). base: the fp16 case's index, or -1. */
+ * (a short one is timed again, warm). Each round also runs the FMA probe
+ * for PREFILL_PROBE_SECONDS: 'of fma' is the median of the rounds' ratios,
+ * as decode's 'of read' is (this VM's FMA rate has read 117 and 223 G/s in
+ * runs minutes apart). base: the fp16 case's index, or -1. */
 #define PREFILL_MIN_ROUNDS 3
 #define PREFILL_MAX_ROUNDS 16
 #define PREFILL_GROUP 8 /* cases of one (page, chunk, context) at most */
+#define PREFILL_PROBE_SECONDS 0.05
 
-static int time_prefill(prefill_result *rs, case_state *cs, int n, int base, double min_seconds) {
+static int time_prefill(prefill_result *rs, case_state *cs, int n, int base, double min_seconds,
+                        int threads) {
     int inner[PREFILL_GROUP];
     double one_round = 0.0, want = min_seconds / 8.0, t[PREFILL_GROUP][PREFILL_MAX_ROUNDS];
+    double roof[PREFILL_MAX_ROUNDS];
     for (int i = 0; i < n; i++) {
         double t0 = bench_now();
         if (run_paged(&cs[i].c) != 0) return -1; /* warm-up */
@@ -593,7 +600,8 @@ static int time_prefill(prefill_result *rs, case_state *cs, int n, int base, dou
     int rounds = want_rounds < PREFILL_MIN_ROUNDS   ? PREFILL_MIN_ROUNDS
                  : want_rounds > PREFILL_MAX_ROUNDS ? PREFILL_MAX_ROUNDS
                                                     : (int)want_rounds;
-    for (int k = 0; k < rounds; k++)
+    for (int k = 0; k < rounds; k++) {
+        roof[k] = bench_fma_once(threads, PREFILL_PROBE_SECONDS);
         for (int m = 0; m < n; m++) {
             int i = k % 2 == 0 ? m : n - 1 - m;
             double t0 = bench_now();
@@ -601,10 +609,15 @@ static int time_prefill(prefill_result *rs, case_state *cs, int n, int base, dou
                 if (run_paged(&cs[i].c) != 0) return -1;
             t[i][k] = (bench_now() - t0) / inner[i];
         }
+    }
     for (int i = 0; i < n; i++) {
-        double sp[PREFILL_MAX_ROUNDS];
-        for (int k = 0; k < rounds; k++) sp[k] = base >= 0 ? t[base][k] / t[i][k] : 0.0;
+        double sp[PREFILL_MAX_ROUNDS], fr[PREFILL_MAX_ROUNDS];
+        for (int k = 0; k < rounds; k++) {
+            sp[k] = base >= 0 ? t[base][k] / t[i][k] : 0.0;
+            fr[k] = roof[k] > 0.0 ? rs[i].fmas / t[i][k] / roof[k] : 0.0;
+        }
         rs[i].speedup = base >= 0 ? bench_median(sp, rounds) : 0.0;
+        rs[i].fma_fraction = bench_median(fr, rounds);
         rs[i].t = bench_median(t[i], rounds);
     }
     return 0;
@@ -628,14 +641,14 @@ static int time_prefill_cases(const options *o, kvp_ctx_t *ctx, prefill_result *
         }
     }
     if (together) {
-        int rc = time_prefill(rs, cs, n, base, o->min_seconds);
+        int rc = time_prefill(rs, cs, n, base, o->min_seconds, o->threads);
         for (int i = 0; i < n; i++) case_free(&cs[i]);
         return rc;
     }
     for (int i = 0; i < ok; i++) case_free(&cs[i]);
     for (int i = 0; i < n; i++) {
         if (prefill_setup(o, ctx, &rs[i], rng, &cs[0]) != 0) return -1;
-        int rc = time_prefill(&rs[i], &cs[0], 1, -1, o->min_seconds);
+        int rc = time_prefill(&rs[i], &cs[0], 1, -1, o->min_seconds, o->threads);
         case_free(&cs[0]);
         if (rc != 0) return -1;
         if (base == 0) rs[i].speedup = rs[0].t / rs[i].t;
@@ -1042,12 +1055,14 @@ static int prefill_table(const options *o, kvp_ctx_t *ctx, kvd_rng *rng, const b
                     char chunk_s[16], of8[16];
                     if (r->mixed) snprintf(chunk_s, sizeof chunk_s, "mixed");
                     else snprintf(chunk_s, sizeof chunk_s, "%d", r->chunk);
+                    /* the int8 roof, scaled as the rounds' FMA probes moved from the run's start */
                     if (formats[r->fmt].format != KVP_FORMAT_FP16 && roofs->int8_macs_per_s > 0.0)
-                        snprintf(of8, sizeof of8, "%.2f", rate / roofs->int8_macs_per_s);
+                        snprintf(of8, sizeof of8, "%.2f",
+                                 r->fma_fraction * roofs->fma_per_s / roofs->int8_macs_per_s);
                     else snprintf(of8, sizeof of8, "-");
                     printf("%-9s %4d %6s %7d %10.3f %9.1f %7.2f %7s %8.2f %6d\n", formats[r->fmt].name,
                            r->page, chunk_s, r->context, r->t * 1e3, rate / 1e9,
-                           rate / roofs->fma_per_s, of8, r->speedup, r->layers);
+                           r->fma_fraction, of8, r->speedup, r->layers);
                 }
                 fflush(stdout);
             }
@@ -1075,7 +1090,7 @@ static const char *json_num(char *buf, size_t size, double v, int digits, bool s
  * 512-token chunk over 8k, and the mixed case (null where not measured);
  * the prefill errors (null where not measured). No leading or trailing
  * comma. */
-static void print_prefill_keys(const prefill_result *rs, int n, const bench_roofs *roofs,
+static void print_prefill_keys(const prefill_result *rs, int n,
                                const double perr[3]) {
     const prefill_result *p[3], *m[3];
     for (int f = 0; f < 3; f++) {
@@ -1087,7 +1102,7 @@ static void print_prefill_keys(const prefill_result *rs, int n, const bench_roof
            "\"prefill_int4_speedup\": %s, \"prefill_fp16_gfma\": %s, \"prefill_int8_gfma\": %s, "
            "\"prefill_int4_gfma\": %s, \"mixed_int8_speedup\": %s, \"mixed_int4_speedup\": %s, "
            "\"prefill_fp16_rel_err\": %s, \"prefill_int8_rel_err\": %s, \"prefill_int4_rel_err\": %s",
-           json_num(b[0], 32, p[0] ? p[0]->fmas / p[0]->t / roofs->fma_per_s : NAN, 4, false),
+           json_num(b[0], 32, p[0] ? p[0]->fma_fraction : NAN, 4, false),
            json_num(b[1], 32, p[1] && p[0] ? p[1]->speedup : NAN, 4, false),
            json_num(b[2], 32, p[2] && p[0] ? p[2]->speedup : NAN, 4, false),
            json_num(b[3], 32, p[0] ? p[0]->fmas / p[0]->t / 1e9 : NAN, 3, false),
@@ -1212,14 +1227,14 @@ int bench_attention(int argc, char **argv) {
                o.threads, ctx_isa_name(ctx), o.quick ? "true" : "false", roofs.read_gbps,
                roofs.fma_per_s, roofs.int8_macs_per_s, head[0], head[1], head[2], head[3], errs[0],
                errs[1], errs[2], errs[4], errs[5], o.layers);
-        print_prefill_keys(pr, npr, &roofs, perr);
+        print_prefill_keys(pr, npr, perr);
         printf("}\n");
     } else {
         printf("{\"bench\": \"attention-prefill\", \"threads\": %d, \"isa\": \"%s\", \"quick\": %s, "
                "\"fma_per_s\": %.6g, \"int8_macs_per_s\": %.6g, \"layers\": %d, ", o.threads,
                ctx_isa_name(ctx), o.quick ? "true" : "false", roofs.fma_per_s, roofs.int8_macs_per_s,
                o.layers);
-        print_prefill_keys(pr, npr, &roofs, perr);
+        print_prefill_keys(pr, npr, perr);
         printf(", \"cases\": [");
         for (int i = 0; i < npr; i++) {
             const prefill_result *r = &pr[i];
@@ -1229,7 +1244,7 @@ int bench_attention(int argc, char **argv) {
             printf("%s{\"format\": \"%s\", \"page\": %d, \"chunk\": %s, \"context\": %d, \"ms\": %.4f, "
                    "\"gfma\": %.3f, \"fma_fraction\": %.4f, \"speedup\": %.4f}", i > 0 ? ", " : "",
                    formats[r->fmt].name, r->page, chunk_s, r->context, r->t * 1e3,
-                   r->fmas / r->t / 1e9, r->fmas / r->t / roofs.fma_per_s, r->speedup);
+                   r->fmas / r->t / 1e9, r->fma_fraction, r->speedup);
         }
         printf("]}\n");
     }

@@ -32,6 +32,10 @@ int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out);
  * than the caches), split over `threads` threads: GB/s, or -1. */
 double bench_read_once(int threads, const float *buf, size_t n);
 
+/* One run of the FMA probe on `threads` threads, sized to last about
+ * `seconds`: fp32 FMAs per second, or -1. */
+double bench_fma_once(int threads, double seconds);
+
 int bench_roofline(int argc, char **argv);
 int bench_sched(int argc, char **argv);
 /* Page pool and table against a naive baseline (bench/pool.c). */

@@ -261,6 +261,26 @@ double bench_read_once(int threads, const float *buf, size_t n) {
     return dt > 0.0 ? (double)(per * (size_t)threads * sizeof(float)) / dt / 1e9 : -1.0;
 }
 
+double bench_fma_once(int threads, double seconds) {
+    if (threads < 1 || threads > 64 || !(seconds > 0.0)) return -1.0;
+    read_fn rf;
+    fma_fn ff;
+    int lanes;
+    (void)pick(&rf, &ff, &lanes);
+    /* sized as bench_measure_roofs sizes its loop (4 G vector FMA/s per thread) */
+    long iters = (long)(4e9 * seconds / 12.0) / (lanes >= 8 ? 1 : 8);
+    if (iters < 1) iters = 1;
+    worker ws[64];
+    memset(ws, 0, sizeof ws);
+    for (int t = 0; t < threads; t++) {
+        ws[t].fma = ff;
+        ws[t].iters = iters;
+        ws[t].n = (size_t)t;
+    }
+    double dt = run_workers(threads, ws, fma_worker);
+    return dt > 0.0 ? (double)iters * 12.0 * (double)lanes * (double)threads / dt : -1.0;
+}
+
 int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out) {
     if (threads < 1 || threads > 64 || reps < 1) return -1;
     if (bytes == 0) bytes = (size_t)512 << 20;
