@@ -76,7 +76,7 @@ ensure_python_packages() {
 optional=""
 if [ "$what" = test ]; then
     { command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; } ||
-        optional="redis-server"
+        optional=" redis-server"
 fi
 
 install_optional() {
