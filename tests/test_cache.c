@@ -196,6 +196,11 @@ static void run_decode_loop(int32_t kf, int32_t vf, int32_t P, double tol) {
         int32_t one[2] = {1, 1}, t2[2] = {7000 + s, 8000 + s};
         step(&f, pair, 2, one, t2);
     }
+    /* both take a prefill chunk over their shared pages (40 query rows per
+     * kv head: the kernels' prefill blocks) */
+    int32_t chunk[2] = {20, 20};
+    for (int i = 0; i < 40; i++) toks[i] = 9500 + i;
+    step(&f, pair, 2, chunk, toks);
     /* speculative tokens rejected: append 5, truncate back by 4 across a page edge */
     int32_t five[1] = {5}, t5[5] = {1, 2, 3, 4, 5};
     step(&f, &child, 1, five, t5);
