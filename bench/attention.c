@@ -713,9 +713,8 @@ static double accuracy(kvp_ctx_t *ctx, const bench_format *f, int32_t P, kvd_rng
             ap.qo_indptr = qo;
             ap.q = q;
             ap.out = out;
-            if (kvp_attention(ctx, s, &view, &ap) == KVP_OK) {
-                kvd_attn ra = {Q_HEADS, KV_HEADS, HEAD_DIM, ap.sm_scale, 0.0, 1, -1};
-                kvd_reference(&ra, q, 1, k, v, T, ref);
+            kvd_attn ra = {Q_HEADS, KV_HEADS, HEAD_DIM, ap.sm_scale, 0.0, 1, -1};
+            if (kvp_attention(ctx, s, &view, &ap) == KVP_OK && kvd_reference(&ra, q, 1, k, v, T, ref) == 0) {
                 for (size_t i = 0; i < qn; i++) {
                     num += ((double)out[i] - ref[i]) * ((double)out[i] - ref[i]);
                     den += ref[i] * ref[i];
@@ -760,9 +759,7 @@ static void prefill_accuracy(kvp_ctx_t *ctx, kvd_rng *rng, double err[3]) {
     kvd_fill_normal(rng, n, v);
     kvd_fill_normal(rng, qn, q);
     kvd_attn ra = {Q_HEADS, KV_HEADS, HEAD_DIM, kvd_sm_scale(&keys), 0.0, 1, -1};
-    ref[0] = NAN; /* kvd_reference writes nothing when it cannot allocate */
-    kvd_reference(&ra, q, C, k, v, T, ref);
-    if (isnan(ref[0])) {
+    if (kvd_reference(&ra, q, C, k, v, T, ref) != 0) {
         fprintf(stderr, "%s: prefill accuracy: out of memory\n", TOOL);
         goto out;
     }

@@ -445,9 +445,9 @@ static double accuracy(kvp_ctx_t *ctx, const cuda_format *f, int32_t P, kvd_rng 
             ap.out = dout;
             ok = kvp_attention(ctx, s, &view, &ap) == KVP_OK &&
                  bench_cuda_memcpy(out, dout, qn * 4, 1, g_err, sizeof g_err) == KVP_OK;
+            kvd_attn ra = {Q_HEADS, KV_HEADS, HEAD_DIM, ap.sm_scale, 0.0, 1, -1};
+            ok = ok && kvd_reference(&ra, q, 1, k, v, T, ref) == 0;
             if (ok) {
-                kvd_attn ra = {Q_HEADS, KV_HEADS, HEAD_DIM, ap.sm_scale, 0.0, 1, -1};
-                kvd_reference(&ra, q, 1, k, v, T, ref);
                 for (size_t i = 0; i < qn; i++) {
                     num += ((double)out[i] - ref[i]) * ((double)out[i] - ref[i]);
                     den += ref[i] * ref[i];

@@ -72,7 +72,12 @@ static inline int kvd_keys_init(kvd_keys *k, kvd_rng *r, int heads, int head_dim
     k->head_dim = head_dim;
     k->scale = (double *)malloc(n * sizeof(double));
     k->offset = (double *)malloc(n * sizeof(double));
-    if (k->scale == NULL || k->offset == NULL) return -1;
+    if (k->scale == NULL || k->offset == NULL) { /* nothing left held */
+        free(k->scale);
+        free(k->offset);
+        k->scale = k->offset = NULL;
+        return -1;
+    }
     for (size_t i = 0; i < n; i++) {
         k->scale[i] = 1.0;
         k->offset[i] = kvd_normal(r);
@@ -131,12 +136,13 @@ typedef struct {
 } kvd_attn;
 
 /* One sequence: q [q_len][q_heads][D], k/v [kv_len][kv_heads][D] (fp32
- * inputs, as appended), out [q_len][q_heads][D] in double. */
-static inline void kvd_reference(const kvd_attn *a, const float *q, int q_len, const float *k,
-                          const float *v, int kv_len, double *out) {
+ * inputs, as appended), out [q_len][q_heads][D] in double. Returns 0, or
+ * -1 when it cannot allocate its scratch (out not written). */
+static inline int kvd_reference(const kvd_attn *a, const float *q, int q_len, const float *k,
+                                const float *v, int kv_len, double *out) {
     int D = a->head_dim, group = a->q_heads / a->kv_heads;
-    double *w = (double *)malloc((size_t)kv_len * sizeof(double));
-    if (w == NULL) return;
+    double *w = (double *)malloc((size_t)(kv_len > 0 ? kv_len : 1) * sizeof(double));
+    if (w == NULL) return -1;
     for (int i = 0; i < q_len; i++)
         for (int qh = 0; qh < a->q_heads; qh++) {
             int h = qh / group, pos = kv_len - q_len + i;
@@ -166,6 +172,7 @@ static inline void kvd_reference(const kvd_attn *a, const float *q, int q_len, c
             }
         }
     free(w);
+    return 0;
 }
 
 /* Relative L2 error ||got - ref|| / ||ref|| over n values. */

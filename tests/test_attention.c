@@ -273,8 +273,8 @@ static void reference(const batch *bt, const attn_opts *o, double *ref) {
     size_t per = (size_t)s->q_heads * (size_t)s->head_dim;
     for (int32_t b = 0; b < s->batch; b++) {
         if (s->q_len[b] == 0) continue;
-        kvd_reference(&a, bt->q + (size_t)bt->qo[b] * per, s->q_len[b], bt->k[b], bt->v[b],
-                      s->kv_len[b], ref + (size_t)bt->qo[b] * per);
+        assert_int_equal(kvd_reference(&a, bt->q + (size_t)bt->qo[b] * per, s->q_len[b], bt->k[b],
+                                       bt->v[b], s->kv_len[b], ref + (size_t)bt->qo[b] * per), 0);
     }
 }
 

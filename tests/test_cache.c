@@ -146,7 +146,7 @@ static void step(fixture *f, hist **hs, int batch, const int32_t *num_new, const
                 kv_of(hs[b]->tokens[t], t, layer, hk + (size_t)t * ROW, hv + (size_t)t * ROW);
             double *ref = malloc(sizeof(double) * (size_t)num_new[b] * QH * D);
             kvd_attn a = {QH, H, D, 0.125, 0.0, 1, -1};
-            kvd_reference(&a, q + (size_t)row * QH * D, num_new[b], hk, hv, (int)n, ref);
+            assert_int_equal(kvd_reference(&a, q + (size_t)row * QH * D, num_new[b], hk, hv, (int)n, ref), 0);
             double e = kvd_rel_l2(out + (size_t)row * QH * D, ref, (size_t)num_new[b] * QH * D);
             if (!(e <= f->tol)) print_error("seq %d layer %d: rel err %.3g > %.3g\n", (int)hs[b]->seq, layer, e, f->tol);
             assert_true(e <= f->tol);
