@@ -1557,9 +1557,10 @@ KVP_API void kvp_attention_params_init(kvp_attention_params_t *p);
  * values use integer dot products (VNNI); their added error is bounded in
  * docs/formats.md. A sequence with at least 32 query rows per kv head
  * (q_len x GQA group: a prefill chunk) goes, without a soft cap, through
- * prefill blocks instead, on the portable path and on AVX2/AVX-512 for
- * fp32/fp16/bf16/fp8 K and V: its K/V are decoded exactly to fp32 once per
- * 32 tokens and multiplied as small matrices in fp32.
+ * prefill blocks instead (portable path: every format; AVX2: fp32, fp16,
+ * bf16, fp8; AVX-512: those and int8, and int4 with pages under 32
+ * tokens): its K/V are decoded exactly to fp32 once per 32 tokens and
+ * multiplied as small matrices in fp32.
  * Thread-safe only with distinct contexts.
  *
  * **CUDA** (a CUDA context and store on the same device): `q`, `out` and

@@ -457,6 +457,16 @@ static void use_stored_kv(batch *bt) {
         }
 }
 
+/* Whether the prefill blocks take a store of these pool formats and page
+ * size on this ISA (the kernel tables' format masks, lib/cpu/kern_*.c):
+ * every format on the portable path; plain formats on AVX2; on AVX-512
+ * every format under 32-token pages, all but int4 from 32 tokens on. */
+static bool blocks_take(int32_t isa, int32_t kf, int32_t vf, int32_t page) {
+    if (isa == KVP_ISA_PORTABLE) return true;
+    if (isa == KVP_ISA_AVX2) return kf <= KVP_FORMAT_FP8_E4M3 && vf <= KVP_FORMAT_FP8_E4M3;
+    return page < 32 || (kf != KVP_FORMAT_INT4 && vf != KVP_FORMAT_INT4);
+}
+
 /* Chunked prefill (sequences with 32 or more query rows per kv head go
  * through the GEMM-like prefill blocks where the ISA has them): every
  * format and key order, pages smaller than a chunk, equal to it and
@@ -464,12 +474,11 @@ static void use_stored_kv(batch *bt) {
  * rows of one head in two items of unequal size (148 rows: 80 + 68, the
  * second padded to whole blocks of 8), a 32-row item long enough to be
  * split across threads (its partials merged), staging pages, causal,
- * windowed and not. Where blocks take the formats (portable: all; AVX2
- * and AVX-512: plain K and V) the result keeps fp32 accuracy against the
- * reference on the stored (decoded) K/V: they decode exactly and compute in
- * fp32. Integer formats on AVX2 and AVX-512 run the tiles, whose integer
- * dot products quantize the query: the format's bound against the
- * original K/V. */
+ * windowed and not. Where blocks take the formats (blocks_take) the
+ * result keeps fp32 accuracy against the reference on the stored (decoded)
+ * K/V: they decode exactly and compute in fp32. Elsewhere the tiles run,
+ * whose integer dot products quantize the query: the format's bound
+ * against the original K/V. */
 static void test_prefill_blocks(void **state) {
     (void)state;
     static const int32_t fmts[][3] = {
@@ -497,8 +506,7 @@ static void test_prefill_blocks(void **state) {
                 batch_build(&bt, &s);
                 double bound = bound_of(fmts[f][0]) > bound_of(fmts[f][1]) ? bound_of(fmts[f][0])
                                                                            : bound_of(fmts[f][1]);
-                bool plain = fmts[f][0] <= KVP_FORMAT_FP8_E4M3 && fmts[f][1] <= KVP_FORMAT_FP8_E4M3;
-                if (isa == KVP_ISA_PORTABLE || plain) {
+                if (blocks_take(isa, fmts[f][0], fmts[f][1], pages[p])) {
                     use_stored_kv(&bt);
                     bound = 2e-5;
                 }

@@ -858,7 +858,8 @@ int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
     pick_stages(&j, &s->kfmt, &s->vfmt, &s->skfmt, &s->svfmt);
     /* prefill blocks have no soft cap */
     j.pf_block = a->p->logit_soft_cap > 0.0f ? NULL
-                                               : kvp__pick_pf_block(c->isa, s->kfmt.format, s->vfmt.format);
+                                               : kvp__pick_pf_block(c->isa, s->kfmt.format, s->vfmt.format,
+                                                                    s->layout.page_size);
     return run_job(&j);
 }
 

@@ -148,7 +148,8 @@ typedef struct {
     /* prefill blocks: NULL pf_block, none in this ISA (its tiles take
      * every item); NULL decoders fall back to the portable ones */
     kvp__pf_block_fn pf_block;
-    uint32_t pf_formats; /* bit f: blocks take pool K/V of format f (both must be) */
+    uint32_t pf_formats;       /* bit f: blocks take pool K/V of format f (both must be) */
+    uint32_t pf_formats_small; /* the same for pages of fewer than KVP__PF_CHUNK tokens */
     kvp__pf_kdec_fn pf_kdec[KVP_FORMAT_COUNT][2]; /* [format][dim-major] */
     kvp__pf_vdec_fn pf_vdec[KVP_FORMAT_COUNT];
 } kvp__kernels;
@@ -169,9 +170,10 @@ kvp__vacc2_fn kvp__pick_vacc2(int32_t isa, int32_t format);
 /* The ISA's own four-block V stage, or NULL. */
 kvp__vacc4_fn kvp__pick_vacc4(int32_t isa, int32_t format);
 
-/* The ISA's prefill-block stage for pool pages of these K and V formats,
- * or NULL (tiles take every item); the decoders, with fallback. */
-kvp__pf_block_fn kvp__pick_pf_block(int32_t isa, int32_t k_format, int32_t v_format);
+/* The ISA's prefill-block stage for pool pages of these K and V formats
+ * and size, or NULL (tiles take every item); the decoders, with fallback. */
+kvp__pf_block_fn kvp__pick_pf_block(int32_t isa, int32_t k_format, int32_t v_format,
+                                    int32_t page_size);
 kvp__pf_kdec_fn kvp__pick_pf_kdec(int32_t isa, int32_t format, int dim_major);
 kvp__pf_vdec_fn kvp__pick_pf_vdec(int32_t isa, int32_t format);
 

@@ -836,6 +836,8 @@ const kvp__kernels kvp__kernels_avx2 = {
     /* plain formats; int8/int4 keep the tiles' integer dot products */
     (1u << KVP_FORMAT_FP32) | (1u << KVP_FORMAT_FP16) | (1u << KVP_FORMAT_BF16) |
         (1u << KVP_FORMAT_FP8_E4M3),
+    (1u << KVP_FORMAT_FP32) | (1u << KVP_FORMAT_FP16) | (1u << KVP_FORMAT_BF16) |
+        (1u << KVP_FORMAT_FP8_E4M3),
     {{pf_kdec_tm_fp32, pf_kdec_dm_fp32},
      {pf_kdec_tm_fp16, pf_kdec_dm_fp16},
      {pf_kdec_tm_bf16, pf_kdec_dm_bf16},
@@ -846,5 +848,5 @@ const kvp__kernels kvp__kernels_avx2 = {
 };
 
 #else
-const kvp__kernels kvp__kernels_avx2 = {"avx2", {0}, {{0}}, NULL, {0}, {0}, {0}, NULL, 0, {{0}}, {0}};
+const kvp__kernels kvp__kernels_avx2 = {"avx2", {0}, {{0}}, NULL, {0}, {0}, {0}, NULL, 0, 0, {{0}}, {0}};
 #endif

@@ -1098,6 +1098,151 @@ PF_PLAIN(fp16, KVP_FORMAT_FP16)
 PF_PLAIN(bf16, KVP_FORMAT_BF16)
 PF_PLAIN(fp8, KVP_FORMAT_FP8_E4M3)
 
+/* A block's D fp16 values at p as fp32 (D a multiple of 16). */
+TGT_INLINE static void f16_row(const uint8_t *p, int D, float *out) {
+    for (int d = 0; d < D; d += 16)
+        _mm512_store_ps(out + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * (size_t)d))));
+}
+
+/* int8 keys ([D/4][P][4] codes, per-channel scale and minimum): the four
+ * channels of each 32-bit lane taken apart by shifts. */
+TGT static void pf_kdec_int8(const uint8_t *kb, const kvp__blockfmt *f, int t0, int n, float fp8_scale,
+                             float *kc) {
+    (void)fp8_scale;
+    const int P = f->page_size, D = f->head_dim;
+    float sc[KVP__ATTN_MAX_D] KVP__ALIGN64, mn[KVP__ATTN_MAX_D] KVP__ALIGN64;
+    f16_row(kb + kvp__block_data_bytes(f), D, sc);
+    f16_row(kb + kvp__block_data_bytes(f) + 2 * (size_t)D, D, mn);
+    const __m512i ff = _mm512_set1_epi32(0xFF);
+    for (int q = 0; q < D / 4; q++) {
+        const uint8_t *p = kb + ((size_t)q * (size_t)P + (size_t)t0) * 4;
+        for (int i = 0; i < n; i += 16) {
+            __m512i x = _mm512_maskz_loadu_epi32(mask16(n - i), p + 4 * (size_t)i);
+            UNROLL for (int c = 0; c < 4; c++) {
+                int d = 4 * q + c;
+                __m512 code = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(x, 8 * c), ff));
+                _mm512_mask_storeu_ps(kc + (size_t)d * PFC + (size_t)i, mask16(n - i),
+                                      _mm512_fmadd_ps(_mm512_set1_ps(sc[d]), code, _mm512_set1_ps(mn[d])));
+            }
+        }
+    }
+}
+
+/* int4 keys ([D/4][P/2][4]: tokens 2i and 2i+1 in a byte's low and high
+ * nibble): each channel's even and odd tokens decoded, then interleaved;
+ * the outlier channels decoded from their int8 codes over them. Odd
+ * offsets or page sizes (never seen from the table's own pages) go
+ * through the portable decoder. */
+TGT static void pf_kdec_int4(const uint8_t *kb, const kvp__blockfmt *f, int t0, int n, float fp8_scale,
+                             float *kc) {
+    const int P = f->page_size, D = f->head_dim;
+    if ((t0 | P) & 1) {
+        kvp__kernels_portable.pf_kdec[KVP_FORMAT_INT4][0](kb, f, t0, n, fp8_scale, kc);
+        return;
+    }
+    float sc[KVP__ATTN_MAX_D] KVP__ALIGN64, mn[KVP__ATTN_MAX_D] KVP__ALIGN64;
+    f16_row(kb + kvp__block_data_bytes(f), D, sc);
+    f16_row(kb + kvp__block_data_bytes(f) + 2 * (size_t)D, D, mn);
+    const __m512i f4 = _mm512_set1_epi32(0x0F);
+    const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi_idx = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    const int pairs = (n + 1) / 2; /* <= 16 */
+    for (int q = 0; q < D / 4; q++) {
+        const uint8_t *p = kb + ((size_t)q * (size_t)(P / 2) + (size_t)(t0 / 2)) * 4;
+        __m512i x = _mm512_maskz_loadu_epi32(mask16(pairs), p);
+        UNROLL for (int c = 0; c < 4; c++) {
+            int d = 4 * q + c;
+            __m512i byte = _mm512_srli_epi32(x, 8 * c);
+            __m512 s = _mm512_set1_ps(sc[d]), m = _mm512_set1_ps(mn[d]);
+            __m512 ev = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_and_si512(byte, f4)), m);
+            __m512 od = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(byte, 4), f4)), m);
+            float *o = kc + (size_t)d * PFC;
+            _mm512_mask_storeu_ps(o, mask16(n), _mm512_permutex2var_ps(ev, lo_idx, od));
+            _mm512_mask_storeu_ps(o + 16, mask16(n - 16), _mm512_permutex2var_ps(ev, hi_idx, od));
+        }
+    }
+    /* outliers, last entry first: where a (foreign) table repeats a
+     * channel, the first entry wins, as in the reference decoder */
+    kvp__k4_outl ol = kvp__k4_outliers_of(kb, f);
+    for (int j = ol.count - 1; j >= 0; j--) {
+        unsigned d = kvp__load_u16(ol.table + 2 * (size_t)j);
+        if (d >= (unsigned)D) continue;
+        __m512 os = _mm512_set1_ps(kvp__f16_to_f32(kvp__load_u16(ol.table + 2 * (size_t)(ol.count + j))));
+        __m512 om = _mm512_set1_ps(kvp__f16_to_f32(kvp__load_u16(ol.table + 2 * (size_t)(2 * ol.count + j))));
+        const uint8_t *codes = ol.codes + (size_t)j * (size_t)P + (size_t)t0;
+        for (int i = 0; i < n; i += 16) {
+            __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask16(n - i), codes + i)));
+            _mm512_mask_storeu_ps(kc + (size_t)d * PFC + (size_t)i, mask16(n - i), _mm512_fmadd_ps(os, c, om));
+        }
+    }
+}
+
+/* int8 / int4 values come in token groups of 4; a group that is not whole
+ * (the last of a page whose size is not a multiple of 4) or not aligned to
+ * t0 goes through the reference decoder, token by token. */
+static void pf_vdec_tokens(const uint8_t *vb, const kvp__blockfmt *f, int t0, int n, float *vc) {
+    kvp__block_decode(f, vb, t0, n, vc, KVP__ATTN_MAX_D, 0.0f);
+}
+
+/* int8 values: a token group is [D][4] bytes, a 32-bit lane the four
+ * tokens of one channel, each token a sign-extending shift apart. */
+TGT static void pf_vdec_int8(const uint8_t *vb, const kvp__blockfmt *f, int t0, int n, float fp8_scale,
+                             float *vc) {
+    (void)fp8_scale;
+    const int P = f->page_size, D = f->head_dim;
+    const uint8_t *sc = vb + kvp__block_data_bytes(f);
+    int i = 0;
+    if (t0 % KVP__V_TOKGROUP == 0)
+        for (; i < n && kvp__v_group_tokens(P, t0 + i) == KVP__V_TOKGROUP; i += KVP__V_TOKGROUP) {
+            int g = (t0 + i) / KVP__V_TOKGROUP, u = n - i < 4 ? n - i : 4;
+            const uint8_t *p = vb + (size_t)g * KVP__V_TOKGROUP * (size_t)D;
+            __m512 s[4];
+            UNROLL for (int k = 0; k < 4; k++)
+                s[k] = _mm512_set1_ps(kvp__f16_to_f32(kvp__load_u16(sc + 2 * (size_t)(t0 + i + k))));
+            for (int d = 0; d < D; d += 16) {
+                __m512i x = _mm512_loadu_si512(p + 4 * (size_t)d);
+                UNROLL for (int k = 0; k < 4; k++)
+                    if (k < u)
+                        _mm512_store_ps(vc + (size_t)(i + k) * KVP__ATTN_MAX_D + (size_t)d,
+                                        _mm512_mul_ps(s[k], _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(x, 24 - 8 * k), 24))));
+            }
+        }
+    if (i < n) pf_vdec_tokens(vb, f, t0 + i, n - i, vc + (size_t)i * KVP__ATTN_MAX_D);
+}
+
+/* int4 values: per token group and 32-channel scale group, 64 bytes whose
+ * 32-bit lanes are slots s (channel s low, s + 16 high) of four tokens. A
+ * narrower last group (head_dim % 32 == 16) is decoded channel by channel. */
+TGT static void pf_vdec_int4(const uint8_t *vb, const kvp__blockfmt *f, int t0, int n, float fp8_scale,
+                             float *vc) {
+    (void)fp8_scale;
+    const int P = f->page_size, D = f->head_dim, G = kvp__v4_groups(D), GW = D / KVP__V4_GROUP;
+    const uint8_t *sc = vb + kvp__block_data_bytes(f);
+    const __m512i f4 = _mm512_set1_epi32(0x0F);
+    int i = 0;
+    if (t0 % KVP__V_TOKGROUP == 0)
+        for (; i < n && kvp__v_group_tokens(P, t0 + i) == KVP__V_TOKGROUP; i += KVP__V_TOKGROUP) {
+            int g = (t0 + i) / KVP__V_TOKGROUP, u = n - i < 4 ? n - i : 4;
+            const uint8_t *p = vb + (size_t)g * KVP__V_TOKGROUP * (size_t)D / 2;
+            for (int k = 0; k < GW; k++) {
+                __m512i x = _mm512_loadu_si512(p + 64 * (size_t)k);
+                for (int tk = 0; tk < u; tk++) {
+                    size_t si = (size_t)k * (size_t)P + (size_t)(t0 + i + tk);
+                    __m512 s = _mm512_set1_ps(kvp__f16_to_f32(kvp__load_u16(sc + 2 * si)));
+                    __m512 m = _mm512_set1_ps(kvp__f16_to_f32(kvp__load_u16(sc + 2 * (size_t)G * (size_t)P + 2 * si)));
+                    __m512i byte = _mm512_srli_epi32(x, 8 * tk);
+                    float *o = vc + (size_t)(i + tk) * KVP__ATTN_MAX_D + (size_t)k * KVP__V4_GROUP;
+                    _mm512_store_ps(o, _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_and_si512(byte, f4)), m));
+                    _mm512_store_ps(o + 16, _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(byte, 4), f4)), m));
+                }
+            }
+            for (int tk = 0; tk < u; tk++) /* the narrow last group, if any */
+                for (int d = GW * KVP__V4_GROUP; d < D; d++)
+                    vc[(size_t)(i + tk) * KVP__ATTN_MAX_D + (size_t)d] = kvp__block_decode_one(f, vb, t0 + i + tk, d, 0.0f);
+        }
+    if (i < n) pf_vdec_tokens(vb, f, t0 + i, n - i, vc + (size_t)i * KVP__ATTN_MAX_D);
+}
+
 /* Rows r0 .. r0+7 against the chunk: 8 x 32 logits in 16 registers (one
  * K load feeds 8 FMAs), softmax with the rows' maxima reduced four at a
  * time and one vector exp for the 8 rescale factors, then o += p.v over
@@ -1204,21 +1349,25 @@ const kvp__kernels kvp__kernels_avx512 = {
     {NULL, NULL, NULL, NULL, vacc2_int8, vacc2_int4},
     {NULL, NULL, NULL, NULL, NULL, vacc4_int4},
     pf_block_avx512,
-    /* plain formats only: int8/int4 keys and values keep the integer dot
-     * products of the tiles, faster than fp32 products of decoded blocks
-     * (prefill 512 over 8k: int8 1.5 - 1.6x fp16 with tiles, 1.1x as
-     * blocks; int4 1.9 - 2.2x and 1.0x) */
-    (1u << KVP_FORMAT_FP32) | (1u << KVP_FORMAT_FP16) | (1u << KVP_FORMAT_BF16) |
-        (1u << KVP_FORMAT_FP8_E4M3),
+    /* Which formats the blocks take, measured against the tiles' integer
+     * dot products (prefill, chunk 512 over 8k, 2 threads, speed over fp16
+     * blocks, two runs each): int8 as blocks 1.02 - 1.10x at page 16 and
+     * 1.02 - 1.07x at page 32, as tiles 0.81 - 0.83x and 0.98 - 1.13x;
+     * int4 as blocks 0.97 - 1.07x and 0.92 - 0.99x, as tiles 0.86 - 0.94x
+     * and 1.32 - 1.71x. The tiles prepare the query per page: pages under
+     * 32 tokens cost them twice. int4 keys or values at page 32 and more
+     * keep the tiles. */
+    ((1u << KVP_FORMAT_COUNT) - 1u) & ~(1u << KVP_FORMAT_INT4),
+    (1u << KVP_FORMAT_COUNT) - 1u,
     {{pf_kdec_tm_fp32, pf_kdec_dm_fp32},
      {pf_kdec_tm_fp16, pf_kdec_dm_fp16},
      {pf_kdec_tm_bf16, pf_kdec_dm_bf16},
      {pf_kdec_tm_fp8, pf_kdec_dm_fp8},
-     {NULL, NULL},
-     {NULL, NULL}},
-    {pf_vdec_fp32, pf_vdec_fp16, pf_vdec_bf16, pf_vdec_fp8, NULL, NULL},
+     {pf_kdec_int8, pf_kdec_int8},
+     {pf_kdec_int4, pf_kdec_int4}},
+    {pf_vdec_fp32, pf_vdec_fp16, pf_vdec_bf16, pf_vdec_fp8, pf_vdec_int8, pf_vdec_int4},
 };
 
 #else
-const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}, {0}, {0}, NULL, 0, {{0}}, {0}};
+const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}, {0}, {0}, NULL, 0, 0, {{0}}, {0}};
 #endif

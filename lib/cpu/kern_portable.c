@@ -137,6 +137,7 @@ const kvp__kernels kvp__kernels_portable = {
     {NULL, NULL, NULL, NULL, NULL, NULL},
     pf_block_portable,
     (1u << KVP_FORMAT_COUNT) - 1u, /* every format: decoded once per item, not per tile */
+    (1u << KVP_FORMAT_COUNT) - 1u,
     {{pf_kdec_portable, pf_kdec_portable},
      {pf_kdec_portable, pf_kdec_portable},
      {pf_kdec_portable, pf_kdec_portable},
@@ -262,9 +263,11 @@ kvp__vacc4_fn kvp__pick_vacc4(int32_t isa, int32_t format) {
     return table_of(isa)->vacc4[format]; /* as vacc2: 4 * P tokens */
 }
 
-kvp__pf_block_fn kvp__pick_pf_block(int32_t isa, int32_t k_format, int32_t v_format) {
+kvp__pf_block_fn kvp__pick_pf_block(int32_t isa, int32_t k_format, int32_t v_format,
+                                    int32_t page_size) {
     const kvp__kernels *k = table_of(isa); /* the ISA's own, or its tiles take every item */
-    return (k->pf_formats >> k_format & 1u) && (k->pf_formats >> v_format & 1u) ? k->pf_block : NULL;
+    uint32_t m = page_size < KVP__PF_CHUNK ? k->pf_formats_small : k->pf_formats;
+    return (m >> k_format & 1u) && (m >> v_format & 1u) ? k->pf_block : NULL;
 }
 
 kvp__pf_kdec_fn kvp__pick_pf_kdec(int32_t isa, int32_t format, int dim_major) {
