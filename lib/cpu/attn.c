@@ -420,25 +420,29 @@ static float *partial_at(const attn_job *j, const item_id *id, int32_t split, in
     return j->partials + j->part_off[id->b] + idx * per;
 }
 
+/* One finished row of kv head h (row = i*group + g): the output, or the
+ * split's partial at `slot`. l: the running sum, lv: the SIMD paths' part
+ * of it. */
+static void finish_row(const attn_job *j, const item_id *id, int32_t h, int32_t row, int32_t slot,
+                       const float *o, float m, float l, const float lv[16], float *tmp) {
+    for (int k = 0; k < 16; k++) l += lv[k];
+    if (j->splits[id->b] == 1) {
+        store_out_row(j, id->b, row / j->group, h * j->group + row % j->group, o, m, l, tmp);
+    } else {
+        float *part = partial_at(j, id, id->split, slot);
+        part[0] = m;
+        part[1] = l;
+        memcpy(part + 2, o, (size_t)j->D * sizeof(float));
+    }
+}
+
 static void finish_item(const attn_job *j, const item_id *id, kvp__tile *tiles, int ntiles,
                         float *tmp) {
     for (int t = 0; t < ntiles; t++) {
         kvp__tile *tl = &tiles[t];
-        for (int r = 0; r < tl->rows; r++) {
-            const float *o = tl->o + (size_t)r * (size_t)j->D;
-            float l = tl->l[r];
-            for (int k = 0; k < 16; k++) l += tl->lvec[r][k];
-            int32_t row = tl->row0 + r;
-            if (j->splits[id->b] == 1) {
-                store_out_row(j, id->b, row / j->group, tl->head * j->group + row % j->group, o,
-                              tl->m[r], l, tmp);
-            } else {
-                float *part = partial_at(j, id, id->split, t * KVP__TILE_ROWS + r);
-                part[0] = tl->m[r];
-                part[1] = l;
-                memcpy(part + 2, o, (size_t)j->D * sizeof(float));
-            }
-        }
+        for (int r = 0; r < tl->rows; r++)
+            finish_row(j, id, tl->head, tl->row0 + r, t * KVP__TILE_ROWS + r,
+                       tl->o + (size_t)r * (size_t)j->D, tl->m[r], tl->l[r], tl->lvec[r], tmp);
     }
 }
 
@@ -706,21 +710,9 @@ static void process_block(attn_job *j, const item_plan *pl, thread_scratch *ts) 
             j->pf_block(b, k * KVP__PF_BLOCK, c, n, masked);
         }
     }
-    for (int32_t r = 0; r < rows; r++) {
-        const float *o = b->o + (size_t)r * (size_t)j->D;
-        float l = b->l[r];
-        for (int k = 0; k < 16; k++) l += b->lv[r][k];
-        int32_t row = id->r0 + r;
-        if (j->splits[id->b] == 1) {
-            store_out_row(j, id->b, row / j->group, h * j->group + row % j->group, o, b->m[r], l,
-                          ts->tmp);
-        } else {
-            float *part = partial_at(j, id, id->split, r);
-            part[0] = b->m[r];
-            part[1] = l;
-            memcpy(part + 2, o, (size_t)j->D * sizeof(float));
-        }
-    }
+    for (int32_t r = 0; r < rows; r++)
+        finish_row(j, id, h, id->r0 + r, r, b->o + (size_t)r * (size_t)j->D, b->m[r], b->l[r],
+                   b->lv[r], ts->tmp);
     split_finished(j, pl, ts);
 }
 

@@ -118,8 +118,8 @@ typedef struct {
     float vc[KVP__PF_CHUNK][KVP__ATTN_MAX_D] KVP__ALIGN64;  /* its values, [token][d] */
     float s[KVP__PF_ITEM_ROWS][KVP__PF_CHUNK] KVP__ALIGN64; /* logits, then p */
     float *o;                                                 /* [rows][D] accumulators */
-    float lv[KVP__PF_ITEM_ROWS][16] KVP__ALIGN64;             /* SIMD paths: l = l + sum(lv) */
-    float m[KVP__PF_ITEM_ROWS], l[KVP__PF_ITEM_ROWS];         /* running max and sum */
+    float lv[KVP__PF_ITEM_ROWS][16] KVP__ALIGN64;             /* SIMD paths' running sum (lanes) */
+    float m[KVP__PF_ITEM_ROWS], l[KVP__PF_ITEM_ROWS];         /* running max; portable's sum */
     int32_t lo[KVP__PF_ITEM_ROWS], hi[KVP__PF_ITEM_ROWS];     /* positions each row may attend */
     int32_t D;
 } kvp__pblock;

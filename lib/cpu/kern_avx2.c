@@ -791,7 +791,6 @@ TGT static void pf_block_avx2(kvp__pblock *b, int r0, int32_t pos0, int n, int m
             lv = _mm256_add_ps(lv, p);
         }
         _mm256_store_ps(b->lv[r], lv);
-        b->l[r] *= al[r - r0];
         b->m[r] = m_new;
     }
     for (int rh = r0; rh < r0 + KVP__PF_BLOCK; rh += 4)

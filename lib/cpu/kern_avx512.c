@@ -1298,7 +1298,6 @@ TGT static void pf_block_avx512(kvp__pblock *b, int r0, int32_t pos0, int n, int
         _mm512_store_ps(&b->s[r0 + r][16], p1);
         __m512 lv = _mm512_fmadd_ps(_mm512_load_ps(b->lv[r0 + r]), _mm512_set1_ps(al[r]), _mm512_add_ps(p0, p1));
         _mm512_store_ps(b->lv[r0 + r], lv);
-        b->l[r0 + r] *= al[r];
     }
     float *ob = b->o + (size_t)r0 * (size_t)D;
     int d0 = 0;
