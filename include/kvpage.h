@@ -1457,7 +1457,13 @@ enum kvp_isa {
     KVP_ISA_AUTO = 0,     /**< The best this CPU supports (chosen at run time). */
     KVP_ISA_PORTABLE = 1, /**< Plain C: the reference path. */
     KVP_ISA_AVX2 = 2,     /**< AVX2 + FMA + F16C. */
-    KVP_ISA_AVX512 = 3    /**< AVX-512 F/BW/VL + VNNI (integer dot products). */
+    KVP_ISA_AVX512 = 3,   /**< AVX-512 F/BW/VL + VNNI (integer dot products). */
+    /** #KVP_ISA_AVX512 plus AVX-512 BF16: prefill attention over int4 and
+     *  fp8 keys/values multiplies in bf16 (`vdpbf16ps`, twice the fp32 FMA
+     *  rate): query, decoded K/V and softmax weights rounded to bf16 (at
+     *  most 2^-9 relative), far below those formats' own rounding; every
+     *  other path is #KVP_ISA_AVX512's. docs/formats.md gives the error. */
+    KVP_ISA_AVX512_BF16 = 4
 };
 
 /** @brief Inputs of kvp_ctx_create(). Fill with kvp_ctx_params_init(). */
@@ -1557,10 +1563,13 @@ KVP_API void kvp_attention_params_init(kvp_attention_params_t *p);
  * values use integer dot products (VNNI); their added error is bounded in
  * docs/formats.md. A sequence with at least 32 query rows per kv head
  * (q_len x GQA group: a prefill chunk) goes, without a soft cap, through
- * prefill blocks instead (portable path: every format; AVX2: fp32, fp16,
- * bf16, fp8; AVX-512: those and int8, and int4 with pages under 32
- * tokens): its K/V are decoded exactly to fp32 once per 32 tokens and
- * multiplied as small matrices in fp32.
+ * prefill blocks instead (portable path and #KVP_ISA_AVX512_BF16: every
+ * format; AVX2: fp32, fp16, bf16, fp8; AVX-512: those and int8, and int4
+ * with pages under 32 tokens): its K/V are decoded exactly to fp32 once per
+ * 32 tokens and multiplied as small matrices in fp32; on AVX-512, int8
+ * keys and values (pages of a multiple of 16 tokens) are multiplied as
+ * codes in decode's integer forms, and with #KVP_ISA_AVX512_BF16 int4 and
+ * fp8 K/V in bf16 (docs/formats.md).
  * Thread-safe only with distinct contexts.
  *
  * **CUDA** (a CUDA context and store on the same device): `q`, `out` and

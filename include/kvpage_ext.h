@@ -479,7 +479,8 @@ typedef struct kvp_ctx_info {
 KVP_API int kvp_ctx_info(const kvp_ctx_t *ctx, kvp_ctx_info_t *info);
 
 /**
- * @brief Name of an instruction set ("auto", "portable", "avx2", "avx512").
+ * @brief Name of an instruction set ("auto", "portable", "avx2", "avx512",
+ *        "avx512-bf16").
  * @param[in] isa A #kvp_isa.
  * @return A static string, or NULL for an unknown value.
  */

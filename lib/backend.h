@@ -202,6 +202,7 @@ extern const kvp__backend kvp__cuda_backend; /* cuda/backend.cu, in CUDA builds 
 /* ISA probing (lib/cpu/isa.c). */
 bool kvp__cpu_has_avx2(void);
 bool kvp__cpu_has_avx512(void);
+bool kvp__cpu_has_avx512_bf16(void);
 
 #ifdef __cplusplus
 }

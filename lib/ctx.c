@@ -9,10 +9,10 @@
 #define DEFAULT_WORKSPACE (16ull << 20)
 #define CTX_ERR(c, status, ...) kvp__errf((c)->error, KVP_ERR_SIZE, status, __VA_ARGS__)
 
-static const char *const isa_names[] = {"auto", "portable", "avx2", "avx512"};
+static const char *const isa_names[] = {"auto", "portable", "avx2", "avx512", "avx512-bf16"};
 
 const char *kvp_isa_name(int32_t isa) {
-    return isa >= KVP_ISA_AUTO && isa <= KVP_ISA_AVX512 ? isa_names[isa] : NULL;
+    return isa >= KVP_ISA_AUTO && isa <= KVP_ISA_AVX512_BF16 ? isa_names[isa] : NULL;
 }
 
 int kvp_isa_supported(int32_t isa) {
@@ -21,6 +21,7 @@ int kvp_isa_supported(int32_t isa) {
     case KVP_ISA_PORTABLE: return 1;
     case KVP_ISA_AVX2: return kvp__cpu_has_avx2() ? 1 : 0;
     case KVP_ISA_AVX512: return kvp__cpu_has_avx512() ? 1 : 0;
+    case KVP_ISA_AVX512_BF16: return kvp__cpu_has_avx512_bf16() ? 1 : 0;
     default: return 0;
     }
 }
@@ -35,6 +36,7 @@ void kvp_ctx_params_init(kvp_ctx_params_t *p) {
 }
 
 static int32_t best_isa(void) {
+    if (kvp__cpu_has_avx512_bf16()) return KVP_ISA_AVX512_BF16;
     if (kvp__cpu_has_avx512()) return KVP_ISA_AVX512;
     if (kvp__cpu_has_avx2()) return KVP_ISA_AVX2;
     return KVP_ISA_PORTABLE;

@@ -48,6 +48,12 @@ typedef struct {
     stage_set pool_stages, staging_stages;
     kvp__softmax_fn softmax;
     kvp__pf_block_fn pf_block; /* NULL: no prefill blocks (the ISA has none, or a soft cap) */
+    int pf_kbf, pf_vbf;        /* the blocks multiply keys / values in bf16 */
+    kvp__pf_qpack_fn pf_qpack; /* their packers (kvp__kernels) */
+    kvp__pf_kvpack_fn pf_kvpack;
+    kvp__pf_block_fn pf_int8_block; /* int8 K and V: integer block stages for whole pool chunks */
+    kvp__pf_int8_rows_fn pf_int8_rows;
+    kvp__pf_int8_chunk_fn pf_int8_chunk;
     /* schedule, in the workspace */
     int32_t *item_start; /* [B+1] */
     int32_t *splits;     /* [B] */
@@ -642,6 +648,27 @@ static void decode_chunk(const attn_job *j, const item_id *id, kvp__pblock *b, i
             memset(&b->kc[d][n], 0, (size_t)(KVP__PF_CHUNK - n) * sizeof(float));
         for (int i = n; i < KVP__PF_CHUNK; i++) memset(b->vc[i], 0, (size_t)j->D * sizeof(float));
     }
+    if (j->pf_kbf || j->pf_vbf) j->pf_kvpack(b, j->pf_kbf, j->pf_vbf);
+}
+
+/* Whether the int8 block stage takes the chunk at token c (n tokens):
+ * each 16-token half in a pool page (not a staging page); sets the halves'
+ * blocks and offsets in b (a half past n repeats the first). */
+static bool int8_chunk(const attn_job *j, const item_id *id, kvp__pblock *b, int32_t c, int n) {
+    for (int h = 0; h < 2; h++) {
+        if (h == 1 && n <= 16) {
+            b->ck[1] = b->ck[0];
+            b->cv[1] = b->cv[0];
+            b->coff[1] = b->coff[0];
+            break;
+        }
+        int32_t x = c + 16 * h;
+        const stage_set *st;
+        resolve_page(j, id->b, id->h0, x / j->P, &b->ck[h], &b->cv[h], &st);
+        if (st != &j->pool_stages) return false;
+        b->coff[h] = x % j->P;
+    }
+    return true;
 }
 
 /* Prefetches (into L2) the K/V blocks of the chunk at token c, while the
@@ -681,6 +708,8 @@ static void process_block(attn_job *j, const item_plan *pl, thread_scratch *ts) 
         if (b->lo[r] < lo_min) lo_min = b->lo[r];
         if (b->hi[r] > hi_max) hi_max = b->hi[r];
     }
+    if (j->pf_kbf) j->pf_qpack(b, prow);
+    if (j->pf_int8_block != NULL) j->pf_int8_rows(b, prow);
     /* each block's bounds: the chunks it sees, and those it sees whole */
     int32_t blo_min[KVP__PF_ITEM_ROWS / KVP__PF_BLOCK], blo_max[KVP__PF_ITEM_ROWS / KVP__PF_BLOCK];
     int32_t bhi_min[KVP__PF_ITEM_ROWS / KVP__PF_BLOCK], bhi_max[KVP__PF_ITEM_ROWS / KVP__PF_BLOCK];
@@ -701,13 +730,19 @@ static void process_block(attn_job *j, const item_plan *pl, thread_scratch *ts) 
     while (start + KVP__PF_CHUNK <= lo_min) start += KVP__PF_CHUNK; /* before every window */
     for (int32_t c = start; c < stop; c += KVP__PF_CHUNK) {
         int n = stop - c < KVP__PF_CHUNK ? (int)(stop - c) : KVP__PF_CHUNK;
-        decode_chunk(j, id, b, c, n, fp8_k, fp8_v);
+        kvp__pf_block_fn stage = j->pf_block;
+        if (j->pf_int8_block != NULL && int8_chunk(j, id, b, c, n)) { /* the codes as they lie */
+            stage = j->pf_int8_block;
+            j->pf_int8_chunk(b, n, j->pool_stages.kf, j->pool_stages.vf);
+        } else {
+            decode_chunk(j, id, b, c, n, fp8_k, fp8_v);
+        }
         prefetch_chunk(j, id, c + KVP__PF_CHUNK, stop);
         int32_t last = c + n - 1;
         for (int32_t k = 0; k < nblk; k++) {
             if (c > bhi_max[k] || last < blo_min[k]) continue; /* sees none of it */
             int masked = n < KVP__PF_CHUNK || c < blo_max[k] || last > bhi_min[k];
-            j->pf_block(b, k * KVP__PF_BLOCK, c, n, masked);
+            stage(b, k * KVP__PF_BLOCK, c, n, masked);
         }
     }
     for (int32_t r = 0; r < rows; r++)
@@ -849,9 +884,13 @@ int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
     j.sm_scale = a->sm_scale;
     pick_stages(&j, &s->kfmt, &s->vfmt, &s->skfmt, &s->svfmt);
     /* prefill blocks have no soft cap */
-    j.pf_block = a->p->logit_soft_cap > 0.0f ? NULL
-                                               : kvp__pick_pf_block(c->isa, s->kfmt.format, s->vfmt.format,
-                                                                    s->layout.page_size);
+    if (a->p->logit_soft_cap <= 0.0f)
+        j.pf_block = kvp__pick_pf_block(c->isa, s->kfmt.format, s->vfmt.format, s->layout.page_size,
+                                        &j.pf_kbf, &j.pf_vbf);
+    kvp__pick_pf_pack(c->isa, &j.pf_qpack, &j.pf_kvpack);
+    if (j.pf_block != NULL)
+        j.pf_int8_block = kvp__pick_pf_int8(c->isa, s->kfmt.format, s->vfmt.format, s->layout.page_size,
+                                            &j.pf_int8_rows, &j.pf_int8_chunk);
     return run_job(&j);
 }
 

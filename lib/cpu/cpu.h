@@ -117,6 +117,25 @@ typedef struct {
     float kc[KVP__ATTN_MAX_D][KVP__PF_CHUNK] KVP__ALIGN64;  /* the chunk's keys, [d][token] */
     float vc[KVP__PF_CHUNK][KVP__ATTN_MAX_D] KVP__ALIGN64;  /* its values, [token][d] */
     float s[KVP__PF_ITEM_ROWS][KVP__PF_CHUNK] KVP__ALIGN64; /* logits, then p */
+    /* bf16 products (kvp__kernels::pf_bf16): two bf16 in each 32-bit word,
+     * the pair one vdpbf16ps lane multiplies */
+    uint32_t qb[KVP__PF_ITEM_ROWS][KVP__ATTN_MAX_D / 2] KVP__ALIGN64; /* channels 2i, 2i+1 of q */
+    uint32_t kb[KVP__ATTN_MAX_D / 2][KVP__PF_CHUNK] KVP__ALIGN64; /* [i][t]: channels 2i, 2i+1 of
+                                                                    token t's key */
+    uint32_t vb[KVP__PF_CHUNK / 2][KVP__ATTN_MAX_D] KVP__ALIGN64; /* [i][d]: tokens 2i, 2i+1 of
+                                                                    channel d's values */
+    /* int8 products (kvp__kernels::pf_int8_block): the chunk's halves of 16
+     * tokens as pool blocks and the offset of their first token (filled by
+     * lib/cpu/attn.c); per half, its keys' scale / max scale (ksn), minima
+     * and max scale, and the values' token scales (vs, 0 past the chunk's
+     * n) with their maximum (filled by pf_int8_chunk); per row, max|q| */
+    const uint8_t *ck[2], *cv[2];
+    int32_t coff[2], cP;        /* cP: the page size (pf_int8_chunk) */
+    float ksn[2][KVP__ATTN_MAX_D] KVP__ALIGN64, kmin[2][KVP__ATTN_MAX_D] KVP__ALIGN64;
+    float ksmax[2];
+    float vs[KVP__PF_CHUNK] KVP__ALIGN64;
+    float vsmax;
+    float qamax[KVP__PF_ITEM_ROWS];
     float *o;                                                 /* [rows][D] accumulators */
     float lv[KVP__PF_ITEM_ROWS][16] KVP__ALIGN64;             /* SIMD paths' running sum (lanes) */
     float m[KVP__PF_ITEM_ROWS], l[KVP__PF_ITEM_ROWS];         /* running max; portable's sum */
@@ -136,6 +155,17 @@ typedef void (*kvp__pf_vdec_fn)(const uint8_t *vb, const kvp__blockfmt *f, int t
  * when `masked` the rows' bounds and n applied (else all 32 tokens are
  * visible to every row), online softmax (m, l + lv, o rescaled), o += p.v. */
 typedef void (*kvp__pf_block_fn)(kvp__pblock *b, int r0, int32_t pos0, int n, int masked);
+/* bf16 products: rows [0, rows) of q into qb; the chunk's kc into kb
+ * (kbf) and vc into vb (vbf), all KVP__PF_CHUNK columns (zero past n). */
+typedef void (*kvp__pf_qpack_fn)(kvp__pblock *b, int rows);
+typedef void (*kvp__pf_kvpack_fn)(kvp__pblock *b, int kbf, int vbf);
+/* int8 keys and values, pool pages of a multiple of 16 tokens: per item,
+ * qamax of rows [0, rows); per chunk (ck, cv, coff set; n tokens), the
+ * scales; then the block stage on the codes themselves (the arguments
+ * as kvp__pf_block_fn), with integer dot products as decode's: no kc/vc. */
+typedef void (*kvp__pf_int8_rows_fn)(kvp__pblock *b, int rows);
+typedef void (*kvp__pf_int8_chunk_fn)(kvp__pblock *b, int n, const kvp__blockfmt *kf,
+                                      const kvp__blockfmt *vf);
 
 typedef struct {
     const char *name;
@@ -152,12 +182,24 @@ typedef struct {
     uint32_t pf_formats_small; /* the same for pages of fewer than KVP__PF_CHUNK tokens */
     kvp__pf_kdec_fn pf_kdec[KVP_FORMAT_COUNT][2]; /* [format][dim-major] */
     kvp__pf_vdec_fn pf_vdec[KVP_FORMAT_COUNT];
+    /* bf16 products in the blocks: the formats whose keys / values take
+     * them (0: none), the block stages by (keys do) | (values do) << 1
+     * (entry 0 unused: pf_block), and the packers into qb, kb, vb */
+    uint32_t pf_bf16;
+    kvp__pf_block_fn pf_block_bf16[4];
+    kvp__pf_qpack_fn pf_qpack;
+    kvp__pf_kvpack_fn pf_kvpack;
+    /* int8 K and V: integer products in the blocks (NULL: none) */
+    kvp__pf_block_fn pf_int8_block;
+    kvp__pf_int8_rows_fn pf_int8_rows;
+    kvp__pf_int8_chunk_fn pf_int8_chunk;
 } kvp__kernels;
 
 /* Each ISA's table; entries it leaves NULL fall back to the portable ones. */
 extern const kvp__kernels kvp__kernels_portable;
 extern const kvp__kernels kvp__kernels_avx2;
 extern const kvp__kernels kvp__kernels_avx512;
+extern const kvp__kernels kvp__kernels_avx512_bf16;
 
 /* Stage lookup with fallback. */
 kvp__kprep_fn kvp__pick_kprep(int32_t isa, int32_t format);
@@ -171,9 +213,19 @@ kvp__vacc2_fn kvp__pick_vacc2(int32_t isa, int32_t format);
 kvp__vacc4_fn kvp__pick_vacc4(int32_t isa, int32_t format);
 
 /* The ISA's prefill-block stage for pool pages of these K and V formats
- * and size, or NULL (tiles take every item); the decoders, with fallback. */
+ * and size, or NULL (tiles take every item); *kbf / *vbf: whether it
+ * multiplies keys / values in bf16 (the chunk and q then go through the
+ * table's packers). The decoders, with fallback. */
 kvp__pf_block_fn kvp__pick_pf_block(int32_t isa, int32_t k_format, int32_t v_format,
-                                    int32_t page_size);
+                                    int32_t page_size, int *kbf, int *vbf);
+/* The ISA's int8 block stages for pool pages of these formats and size
+ * (both int8, a multiple of 16 tokens), or NULL; *rows and *chunk: their
+ * preparations. */
+kvp__pf_block_fn kvp__pick_pf_int8(int32_t isa, int32_t k_format, int32_t v_format,
+                                   int32_t page_size, kvp__pf_int8_rows_fn *rows,
+                                   kvp__pf_int8_chunk_fn *chunk);
+/* The ISA's packers for bf16 products (NULL where it has none). */
+void kvp__pick_pf_pack(int32_t isa, kvp__pf_qpack_fn *qpack, kvp__pf_kvpack_fn *kvpack);
 kvp__pf_kdec_fn kvp__pick_pf_kdec(int32_t isa, int32_t format, int dim_major);
 kvp__pf_vdec_fn kvp__pick_pf_vdec(int32_t isa, int32_t format);
 

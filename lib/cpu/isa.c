@@ -24,7 +24,12 @@ bool kvp__cpu_has_avx512(void) {
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
 }
+
+bool kvp__cpu_has_avx512_bf16(void) {
+    return kvp__cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
 #else
 bool kvp__cpu_has_avx2(void) { return false; }
 bool kvp__cpu_has_avx512(void) { return false; }
+bool kvp__cpu_has_avx512_bf16(void) { return false; }
 #endif

@@ -844,8 +844,16 @@ const kvp__kernels kvp__kernels_avx2 = {
      {NULL, NULL},
      {NULL, NULL}},
     {pf_vdec_fp32, pf_vdec_fp16, pf_vdec_bf16, pf_vdec_fp8, NULL, NULL},
+    0,
+    {NULL, NULL, NULL, NULL},
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 #else
-const kvp__kernels kvp__kernels_avx2 = {"avx2", {0}, {{0}}, NULL, {0}, {0}, {0}, NULL, 0, 0, {{0}}, {0}};
+const kvp__kernels kvp__kernels_avx2 = {"avx2", {0}, {{0}}, NULL, {0}, {0}, {0}, NULL, 0, 0, {{0}}, {0},
+                                        0,      {0}, NULL,   NULL, NULL, NULL, NULL};
 #endif

@@ -1243,16 +1243,15 @@ TGT static void pf_vdec_int4(const uint8_t *vb, const kvp__blockfmt *f, int t0, 
     if (i < n) pf_vdec_tokens(vb, f, t0 + i, n - i, vc + (size_t)i * KVP__ATTN_MAX_D);
 }
 
-/* Rows r0 .. r0+7 against the chunk: 8 x 32 logits in 16 registers (one
- * K load feeds 8 FMAs), softmax with the rows' maxima reduced four at a
- * time and one vector exp for the 8 rescale factors, then o += p.v over
- * slices of 32 channels, 16 accumulators, the rescale folded into their
- * load. */
-TGT static void pf_block_avx512(kvp__pblock *b, int r0, int32_t pos0, int n, int masked) {
-    const int D = b->D;
-    __m512 a[PFB], c[PFB];
+/* The block stage in three parts, so the bf16 products (further down)
+ * reuse the softmax and whichever side stays fp32. Rows r0 .. r0+7
+ * against the chunk: 8 x 32 logits in 16 registers (one K load feeds 8
+ * FMAs), softmax with the rows' maxima reduced four at a time and one
+ * vector exp for the 8 rescale factors, then o += p.v over slices of 32
+ * channels, 16 accumulators, the rescale folded into their load. */
+TGT_INLINE static void pf_logits_f32(const kvp__pblock *b, int r0, __m512 *a, __m512 *c) {
     UNROLL for (int r = 0; r < PFB; r++) a[r] = c[r] = _mm512_setzero_ps();
-    for (int d = 0; d < D; d++) {
+    for (int d = 0; d < b->D; d++) {
         __m512 k0 = _mm512_load_ps(&b->kc[d][0]), k1 = _mm512_load_ps(&b->kc[d][16]);
         UNROLL for (int r = 0; r < PFB; r++) {
             __m512 q = _mm512_set1_ps(b->q[r0 + r][d]);
@@ -1260,6 +1259,12 @@ TGT static void pf_block_avx512(kvp__pblock *b, int r0, int32_t pos0, int n, int
             c[r] = _mm512_fmadd_ps(q, k1, c[r]);
         }
     }
+}
+
+/* Logits a (tokens 0-15) and c (16-31) in, p out in their place and in
+ * b->s; m and lv updated, al[r] = row r's rescale factor. */
+TGT_INLINE static void pf_softmax(kvp__pblock *b, int r0, int32_t pos0, int n, int masked, __m512 *a,
+                                  __m512 *c, float *al) {
     __mmask16 v0[PFB], v1[PFB];
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     __m512 x[PFB];
@@ -1286,19 +1291,24 @@ TGT static void pf_block_avx512(kvp__pblock *b, int r0, int32_t pos0, int n, int
     __m512 mnew = _mm512_max_ps(mold, cm);
     __mmask16 chg = _mm512_cmp_ps_mask(mnew, ninf, _CMP_NEQ_OQ) & _mm512_cmp_ps_mask(mold, mnew, _CMP_NEQ_OQ) & 0xFF;
     __m512 alpha = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), chg, exp512(_mm512_sub_ps(mold, mnew)));
-    float mn[16] KVP__ALIGN64, al[16] KVP__ALIGN64;
+    float mn[16] KVP__ALIGN64;
     _mm512_store_ps(mn, mnew);
     _mm512_store_ps(al, alpha);
     _mm512_mask_storeu_ps(&b->m[r0], 0xFF, mnew);
     UNROLL for (int r = 0; r < PFB; r++) {
         __m512 mv = _mm512_set1_ps(mn[r]);
-        __m512 p0 = _mm512_maskz_mov_ps(v0[r], exp512(_mm512_sub_ps(a[r], mv)));
-        __m512 p1 = _mm512_maskz_mov_ps(v1[r], exp512(_mm512_sub_ps(c[r], mv)));
-        _mm512_store_ps(&b->s[r0 + r][0], p0);
-        _mm512_store_ps(&b->s[r0 + r][16], p1);
-        __m512 lv = _mm512_fmadd_ps(_mm512_load_ps(b->lv[r0 + r]), _mm512_set1_ps(al[r]), _mm512_add_ps(p0, p1));
+        a[r] = _mm512_maskz_mov_ps(v0[r], exp512(_mm512_sub_ps(a[r], mv)));
+        c[r] = _mm512_maskz_mov_ps(v1[r], exp512(_mm512_sub_ps(c[r], mv)));
+        _mm512_store_ps(&b->s[r0 + r][0], a[r]);
+        _mm512_store_ps(&b->s[r0 + r][16], c[r]);
+        __m512 lv = _mm512_fmadd_ps(_mm512_load_ps(b->lv[r0 + r]), _mm512_set1_ps(al[r]), _mm512_add_ps(a[r], c[r]));
         _mm512_store_ps(b->lv[r0 + r], lv);
     }
+}
+
+/* o = o * al + p.v from vc (fp32), p from b->s. */
+TGT_INLINE static void pf_pv_f32(kvp__pblock *b, int r0, int n, const float *al) {
+    const int D = b->D;
     float *ob = b->o + (size_t)r0 * (size_t)D;
     int d0 = 0;
     for (; d0 + 32 <= D; d0 += 32) {
@@ -1334,19 +1344,349 @@ TGT static void pf_block_avx512(kvp__pblock *b, int r0, int32_t pos0, int n, int
     }
 }
 
+TGT static void pf_block_avx512(kvp__pblock *b, int r0, int32_t pos0, int n, int masked) {
+    __m512 a[PFB], c[PFB];
+    float al[16] KVP__ALIGN64;
+    pf_logits_f32(b, r0, a, c);
+    pf_softmax(b, r0, pos0, n, masked, a, c, al);
+    pf_pv_f32(b, r0, n, al);
+}
+
+/* ---- prefill blocks: bf16 products (AVX-512 BF16) ------------------------------------------------------
+ *
+ * vdpbf16ps multiplies 16 pairs of bf16 and adds both products to an fp32
+ * lane: 32 multiply-adds per instruction, twice vfmadd231ps. Keys and
+ * values are decoded to fp32 as for the fp32 blocks, then rounded to bf16
+ * once per chunk (kb: a key's channels 2i, 2i+1 per word; vb: tokens 2i,
+ * 2i+1 of a value channel per word); the query once per item (qb), the
+ * probabilities once per block and chunk. Rounding to nearest even, at most
+ * 2^-9 relative: used only for formats whose own rounding is far coarser
+ * (int4: 4-bit codes; fp8 e4m3: 3 mantissa bits, which bf16 holds exactly). */
+#define TGT_BF __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512bf16,avx2,fma,f16c")))
+#define TGT_BF_INLINE __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512bf16,avx2,fma,f16c"))) inline
+/* acc += a . b (bf16 pairs). GCC's intrinsic, like vpdpbusd's, copies the
+ * accumulator around each use; the one-instruction asm does not. */
+#if defined(__clang__)
+#define DPBF16(acc, a, b) ((acc) = _mm512_dpbf16_ps((acc), (__m512bh)(a), (__m512bh)(b)))
+#else
+#define DPBF16(acc, a, b) __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b))
+#endif
+
+/* 16-bit lanes [x0..x15 | y0..y15] (two vectors' bf16 halves) to pairs
+ * (x_i, y_i) per 32-bit lane. */
+TGT_BF_INLINE static __m512i bf16_pairs(__m512 lo16, __m512 hi16) {
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(hi16, lo16));
+}
+
+TGT_BF static void pf_qpack_bf16(kvp__pblock *b, int rows) {
+    const int D = b->D;
+    for (int r = 0; r < rows; r++) {
+        int d = 0;
+        for (; d + 32 <= D; d += 32) /* bf16 in channel order: pairs as they come */
+            _mm512_store_si512((void *)&b->qb[r][d / 2],
+                               (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(&b->q[r][d + 16]), _mm512_load_ps(&b->q[r][d])));
+        if (d < D)
+            _mm256_store_si256((__m256i *)(void *)&b->qb[r][d / 2], (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(&b->q[r][d])));
+    }
+}
+
+TGT_BF static void pf_kvpack_bf16(kvp__pblock *b, int kbf, int vbf) {
+    const int D = b->D;
+    if (kbf)
+        for (int i = 0; i < D / 2; i++)
+            UNROLL for (int h = 0; h < 2; h++)
+                _mm512_store_si512((void *)&b->kb[i][16 * h],
+                                   bf16_pairs(_mm512_load_ps(&b->kc[2 * i][16 * h]), _mm512_load_ps(&b->kc[2 * i + 1][16 * h])));
+    if (vbf)
+        for (int i = 0; i < KVP__PF_CHUNK / 2; i++)
+            for (int d = 0; d < D; d += 16)
+                _mm512_store_si512((void *)&b->vb[i][d],
+                                   bf16_pairs(_mm512_load_ps(&b->vc[2 * i][d]), _mm512_load_ps(&b->vc[2 * i + 1][d])));
+}
+
+TGT_BF_INLINE static void pf_logits_bf16(const kvp__pblock *b, int r0, __m512 *a, __m512 *c) {
+    UNROLL for (int r = 0; r < PFB; r++) a[r] = c[r] = _mm512_setzero_ps();
+    for (int i = 0; i < b->D / 2; i++) {
+        __m512i k0 = _mm512_load_si512(&b->kb[i][0]), k1 = _mm512_load_si512(&b->kb[i][16]);
+        UNROLL for (int r = 0; r < PFB; r++) {
+            __m512i q = _mm512_set1_epi32((int)b->qb[r0 + r][i]);
+            DPBF16(a[r], q, k0);
+            DPBF16(c[r], q, k1);
+        }
+    }
+}
+
+/* o = o * al + p.v over token pairs, p (a: tokens 0-15, c: 16-31) rounded
+ * to bf16 pairs. */
+TGT_BF_INLINE static void pf_pv_bf16(kvp__pblock *b, int r0, int n, const __m512 *a, const __m512 *c,
+                                     const float *al) {
+    const int D = b->D, np = (n + 1) / 2;
+    uint32_t pp[PFB][16] KVP__ALIGN64; /* row r's tokens 2i, 2i+1 */
+    UNROLL for (int r = 0; r < PFB; r++) _mm512_store_si512((void *)pp[r], (__m512i)_mm512_cvtne2ps_pbh(c[r], a[r]));
+    float *ob = b->o + (size_t)r0 * (size_t)D;
+    int d0 = 0;
+    for (; d0 + 32 <= D; d0 += 32) {
+        __m512 o0[PFB], o1[PFB];
+        UNROLL for (int r = 0; r < PFB; r++) {
+            __m512 s = _mm512_set1_ps(al[r]);
+            o0[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0), s);
+            o1[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0 + 16), s);
+        }
+        for (int i = 0; i < np; i++) {
+            __m512i w0 = _mm512_load_si512(&b->vb[i][d0]), w1 = _mm512_load_si512(&b->vb[i][d0 + 16]);
+            UNROLL for (int r = 0; r < PFB; r++) {
+                __m512i p = _mm512_set1_epi32((int)pp[r][i]);
+                DPBF16(o0[r], p, w0);
+                DPBF16(o1[r], p, w1);
+            }
+        }
+        UNROLL for (int r = 0; r < PFB; r++) {
+            _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0, o0[r]);
+            _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0 + 16, o1[r]);
+        }
+    }
+    if (d0 < D) { /* head_dim % 32 == 16 */
+        __m512 o0[PFB];
+        UNROLL for (int r = 0; r < PFB; r++)
+            o0[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0), _mm512_set1_ps(al[r]));
+        for (int i = 0; i < np; i++) {
+            __m512i w0 = _mm512_load_si512(&b->vb[i][d0]);
+            UNROLL for (int r = 0; r < PFB; r++) DPBF16(o0[r], _mm512_set1_epi32((int)pp[r][i]), w0);
+        }
+        UNROLL for (int r = 0; r < PFB; r++) _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0, o0[r]);
+    }
+}
+
+/* KB / VB: keys / values multiply in bf16 (the other side in fp32). */
+TGT_BF_INLINE static void pf_block_bf16_body(kvp__pblock *b, int r0, int32_t pos0, int n, int masked, const int KB,
+                                             const int VB) {
+    __m512 a[PFB], c[PFB];
+    float al[16] KVP__ALIGN64;
+    if (KB) pf_logits_bf16(b, r0, a, c);
+    else pf_logits_f32(b, r0, a, c);
+    pf_softmax(b, r0, pos0, n, masked, a, c, al);
+    if (VB) pf_pv_bf16(b, r0, n, a, c, al);
+    else pf_pv_f32(b, r0, n, al);
+}
+
+TGT_BF static void pf_block_bf16_k(kvp__pblock *b, int r0, int32_t pos0, int n, int masked) {
+    pf_block_bf16_body(b, r0, pos0, n, masked, 1, 0);
+}
+TGT_BF static void pf_block_bf16_v(kvp__pblock *b, int r0, int32_t pos0, int n, int masked) {
+    pf_block_bf16_body(b, r0, pos0, n, masked, 0, 1);
+}
+TGT_BF static void pf_block_bf16_kv(kvp__pblock *b, int r0, int32_t pos0, int n, int masked) {
+    pf_block_bf16_body(b, r0, pos0, n, masked, 1, 1);
+}
+/* ---- prefill blocks: int8 keys and values, integer products ------------------------------------------
+ *
+ * The codes are read where they lie (pool pages of a multiple of 16
+ * tokens: each 16-token half of a chunk lies in one page) and multiplied
+ * with vpdpbusd in the same integer forms as decode (docs/formats.md): per
+ * block of 8 rows and page, the query folded with the keys' channel scales
+ * and quantized to 15 bits against max|q|·max scale, as two s8 parts (two
+ * passes over the codes, the first one's sums shifted 7 bits before the
+ * second adds to them); per block and chunk, the probabilities folded with
+ * the value scales and quantized to 16 bits against max p·max scale, as two
+ * u8 parts. 16 vpdpbusd per K or V load, 64 multiply-adds each. */
+
+TGT static void pf_int8_rows(kvp__pblock *b, int rows) {
+    for (int r = 0; r < rows; r++) {
+        __m512 am = _mm512_setzero_ps();
+        for (int d = 0; d < b->D; d += 16) am = _mm512_range_ps(am, _mm512_load_ps(&b->q[r][d]), 0x0B);
+        b->qamax[r] = _mm512_reduce_max_ps(am);
+    }
+}
+
+TGT static void pf_int8_chunk(kvp__pblock *b, int n, const kvp__blockfmt *kf, const kvp__blockfmt *vf) {
+    const int D = b->D;
+    b->cP = kf->page_size;
+    for (int h = 0; h < (b->ck[1] == b->ck[0] ? 1 : 2); h++) {
+        const uint8_t *sc = b->ck[h] + kvp__block_data_bytes(kf), *mn = sc + 2 * (size_t)D;
+        __m512 mx = _mm512_setzero_ps();
+        for (int d = 0; d < D; d += 16) {
+            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sc + 2 * d)));
+            _mm512_store_ps(&b->ksn[h][d], s);
+            _mm512_store_ps(&b->kmin[h][d], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(mn + 2 * d))));
+            mx = _mm512_max_ps(mx, s); /* scales are >= 0 */
+        }
+        float smax = _mm512_reduce_max_ps(mx);
+        __m512 sinv = _mm512_set1_ps(smax > 0.0f ? 1.0f / smax : 0.0f);
+        for (int d = 0; d < D; d += 16) _mm512_store_ps(&b->ksn[h][d], _mm512_mul_ps(_mm512_load_ps(&b->ksn[h][d]), sinv));
+        b->ksmax[h] = smax;
+    }
+    __m512 vmx = _mm512_setzero_ps();
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *sc = b->cv[h] + kvp__block_data_bytes(vf) + 2 * (size_t)b->coff[h];
+        __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask16(n - 16 * h), sc));
+        _mm512_store_ps(&b->vs[16 * h], s);
+        vmx = _mm512_max_ps(vmx, s);
+    }
+    b->vsmax = _mm512_reduce_max_ps(vmx);
+}
+
+/* Rows r0 .. r0+7's query for half h's page: two s8 parts per channel in
+ * decode's packed order (qhl_at), the step and Σ q·min per row. */
+TGT_INLINE static void pf_int8_qprep(const kvp__pblock *b, int r0, int h, int8_t (*qhl)[2 * KVP__ATTN_MAX_D],
+                                     float *step, float *cst) {
+    const int D = b->D;
+    const __m512i m127 = _mm512_set1_epi16(127);
+    __m512 cs[PFB];
+    UNROLL for (int r = 0; r < PFB; r++) {
+        float am = b->qamax[r0 + r];
+        __m512 vi = _mm512_set1_ps(am > 0.0f ? 16256.0f / am : 0.0f);
+        cs[r] = _mm512_setzero_ps();
+        for (int d = 0; d < D; d += 32) {
+            const bool two = d + 16 < D;
+            __m512 q0 = _mm512_load_ps(&b->q[r0 + r][d]), q1 = two ? _mm512_load_ps(&b->q[r0 + r][d + 16]) : q0;
+            /* x = rne(q·16256/max|q| · scale/max scale), as decode */
+            __m512i x0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(q0, vi), _mm512_load_ps(&b->ksn[h][d])));
+            __m512i x1 = two ? _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(q1, vi), _mm512_load_ps(&b->ksn[h][d + 16])))
+                             : x0;
+            cs[r] = _mm512_fmadd_ps(q0, _mm512_load_ps(&b->kmin[h][d]), cs[r]);
+            if (two) cs[r] = _mm512_fmadd_ps(q1, _mm512_load_ps(&b->kmin[h][d + 16]), cs[r]);
+            __m512i w = _mm512_packs_epi32(x0, x1);
+            _mm512_store_si512((void *)&qhl[r][2 * d], _mm512_packs_epi16(_mm512_srai_epi16(w, 7), _mm512_and_si512(w, m127)));
+        }
+        step[r] = am * b->ksmax[h] * (1.0f / 16256.0f);
+    }
+    __m512 c4a, c4b;
+    REDUCE4(_mm512_add_ps, cs[0], cs[1], cs[2], cs[3], c4a);
+    REDUCE4(_mm512_add_ps, cs[4], cs[5], cs[6], cs[7], c4b);
+    _mm_storeu_ps(cst, lanes_to_rows(c4a));
+    _mm_storeu_ps(cst + 4, lanes_to_rows(c4b));
+}
+
+/* Logits of rows r0 .. r0+7: a (tokens 0-15), c (16-31). */
+TGT_INLINE static void pf_int8_logits(const kvp__pblock *b, int r0, __m512 *a, __m512 *c) {
+    const int D = b->D, P = b->cP, same = b->ck[1] == b->ck[0];
+    int8_t qhl[2][PFB][2 * KVP__ATTN_MAX_D] KVP__ALIGN64;
+    float step[2][PFB], cst[2][PFB];
+    pf_int8_qprep(b, r0, 0, qhl[0], step[0], cst[0]);
+    if (!same) pf_int8_qprep(b, r0, 1, qhl[1], step[1], cst[1]);
+    const int h1 = same ? 0 : 1;
+    const uint8_t *k0p = b->ck[0] + (size_t)b->coff[0] * 4, *k1p = b->ck[1] + (size_t)b->coff[1] * 4;
+    __m512i A[PFB], C[PFB];
+    UNROLL for (int r = 0; r < PFB; r++) A[r] = C[r] = _mm512_setzero_si512();
+    for (int part = 0; part < 2; part++) { /* qh, then ql (8 bytes on) */
+        if (part == 1)
+            UNROLL for (int r = 0; r < PFB; r++) {
+                A[r] = _mm512_slli_epi32(A[r], 7);
+                C[r] = _mm512_slli_epi32(C[r], 7);
+            }
+        for (int g = 0; g < D / 4; g++) {
+            __m512i k0 = _mm512_loadu_si512(k0p + (size_t)g * (size_t)P * 4);
+            __m512i k1 = _mm512_loadu_si512(k1p + (size_t)g * (size_t)P * 4);
+            const int at = qhl_at(4 * g) + 8 * part;
+            UNROLL for (int r = 0; r < PFB; r++) {
+                __m512i q0 = _mm512_set1_epi32(load32(&qhl[0][r][at]));
+                DPBUSD(A[r], k0, q0);
+                if (same) DPBUSD(C[r], k1, q0);
+                else DPBUSD_B(C[r], k1, &qhl[1][r][at]);
+            }
+        }
+    }
+    UNROLL for (int r = 0; r < PFB; r++) {
+        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(A[r]), _mm512_set1_ps(step[0][r]), _mm512_set1_ps(cst[0][r]));
+        c[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(C[r]), _mm512_set1_ps(step[h1][r]), _mm512_set1_ps(cst[h1][r]));
+    }
+}
+
+/* o = o * al + p.v: p (a, c) folded with the token scales and quantized to
+ * two u8 parts per row; value codes in token groups of 4 ([D][4] bytes). */
+TGT_INLINE static void pf_int8_pv(kvp__pblock *b, int r0, int n, const __m512 *a, const __m512 *c, const float *al) {
+    const int D = b->D, ng = (n + 3) / 4;
+    /* row maxima of p, lanes 4r of each half */
+    __m512 x[PFB], pm4a, pm4b;
+    UNROLL for (int r = 0; r < PFB; r++) x[r] = _mm512_max_ps(a[r], c[r]);
+    REDUCE4(_mm512_max_ps, x[0], x[1], x[2], x[3], pm4a);
+    REDUCE4(_mm512_max_ps, x[4], x[5], x[6], x[7], pm4b);
+    float pm[PFB], step[PFB];
+    _mm_storeu_ps(pm, lanes_to_rows(pm4a));
+    _mm_storeu_ps(pm + 4, lanes_to_rows(pm4b));
+    uint8_t pq[2][PFB][KVP__PF_CHUNK] KVP__ALIGN64; /* [part][row][token] */
+    const __m512 vs0 = _mm512_load_ps(&b->vs[0]), vs1 = _mm512_load_ps(&b->vs[16]);
+    const __m512i top = _mm512_set1_epi32(65535), low = _mm512_set1_epi32(255);
+    UNROLL for (int r = 0; r < PFB; r++) {
+        float t = pm[r] * b->vsmax;
+        __m512 inv = _mm512_set1_ps(t > 0.0f ? 65535.0f / t : 0.0f);
+        step[r] = t * (1.0f / 65535.0f);
+        __m512i x0 = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(a[r], vs0), inv)), top);
+        __m512i x1 = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(c[r], vs1), inv)), top);
+        _mm_store_si128((__m128i *)(void *)&pq[0][r][0], PACK_S8(_mm512_srli_epi32(x0, 8)));
+        _mm_store_si128((__m128i *)(void *)&pq[0][r][16], PACK_S8(_mm512_srli_epi32(x1, 8)));
+        _mm_store_si128((__m128i *)(void *)&pq[1][r][0], PACK_S8(_mm512_and_si512(x0, low)));
+        _mm_store_si128((__m128i *)(void *)&pq[1][r][16], PACK_S8(_mm512_and_si512(x1, low)));
+    }
+    const uint8_t *grp[KVP__PF_CHUNK / 4]; /* token group tg's bytes */
+    for (int tg = 0; tg < ng; tg++) {
+        int h = tg / 4;
+        grp[tg] = b->cv[h] + (size_t)((b->coff[h] + 4 * (tg % 4)) / 4) * 4 * (size_t)D;
+    }
+    float *ob = b->o + (size_t)r0 * (size_t)D;
+    for (int d0 = 0; d0 < D; d0 += 32) {
+        const bool two = d0 + 16 < D; /* head_dim % 32 == 16: the last slice is one vector */
+        __m512i A[PFB], C[PFB];
+        UNROLL for (int r = 0; r < PFB; r++) A[r] = C[r] = _mm512_setzero_si512();
+        for (int part = 0; part < 2; part++) {
+            if (part == 1)
+                UNROLL for (int r = 0; r < PFB; r++) {
+                    A[r] = _mm512_slli_epi32(A[r], 8);
+                    C[r] = _mm512_slli_epi32(C[r], 8);
+                }
+            for (int tg = 0; tg < ng; tg++) {
+                __m512i w0 = _mm512_loadu_si512(grp[tg] + 4 * (size_t)d0);
+                __m512i w1 = two ? _mm512_loadu_si512(grp[tg] + 4 * (size_t)(d0 + 16)) : w0;
+                UNROLL for (int r = 0; r < PFB; r++) {
+                    __m512i pb = _mm512_set1_epi32(load32(&pq[part][r][4 * tg]));
+                    DPBUSD(A[r], pb, w0);
+                    if (two) DPBUSD(C[r], pb, w1);
+                }
+            }
+        }
+        UNROLL for (int r = 0; r < PFB; r++) {
+            float *o = ob + (size_t)r * (size_t)D + (size_t)d0;
+            __m512 s = _mm512_set1_ps(al[r]), st = _mm512_set1_ps(step[r]);
+            _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(A[r]), st, _mm512_mul_ps(_mm512_loadu_ps(o), s)));
+            if (two)
+                _mm512_storeu_ps(o + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(C[r]), st, _mm512_mul_ps(_mm512_loadu_ps(o + 16), s)));
+        }
+    }
+}
+
+TGT static void pf_int8_block(kvp__pblock *b, int r0, int32_t pos0, int n, int masked) {
+    __m512 a[PFB], c[PFB];
+    float al[16] KVP__ALIGN64;
+    pf_int8_logits(b, r0, a, c);
+    pf_softmax(b, r0, pos0, n, masked, a, c, al);
+    pf_int8_pv(b, r0, n, a, c, al);
+}
+
+/* The stages both AVX-512 tables share (all but the prefill blocks'). */
+#define AVX512_STAGES                                                                              \
+    {kprep_plain, kprep_plain, kprep_plain, kprep_plain, kprep_int8, kprep_int4},                 \
+        {{klogits_tm_fp32, klogits_dm_fp32},                                                       \
+         {klogits_tm_fp16, klogits_dm_fp16},                                                       \
+         {klogits_tm_bf16, klogits_dm_bf16},                                                       \
+         {klogits_tm_fp8, klogits_dm_fp8},                                                         \
+         {klogits_int8, klogits_int8},                                                             \
+         {klogits_int4, klogits_int4}},                                                            \
+        softmax_avx512, {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},         \
+        {NULL, NULL, NULL, NULL, vacc2_int8, vacc2_int4}, {NULL, NULL, NULL, NULL, NULL, vacc4_int4}
+#define AVX512_PF_DECODERS                                                                         \
+    {{pf_kdec_tm_fp32, pf_kdec_dm_fp32},                                                           \
+     {pf_kdec_tm_fp16, pf_kdec_dm_fp16},                                                           \
+     {pf_kdec_tm_bf16, pf_kdec_dm_bf16},                                                           \
+     {pf_kdec_tm_fp8, pf_kdec_dm_fp8},                                                             \
+     {pf_kdec_int8, pf_kdec_int8},                                                                 \
+     {pf_kdec_int4, pf_kdec_int4}},                                                                \
+        {pf_vdec_fp32, pf_vdec_fp16, pf_vdec_bf16, pf_vdec_fp8, pf_vdec_int8, pf_vdec_int4}
+
 const kvp__kernels kvp__kernels_avx512 = {
     "avx512",
-    {kprep_plain, kprep_plain, kprep_plain, kprep_plain, kprep_int8, kprep_int4},
-    {{klogits_tm_fp32, klogits_dm_fp32},
-     {klogits_tm_fp16, klogits_dm_fp16},
-     {klogits_tm_bf16, klogits_dm_bf16},
-     {klogits_tm_fp8, klogits_dm_fp8},
-     {klogits_int8, klogits_int8},
-     {klogits_int4, klogits_int4}},
-    softmax_avx512,
-    {vacc_fp32, vacc_fp16, vacc_bf16, vacc_fp8, vacc_int8, vacc_int4},
-    {NULL, NULL, NULL, NULL, vacc2_int8, vacc2_int4},
-    {NULL, NULL, NULL, NULL, NULL, vacc4_int4},
+    AVX512_STAGES,
     pf_block_avx512,
     /* Which formats the blocks take, measured against the tiles' integer
      * dot products (prefill, chunk 512 over 8k, 2 threads, speed over fp16
@@ -1358,15 +1698,36 @@ const kvp__kernels kvp__kernels_avx512 = {
      * keep the tiles. */
     ((1u << KVP_FORMAT_COUNT) - 1u) & ~(1u << KVP_FORMAT_INT4),
     (1u << KVP_FORMAT_COUNT) - 1u,
-    {{pf_kdec_tm_fp32, pf_kdec_dm_fp32},
-     {pf_kdec_tm_fp16, pf_kdec_dm_fp16},
-     {pf_kdec_tm_bf16, pf_kdec_dm_bf16},
-     {pf_kdec_tm_fp8, pf_kdec_dm_fp8},
-     {pf_kdec_int8, pf_kdec_int8},
-     {pf_kdec_int4, pf_kdec_int4}},
-    {pf_vdec_fp32, pf_vdec_fp16, pf_vdec_bf16, pf_vdec_fp8, pf_vdec_int8, pf_vdec_int4},
+    AVX512_PF_DECODERS,
+    0,
+    {NULL, NULL, NULL, NULL},
+    NULL,
+    NULL,
+    pf_int8_block,
+    pf_int8_rows,
+    pf_int8_chunk,
+};
+
+const kvp__kernels kvp__kernels_avx512_bf16 = {
+    "avx512-bf16",
+    AVX512_STAGES,
+    pf_block_avx512,
+    /* every format: int4 multiplies in bf16 here, faster than the tiles */
+    (1u << KVP_FORMAT_COUNT) - 1u,
+    (1u << KVP_FORMAT_COUNT) - 1u,
+    AVX512_PF_DECODERS,
+    (1u << KVP_FORMAT_INT4) | (1u << KVP_FORMAT_FP8_E4M3),
+    {NULL, pf_block_bf16_k, pf_block_bf16_v, pf_block_bf16_kv},
+    pf_qpack_bf16,
+    pf_kvpack_bf16,
+    pf_int8_block,
+    pf_int8_rows,
+    pf_int8_chunk,
 };
 
 #else
-const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}, {0}, {0}, NULL, 0, 0, {{0}}, {0}};
+const kvp__kernels kvp__kernels_avx512 = {"avx512", {0}, {{0}}, NULL, {0}, {0}, {0}, NULL, 0, 0, {{0}}, {0},
+                                          0,        {0}, NULL, NULL, NULL, NULL, NULL};
+const kvp__kernels kvp__kernels_avx512_bf16 = {"avx512-bf16", {0}, {{0}}, NULL, {0}, {0}, {0}, NULL, 0, 0,
+                                               {{0}},         {0}, 0,     {0},  NULL, NULL, NULL, NULL, NULL};
 #endif

@@ -146,6 +146,13 @@ const kvp__kernels kvp__kernels_portable = {
      {pf_kdec_portable, pf_kdec_portable}},
     {pf_vdec_portable, pf_vdec_portable, pf_vdec_portable, pf_vdec_portable, pf_vdec_portable,
      pf_vdec_portable},
+    0,
+    {NULL, NULL, NULL, NULL},
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 /* ---- helpers shared by the SIMD paths ----------------------------------------------------- */
@@ -227,6 +234,7 @@ void kvp__k4_outlier_logits(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
 static const kvp__kernels *table_of(int32_t isa) {
     switch (isa) {
     case KVP_ISA_AVX512: return &kvp__kernels_avx512;
+    case KVP_ISA_AVX512_BF16: return &kvp__kernels_avx512_bf16;
     case KVP_ISA_AVX2: return &kvp__kernels_avx2;
     default: return &kvp__kernels_portable;
     }
@@ -264,10 +272,32 @@ kvp__vacc4_fn kvp__pick_vacc4(int32_t isa, int32_t format) {
 }
 
 kvp__pf_block_fn kvp__pick_pf_block(int32_t isa, int32_t k_format, int32_t v_format,
-                                    int32_t page_size) {
+                                    int32_t page_size, int *kbf, int *vbf) {
     const kvp__kernels *k = table_of(isa); /* the ISA's own, or its tiles take every item */
     uint32_t m = page_size < KVP__PF_CHUNK ? k->pf_formats_small : k->pf_formats;
-    return (m >> k_format & 1u) && (m >> v_format & 1u) ? k->pf_block : NULL;
+    *kbf = (int)(k->pf_bf16 >> k_format & 1u);
+    *vbf = (int)(k->pf_bf16 >> v_format & 1u);
+    if (!(m >> k_format & 1u) || !(m >> v_format & 1u)) {
+        *kbf = *vbf = 0;
+        return NULL;
+    }
+    return *kbf || *vbf ? k->pf_block_bf16[*kbf | *vbf << 1] : k->pf_block;
+}
+
+kvp__pf_block_fn kvp__pick_pf_int8(int32_t isa, int32_t k_format, int32_t v_format,
+                                   int32_t page_size, kvp__pf_int8_rows_fn *rows,
+                                   kvp__pf_int8_chunk_fn *chunk) {
+    const kvp__kernels *k = table_of(isa);
+    bool ok = k->pf_int8_block != NULL && k_format == KVP_FORMAT_INT8 &&
+              v_format == KVP_FORMAT_INT8 && page_size % 16 == 0;
+    *rows = ok ? k->pf_int8_rows : NULL;
+    *chunk = ok ? k->pf_int8_chunk : NULL;
+    return ok ? k->pf_int8_block : NULL;
+}
+
+void kvp__pick_pf_pack(int32_t isa, kvp__pf_qpack_fn *qpack, kvp__pf_kvpack_fn *kvpack) {
+    *qpack = table_of(isa)->pf_qpack;
+    *kvpack = table_of(isa)->pf_kvpack;
 }
 
 kvp__pf_kdec_fn kvp__pick_pf_kdec(int32_t isa, int32_t format, int dim_major) {

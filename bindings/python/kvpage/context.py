@@ -28,6 +28,7 @@ class Isa(enum.IntEnum):
     PORTABLE = 1
     AVX2 = 2
     AVX512 = 3
+    AVX512_BF16 = 4
 
     def __str__(self) -> str:  # the library's name, e.g. "avx512"
         return L.kvp_isa_name(int(self)).decode()
