@@ -169,8 +169,11 @@ static int fill_pages(kvp_store_t *s, int32_t P, int64_t pages, kvd_rng *rng) {
     }
     for (int32_t i = 0; i < tpages; i++) is_template[tmpl[i]] = 1;
     kvp_region_t rk = {.struct_size = sizeof rk}, rv = {.struct_size = sizeof rv};
-    kvp_store_region(s, 0, KVP_REGION_K, &rk);
-    kvp_store_region(s, 0, KVP_REGION_V, &rv);
+    if (kvp_store_region(s, 0, KVP_REGION_K, &rk) != KVP_OK ||
+        kvp_store_region(s, 0, KVP_REGION_V, &rv) != KVP_OK) {
+        fprintf(stderr, "%s: region: %s\n", TOOL, kvp_store_last_error(s));
+        goto out;
+    }
     for (int64_t p = 0, j = 0; p < pages; p++) {
         if (is_template[p]) continue;
         int32_t from = tmpl[j++ % tpages];
@@ -183,8 +186,10 @@ static int fill_pages(kvp_store_t *s, int32_t P, int64_t pages, kvd_rng *rng) {
     for (int32_t l = 1; l < lay.layers; l++)
         for (int32_t kind = KVP_REGION_K; kind <= KVP_REGION_STAGING_V; kind++) {
             kvp_region_t from = {.struct_size = sizeof from}, to = {.struct_size = sizeof to};
-            kvp_store_region(s, 0, kind, &from);
-            kvp_store_region(s, l, kind, &to);
+            if (kvp_store_region(s, 0, kind, &from) != KVP_OK || kvp_store_region(s, l, kind, &to) != KVP_OK) {
+                fprintf(stderr, "%s: region: %s\n", TOOL, kvp_store_last_error(s));
+                goto out;
+            }
             if (from.base == NULL) continue;
             for (uint64_t p = 0; p < from.pages; p++)
                 memcpy((uint8_t *)to.base + p * to.page_stride, (uint8_t *)from.base + p * from.page_stride,
@@ -324,7 +329,13 @@ static int case_setup(const options *o, kvp_ctx_t *ctx, result *r, kvd_rng *rng,
         return -1;
     }
     uint64_t arena = 0;
-    (void)kvp_arena_bytes(&lay, (uint64_t)pages, lay.needs_staging ? (uint64_t)B : 0, &arena, NULL, 0);
+    char err[KVP_ERR_SIZE];
+    if (kvp_arena_bytes(&lay, (uint64_t)pages, lay.needs_staging ? (uint64_t)B : 0, &arena, err,
+                        sizeof err) != KVP_OK) {
+        fprintf(stderr, "%s: %s\n", TOOL, err);
+        case_free(cs);
+        return -1;
+    }
     cs->bytes = arena + (uint64_t)copy_bytes * (uint64_t)layers;
     /* the batch's pages: from a page table, in the shuffled order of a
      * pool that has been running for a while */
