@@ -242,7 +242,7 @@ $(shell { printf '%s\n' '$(NVCC_CONFIG_LINE)' | cmp -s - $(NVCC_STAMP) || \
 endif
 
 # ---- top-level targets --------------------------------------------------------
-.PHONY: all lib tools tests test test-unit test-install bench docs install uninstall \
+.PHONY: all lib tools tests test-programs test test-unit test-install bench docs install uninstall \
         clean demo demo-store demo-shared eval engine deps-test deps-docs deps-model print-config
 
 all: lib tools
@@ -252,6 +252,10 @@ lib: $(STATIC_LIB) $(SHARED_LIBS)
 tools: $(TOOLS)
 
 tests: $(TESTS) $(GPU_TESTS) engine
+
+# The C test programs alone (no engine, no GPU tests): what a cross build
+# (CC=aarch64-linux-gnu-gcc, .ci/run) compiles and runs under emulation.
+test-programs: $(TESTS)
 
 print-config:
 	@echo "version    $(VERSION)"

@@ -1162,8 +1162,8 @@ int bench_attention(int argc, char **argv) {
                "causal chunks, %d threads, kernels %s%s\n", Q_HEADS, KV_HEADS, HEAD_DIM, o.threads,
                ctx_isa_name(ctx), o.quick ? ", --quick" : "");
     printf("roofs (same run): streaming read %.1f GB/s, fp32 FMA %.1f G/s (%s), int8 MAC %.1f G/s "
-           "(VNNI; 0: none)\n", roofs.read_gbps, roofs.fma_per_s / 1e9, roofs.isa,
-           roofs.int8_macs_per_s / 1e9);
+           "(%s)\n", roofs.read_gbps, roofs.fma_per_s / 1e9, roofs.isa, roofs.int8_macs_per_s / 1e9,
+           roofs.int8_insn != NULL ? roofs.int8_insn : "none here");
 
     /* accuracy: decode unless --prefill, prefill unless --decode (NaN: not measured) */
     double acc[3], acc16[3], perr[3];

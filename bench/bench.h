@@ -20,8 +20,11 @@ typedef struct {
     int threads;
     double read_gbps;      /* streaming read over a buffer far larger than the caches */
     double fma_per_s;      /* fp32 fused multiply-adds per second (not flops) */
-    double int8_macs_per_s; /* u8 x s8 multiply-adds per second through AVX-512 VNNI
-                               (vpdpbusd: 64 per instruction); 0 without VNNI */
+    double int8_macs_per_s; /* int8 multiply-adds per second through AVX-512 VNNI
+                               (vpdpbusd: 64 per instruction) or the ARM dot product
+                               (sdot: 16); 0 without either */
+    const char *int8_insn;  /* that instruction ("vpdpbusd", "sdot"), NULL without */
+    int int8_per_insn;      /* its multiply-adds per instruction */
     const char *isa;       /* vector ISA the probes used */
 } bench_roofs;
 

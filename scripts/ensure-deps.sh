@@ -1,13 +1,16 @@
 #!/bin/sh
 # Install what a make target needs and is missing, saying so.
-#   scripts/ensure-deps.sh test|docs|fuzz|python|model
-# (python: also creates build/venv, or $KVP_VENV, with numpy and pytest)
+#   scripts/ensure-deps.sh test|docs|fuzz|python|model|arm64
+# (python: also creates build/venv, or $KVP_VENV, with numpy and pytest;
+# arm64: the aarch64 cross compiler, qemu user emulation and the arm64
+# cmocka, through Debian multiarch, for the cross-build CI runs)
 # Uses apt-get (Debian/Ubuntu), through sudo when not root. Prints nothing when
 # everything is present.
 set -eu
 
 what=${1:-test}
 missing=""
+add_arch=""
 
 have_header() { # header, extra cflags
     printf '#include <stdarg.h>\n#include <stddef.h>\n#include <setjmp.h>\n#include <stdint.h>\n#include <%s>\n' "$1" |
@@ -46,6 +49,14 @@ fuzz)
         rm -f /tmp/kvp-fuzz-probe.$$ /tmp/kvp-fuzz-probe.$$.c
     else
         need libclang-rt-dev
+    fi
+    ;;
+arm64)
+    command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need gcc-aarch64-linux-gnu
+    command -v qemu-aarch64 >/dev/null 2>&1 || need qemu-user
+    if [ ! -e /usr/lib/aarch64-linux-gnu/libcmocka.so ]; then
+        need libcmocka-dev:arm64
+        dpkg --print-foreign-architectures 2>/dev/null | grep -qx arm64 || add_arch=arm64
     fi
     ;;
 python)
@@ -119,6 +130,13 @@ if [ "$(id -u)" != 0 ]; then
     fi
 fi
 export DEBIAN_FRONTEND=noninteractive
+if [ -n "$add_arch" ]; then
+    echo "libkvpage: adding the $add_arch architecture to dpkg (multiarch) for$missing"
+    { $sudo dpkg --add-architecture "$add_arch" && $sudo apt-get update >/tmp/kvpage-apt.log 2>&1; } || {
+        echo "libkvpage: could not add the $add_arch architecture (see /tmp/kvpage-apt.log)" >&2
+        exit 1
+    }
+fi
 # shellcheck disable=SC2086
 if ! $sudo apt-get install -y --no-install-recommends $missing >/tmp/kvpage-apt.log 2>&1; then
     echo "libkvpage: apt-get install failed; refreshing the package lists and retrying"

@@ -1,6 +1,8 @@
 #!/bin/sh
 # Run test programs (cmocka), then print one summary in cmocka's style.
-# Exits non-zero if any program fails.
+# Exits non-zero if any program fails. TEST_WRAPPER, if set, is the
+# command each program runs under (e.g. "qemu-aarch64"); TEST_TIMEOUT, in
+# seconds, bounds each program (timeout(1); exit 124 when it runs past).
 set -u
 
 if [ "${SAN:-0}" = 1 ]; then
@@ -16,7 +18,12 @@ failed_programs=""
 for t in "$@"; do
     programs=$((programs + 1))
     log=$(mktemp)
-    "$t" >"$log" 2>&1
+    # shellcheck disable=SC2086
+    if [ -n "${TEST_TIMEOUT:-}" ]; then
+        timeout "$TEST_TIMEOUT" ${TEST_WRAPPER:-} "$t" >"$log" 2>&1
+    else
+        ${TEST_WRAPPER:-} "$t" >"$log" 2>&1
+    fi
     rc=$?
     cat "$log"
     n=$(sed -n 's/^\[==========\] \([0-9][0-9]*\) test(s) run\..*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')

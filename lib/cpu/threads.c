@@ -20,9 +20,15 @@
 #include <stdatomic.h>
 #include <string.h>
 
+/* One spin-wait pause: x86 `pause` (tens to ~140 cycles, by core); on
+ * ARM64 `isb`, which stalls for a comparable time, where `yield` is a hint
+ * most cores retire at once (SPIN_ITERS would then spin for far less time
+ * than on x86). */
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ __volatile__("isb" ::: "memory")
 #else
 #define CPU_RELAX() ((void)0)
 #endif
