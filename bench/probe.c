@@ -398,20 +398,17 @@ int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out) {
     out->int8_per_insn = 0;
 #ifdef BENCH_X86
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni")) {
-        for (int r = 0; r < reps; r++) {
-            memset(ws, 0, sizeof ws);
-            for (int t = 0; t < threads; t++) {
-                ws[t].iters = iters;
-                ws[t].n = (size_t)t;
-            }
-            times[r] = run_workers(threads, ws, int8_worker);
-        }
-        out->int8_macs_per_s = (double)iters * 12.0 * 64.0 * (double)threads / bench_median(times, reps);
         out->int8_insn = "vpdpbusd";
         out->int8_per_insn = 64;
     }
 #elif defined(BENCH_NEON)
     if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) {
+        out->int8_insn = "sdot";
+        out->int8_per_insn = 16;
+    }
+#endif
+#if defined(BENCH_X86) || defined(BENCH_NEON)
+    if (out->int8_insn != NULL) {
         for (int r = 0; r < reps; r++) {
             memset(ws, 0, sizeof ws);
             for (int t = 0; t < threads; t++) {
@@ -420,9 +417,8 @@ int bench_measure_roofs(int threads, size_t bytes, int reps, bench_roofs *out) {
             }
             times[r] = run_workers(threads, ws, int8_worker);
         }
-        out->int8_macs_per_s = (double)iters * 12.0 * 16.0 * (double)threads / bench_median(times, reps);
-        out->int8_insn = "sdot";
-        out->int8_per_insn = 16;
+        out->int8_macs_per_s =
+            (double)iters * 12.0 * out->int8_per_insn * (double)threads / bench_median(times, reps);
     }
 #endif
     return 0;

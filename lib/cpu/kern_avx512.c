@@ -1306,6 +1306,23 @@ TGT_INLINE static void pf_softmax(kvp__pblock *b, int r0, int32_t pos0, int n, i
     }
 }
 
+/* The 8 rows' output channels d0 .. d0+15 (o0) and, with `two`, d0+16 ..
+ * d0+31 (o1), times the rows' rescale factors al; and their store. */
+TGT_INLINE static void pf_o_load(const float *ob, int D, int d0, const float *al, __m512 *o0, __m512 *o1,
+                                 const bool two) {
+    UNROLL for (int r = 0; r < PFB; r++) {
+        __m512 s = _mm512_set1_ps(al[r]);
+        o0[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0), s);
+        if (two) o1[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0 + 16), s);
+    }
+}
+TGT_INLINE static void pf_o_store(float *ob, int D, int d0, const __m512 *o0, const __m512 *o1, const bool two) {
+    UNROLL for (int r = 0; r < PFB; r++) {
+        _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0, o0[r]);
+        if (two) _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0 + 16, o1[r]);
+    }
+}
+
 /* o = o * al + p.v from vc (fp32), p from b->s. */
 TGT_INLINE static void pf_pv_f32(kvp__pblock *b, int r0, int n, const float *al) {
     const int D = b->D;
@@ -1313,11 +1330,7 @@ TGT_INLINE static void pf_pv_f32(kvp__pblock *b, int r0, int n, const float *al)
     int d0 = 0;
     for (; d0 + 32 <= D; d0 += 32) {
         __m512 o0[PFB], o1[PFB];
-        UNROLL for (int r = 0; r < PFB; r++) {
-            __m512 s = _mm512_set1_ps(al[r]);
-            o0[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0), s);
-            o1[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0 + 16), s);
-        }
+        pf_o_load(ob, D, d0, al, o0, o1, true);
         for (int i = 0; i < n; i++) {
             __m512 w0 = _mm512_load_ps(&b->vc[i][d0]), w1 = _mm512_load_ps(&b->vc[i][d0 + 16]);
             UNROLL for (int r = 0; r < PFB; r++) {
@@ -1326,21 +1339,17 @@ TGT_INLINE static void pf_pv_f32(kvp__pblock *b, int r0, int n, const float *al)
                 o1[r] = _mm512_fmadd_ps(p, w1, o1[r]);
             }
         }
-        UNROLL for (int r = 0; r < PFB; r++) {
-            _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0, o0[r]);
-            _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0 + 16, o1[r]);
-        }
+        pf_o_store(ob, D, d0, o0, o1, true);
     }
     if (d0 < D) { /* head_dim % 32 == 16 */
         __m512 o0[PFB];
-        UNROLL for (int r = 0; r < PFB; r++)
-            o0[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0), _mm512_set1_ps(al[r]));
+        pf_o_load(ob, D, d0, al, o0, NULL, false);
         for (int i = 0; i < n; i++) {
             __m512 w0 = _mm512_load_ps(&b->vc[i][d0]);
             UNROLL for (int r = 0; r < PFB; r++)
                 o0[r] = _mm512_fmadd_ps(_mm512_set1_ps(b->s[r0 + r][i]), w0, o0[r]);
         }
-        UNROLL for (int r = 0; r < PFB; r++) _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0, o0[r]);
+        pf_o_store(ob, D, d0, o0, NULL, false);
     }
 }
 
@@ -1429,11 +1438,7 @@ TGT_BF_INLINE static void pf_pv_bf16(kvp__pblock *b, int r0, int n, const __m512
     int d0 = 0;
     for (; d0 + 32 <= D; d0 += 32) {
         __m512 o0[PFB], o1[PFB];
-        UNROLL for (int r = 0; r < PFB; r++) {
-            __m512 s = _mm512_set1_ps(al[r]);
-            o0[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0), s);
-            o1[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0 + 16), s);
-        }
+        pf_o_load(ob, D, d0, al, o0, o1, true);
         for (int i = 0; i < np; i++) {
             __m512i w0 = _mm512_load_si512(&b->vb[i][d0]), w1 = _mm512_load_si512(&b->vb[i][d0 + 16]);
             UNROLL for (int r = 0; r < PFB; r++) {
@@ -1442,20 +1447,16 @@ TGT_BF_INLINE static void pf_pv_bf16(kvp__pblock *b, int r0, int n, const __m512
                 DPBF16(o1[r], p, w1);
             }
         }
-        UNROLL for (int r = 0; r < PFB; r++) {
-            _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0, o0[r]);
-            _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0 + 16, o1[r]);
-        }
+        pf_o_store(ob, D, d0, o0, o1, true);
     }
     if (d0 < D) { /* head_dim % 32 == 16 */
         __m512 o0[PFB];
-        UNROLL for (int r = 0; r < PFB; r++)
-            o0[r] = _mm512_mul_ps(_mm512_loadu_ps(ob + (size_t)r * (size_t)D + (size_t)d0), _mm512_set1_ps(al[r]));
+        pf_o_load(ob, D, d0, al, o0, NULL, false);
         for (int i = 0; i < np; i++) {
             __m512i w0 = _mm512_load_si512(&b->vb[i][d0]);
             UNROLL for (int r = 0; r < PFB; r++) DPBF16(o0[r], _mm512_set1_epi32((int)pp[r][i]), w0);
         }
-        UNROLL for (int r = 0; r < PFB; r++) _mm512_storeu_ps(ob + (size_t)r * (size_t)D + (size_t)d0, o0[r]);
+        pf_o_store(ob, D, d0, o0, NULL, false);
     }
 }
 
