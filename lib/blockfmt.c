@@ -244,12 +244,111 @@ int kvp__block_check_tokens(const kvp__blockfmt *f, const uint8_t *b, int32_t to
                        why_size);
 }
 
+/* The values kvp__block_decode_one() gives, element for element (the same
+ * conversions and fmaf), with what a block shares worked out once per call
+ * rather than per element: the format's branch, the keys' channel scales
+ * and minima, the int4 keys' outlier lookups, each token's value scale. */
 void kvp__block_decode(const kvp__blockfmt *f, const void *block, int t0, int n, float *y,
                        size_t stride, float fp8_scale) {
-    for (int i = 0; i < n; i++)
-        for (int d = 0; d < f->head_dim; d++)
-            y[(size_t)i * stride + (size_t)d] =
-                kvp__block_decode_one(f, (const uint8_t *)block, t0 + i, d, fp8_scale);
+    const uint8_t *b = (const uint8_t *)block, *sc = b + kvp__block_data_bytes(f);
+    const int P = f->page_size, D = f->head_dim;
+    switch (f->format) {
+    case KVP_FORMAT_FP32:
+        for (int i = 0; i < n; i++)
+            for (int d = 0; d < D; d++)
+                memcpy(&y[(size_t)i * stride + (size_t)d], b + kvp__plain_offset(f, t0 + i, d), 4);
+        return;
+    case KVP_FORMAT_FP16:
+        for (int i = 0; i < n; i++)
+            for (int d = 0; d < D; d++)
+                y[(size_t)i * stride + (size_t)d] = kvp__f16_to_f32(kvp__load_u16(b + kvp__plain_offset(f, t0 + i, d)));
+        return;
+    case KVP_FORMAT_BF16:
+        for (int i = 0; i < n; i++)
+            for (int d = 0; d < D; d++)
+                y[(size_t)i * stride + (size_t)d] = kvp__bf16_to_f32(kvp__load_u16(b + kvp__plain_offset(f, t0 + i, d)));
+        return;
+    case KVP_FORMAT_FP8_E4M3:
+        for (int i = 0; i < n; i++)
+            for (int d = 0; d < D; d++)
+                y[(size_t)i * stride + (size_t)d] = kvp__e4m3_to_f32(b[kvp__plain_offset(f, t0 + i, d)]) * fp8_scale;
+        return;
+    default: break;
+    }
+    if (f->is_key) {
+        float s[KVP_MAX_HEAD_DIM], m[KVP_MAX_HEAD_DIM];
+        for (int d = 0; d < D; d++) {
+            s[d] = kvp__f16_to_f32(kvp__load_u16(sc + 2 * (size_t)d));
+            m[d] = kvp__f16_to_f32(kvp__load_u16(sc + 2 * (size_t)D + 2 * (size_t)d));
+        }
+        /* head_dim is a multiple of 16: whole channel quads (kvp__k8_offset,
+         * kvp__k4_offset) */
+        if (f->format == KVP_FORMAT_INT8) {
+            for (int i = 0; i < n; i++) {
+                const uint8_t *tok = b + (size_t)(t0 + i) * 4;
+                float *yi = y + (size_t)i * stride;
+                for (int d = 0; d < D; d += 4) {
+                    const uint8_t *w = tok + (size_t)(d / 4) * (size_t)P * 4;
+                    for (int c = 0; c < 4; c++) yi[d + c] = fmaf(s[d + c], (float)w[c], m[d + c]);
+                }
+            }
+            return;
+        }
+        for (int i = 0; i < n; i++) {
+            const int t = t0 + i, shift = (t & 1) * 4;
+            const uint8_t *pair = b + (size_t)(t / 2) * 4;
+            float *yi = y + (size_t)i * stride;
+            for (int d = 0; d < D; d += 4) {
+                const uint8_t *w = pair + (size_t)(d / 4) * (size_t)(P / 2) * 4;
+                for (int c = 0; c < 4; c++) yi[d + c] = fmaf(s[d + c], (float)((w[c] >> shift) & 0x0F), m[d + c]);
+            }
+        }
+        /* the outlier channels over them, last entry first: where a table
+         * repeats a channel the first entry wins (kvp__k4_find) */
+        const int R = KVP__K4_OUTLIERS(D);
+        const uint8_t *ot = kvp__k4_table(f, b);
+        for (int j = R - 1; j >= 0; j--) {
+            unsigned d = kvp__load_u16(ot + 2 * (size_t)j);
+            if (d >= (unsigned)D) continue;
+            float os = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (size_t)(R + j)));
+            float om = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (size_t)(2 * R + j)));
+            const uint8_t *codes = ot + 6 * (size_t)R + (size_t)j * (size_t)P;
+            for (int i = 0; i < n; i++)
+                y[(size_t)i * stride + (size_t)d] = fmaf(os, (float)codes[t0 + i], om);
+        }
+        return;
+    }
+    /* values: token groups of u tokens, a channel's (or int4 slot's) bytes
+     * u apart (kvp__v8_offset, kvp__v4_offset) */
+    if (f->format == KVP_FORMAT_INT8) {
+        for (int i = 0; i < n; i++) {
+            const int t = t0 + i, u = kvp__v_group_tokens(P, t);
+            const uint8_t *g = b + (size_t)(t / KVP__V_TOKGROUP) * KVP__V_TOKGROUP * (size_t)D + (size_t)(t % KVP__V_TOKGROUP);
+            float s = kvp__f16_to_f32(kvp__load_u16(sc + 2 * (size_t)t));
+            float *yi = y + (size_t)i * stride;
+            for (int d = 0; d < D; d++) yi[d] = s * (float)(int8_t)g[(size_t)d * (size_t)u];
+        }
+        return;
+    }
+    const int G = kvp__v4_groups(D);
+    for (int i = 0; i < n; i++) {
+        const int t = t0 + i, u = kvp__v_group_tokens(P, t);
+        const uint8_t *tg = b + (size_t)(t / KVP__V_TOKGROUP) * KVP__V_TOKGROUP * (size_t)D / 2 + (size_t)(t % KVP__V_TOKGROUP);
+        float *yi = y + (size_t)i * stride;
+        for (int k = 0; k < G; k++) {
+            size_t si = (size_t)k * (size_t)P + (size_t)t;
+            float s = kvp__f16_to_f32(kvp__load_u16(sc + 2 * si));
+            float m = kvp__f16_to_f32(kvp__load_u16(sc + 2 * (size_t)G * (size_t)P + 2 * si));
+            const int w = kvp__v4_width(D, k), half = w / 2, d0 = k * KVP__V4_GROUP;
+            /* slot k*16 + j: channel j (low nibble) and j + w/2 (high) */
+            const uint8_t *slot = tg + (size_t)k * (KVP__V4_GROUP / 2) * (size_t)u;
+            for (int j = 0; j < half; j++) {
+                unsigned byte = slot[(size_t)j * (size_t)u];
+                yi[d0 + j] = fmaf(s, (float)(byte & 0x0F), m);
+                yi[d0 + half + j] = fmaf(s, (float)(byte >> 4), m);
+            }
+        }
+    }
 }
 
 /* ---- plain tensors --------------------------------------------------------- */

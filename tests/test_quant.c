@@ -17,6 +17,10 @@
 #include "numeric.h"
 #include "testutil.h"
 #include "../bench/kvdist.h"
+#include "blockfmt.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 /* ---- conversions ------------------------------------------------------------------------ */
 
@@ -311,6 +315,70 @@ static void test_all_nan_channel(void **state) {
 
 /* ---- bad input ----------------------------------------------------------------------------------- */
 
+/* kvp__block_decode() (whole tokens at once: the portable kernels' and the
+ * prefill blocks' decoder) gives what kvp__block_decode_one() gives, bit for
+ * bit: every format, keys (both orders) and values, page sizes whose last
+ * token group is short, partial token ranges, head_dim 64/80/96, and blocks
+ * of random bytes (scales of any value, int4 keys' outlier tables with
+ * repeated or out-of-range channels). */
+static void test_block_decode_matches_elements(void **state) {
+    (void)state;
+    static const int32_t fmts[] = {KVP_FORMAT_FP32, KVP_FORMAT_FP16,     KVP_FORMAT_BF16,
+                                   KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
+    static const int32_t pages[] = {2, 6, 16, 18, 32}, dims[] = {64, 80, 96};
+    uint8_t *blk = malloc(1 << 18);
+    float *y = malloc((size_t)32 * 100 * sizeof(float));
+    assert_non_null(blk);
+    assert_non_null(y);
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    size_t checked = 0;
+    for (size_t fi = 0; fi < sizeof fmts / sizeof *fmts; fi++)
+        for (int key = 0; key < 2; key++)
+            for (int order = 0; order < 2; order++)
+                for (size_t pi = 0; pi < sizeof pages / sizeof *pages; pi++)
+                    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+                        const int32_t P = pages[pi], D = dims[di];
+                        kvp__blockfmt f = kvp__blockfmt_make(fmts[fi], key, order, P, D);
+                        size_t bytes = (size_t)kvp__block_used_bytes(&f);
+                        assert_true(bytes <= (1u << 18));
+                        for (size_t i = 0; i < bytes; i++) {
+                            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                            blk[i] = (uint8_t)(rng >> 32);
+                        }
+                        if (key && fmts[fi] == KVP_FORMAT_INT4) { /* outlier channels: in range,
+                                                                   repeated (entry 1 = entry 0), past D */
+                            uint8_t *ot = blk + kvp__block_data_bytes(&f) + 4 * (size_t)D;
+                            for (int j = 0; j < D / 32; j++) {
+                                uint16_t c = j == 1 ? (uint16_t)(ot[0] | ot[1] << 8)
+                                                    : (uint16_t)((rng >> (8 * j)) % (uint64_t)(D + 4));
+                                ot[2 * j] = (uint8_t)c;
+                                ot[2 * j + 1] = (uint8_t)(c >> 8);
+                            }
+                        }
+                        const int32_t ranges[][2] = {{0, P}, {1, P - 1}, {P / 2, 1}};
+                        for (int r = 0; r < 3; r++) {
+                            const int32_t t0 = ranges[r][0], n = ranges[r][1];
+                            const size_t stride = (size_t)D + 3;
+                            kvp__block_decode(&f, blk, t0, n, y, stride, 0.37f);
+                            for (int32_t i = 0; i < n; i++)
+                                for (int32_t d = 0; d < D; d++) {
+                                    float want = kvp__block_decode_one(&f, blk, t0 + i, d, 0.37f);
+                                    float got = y[(size_t)i * stride + (size_t)d];
+                                    if (isnan(want) && isnan(got)) continue;
+                                    if (memcmp(&want, &got, sizeof want) != 0)
+                                        print_error("format %d key %d order %d page %d head_dim %d token %d "
+                                                    "channel %d: %a, element decoder %a\n", (int)fmts[fi], key,
+                                                    order, (int)P, (int)D, (int)(t0 + i), (int)d, got, want);
+                                    assert_memory_equal(&want, &got, sizeof want);
+                                    checked++;
+                                }
+                        }
+                    }
+    assert_true(checked > 100000);
+    free(blk);
+    free(y);
+}
+
 static void test_bad_descriptions(void **state) {
     (void)state;
     float x[64 * 16];
@@ -359,6 +427,7 @@ int main(void) {
         cmocka_unit_test(test_nonfinite_rules),
         cmocka_unit_test(test_all_nan_channel),
         cmocka_unit_test(test_bad_descriptions),
+        cmocka_unit_test(test_block_decode_matches_elements),
     };
     return cmocka_run_group_tests_name("quant", tests, NULL, NULL);
 }

@@ -8,16 +8,20 @@
 
 #include <string.h>
 
+/* A chunk's tokens (n <= KVP__CHUNK) decoded at once: the block's scales
+ * are converted once per chunk, not once per element (kvp__block_decode). */
 static void klogits_portable(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0,
                              int n) {
-    float k[KVP__ATTN_MAX_D];
-    for (int i = 0; i < n; i++) {
-        for (int d = 0; d < t->D; d++) k[d] = kvp__block_decode_one(f, kb, t0 + i, d, t->fp8_k);
-        for (int r = 0; r < KVP__TILE_ROWS; r++) {
-            float acc = 0.0f;
-            for (int d = 0; d < t->D; d++) acc += t->q[r][d] * k[d];
-            t->logits[r][i] = acc;
-        }
+    float k[KVP__CHUNK][KVP__ATTN_MAX_D];
+    for (int c0 = 0; c0 < n; c0 += KVP__CHUNK) {
+        int m = n - c0 < KVP__CHUNK ? n - c0 : KVP__CHUNK;
+        kvp__block_decode(f, kb, t0 + c0, m, &k[0][0], KVP__ATTN_MAX_D, t->fp8_k);
+        for (int i = 0; i < m; i++)
+            for (int r = 0; r < KVP__TILE_ROWS; r++) {
+                float acc = 0.0f;
+                for (int d = 0; d < t->D; d++) acc += t->q[r][d] * k[i][d];
+                t->logits[r][c0 + i] = acc;
+            }
     }
 }
 
@@ -56,15 +60,17 @@ static void softmax_portable(kvp__tile *t, int n, int32_t pos0) {
 
 static void vacc_portable(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0,
                           int n) {
-    float v[KVP__ATTN_MAX_D];
-    for (int i = 0; i < n; i++) {
-        for (int d = 0; d < t->D; d++) v[d] = kvp__block_decode_one(f, vb, t0 + i, d, t->fp8_v);
-        for (int r = 0; r < KVP__TILE_ROWS; r++) {
-            float p = t->p[r][i];
-            if (p == 0.0f) continue;
-            float *o = t->o + (size_t)r * (size_t)t->D;
-            for (int d = 0; d < t->D; d++) o[d] += p * v[d];
-        }
+    float v[KVP__CHUNK][KVP__ATTN_MAX_D];
+    for (int c0 = 0; c0 < n; c0 += KVP__CHUNK) {
+        int m = n - c0 < KVP__CHUNK ? n - c0 : KVP__CHUNK;
+        kvp__block_decode(f, vb, t0 + c0, m, &v[0][0], KVP__ATTN_MAX_D, t->fp8_v);
+        for (int i = 0; i < m; i++)
+            for (int r = 0; r < KVP__TILE_ROWS; r++) {
+                float p = t->p[r][c0 + i];
+                if (p == 0.0f) continue;
+                float *o = t->o + (size_t)r * (size_t)t->D;
+                for (int d = 0; d < t->D; d++) o[d] += p * v[i][d];
+            }
     }
 }
 
