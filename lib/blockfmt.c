@@ -244,8 +244,15 @@ int kvp__block_check_tokens(const kvp__blockfmt *f, const uint8_t *b, int32_t to
                        why_size);
 }
 
+/* fmaf(s, c, m) for an fp16 scale s and minimum m and a code c in 0..255,
+ * without a call to the library's fmaf where the CPU's baseline has no FMA
+ * instruction (x86-64): s*c + m is exact in double (s = S*2^a and m = M*2^b
+ * with S, M < 2^11 and a, b in -24..5, c < 2^8: at most 49 significant
+ * bits), so one rounding to float gives fmaf's result. */
+static inline float fma16(float s, float c, float m) { return (float)((double)s * (double)c + (double)m); }
+
 /* The values kvp__block_decode_one() gives, element for element (the same
- * conversions and fmaf), with what a block shares worked out once per call
+ * conversions, and fmaf's results), with what a block shares worked out once per call
  * rather than per element: the format's branch, the keys' channel scales
  * and minima, the int4 keys' outlier lookups, each token's value scale. */
 void kvp__block_decode(const kvp__blockfmt *f, const void *block, int t0, int n, float *y,
@@ -289,7 +296,7 @@ void kvp__block_decode(const kvp__blockfmt *f, const void *block, int t0, int n,
                 float *yi = y + (size_t)i * stride;
                 for (int d = 0; d < D; d += 4) {
                     const uint8_t *w = tok + (size_t)(d / 4) * (size_t)P * 4;
-                    for (int c = 0; c < 4; c++) yi[d + c] = fmaf(s[d + c], (float)w[c], m[d + c]);
+                    for (int c = 0; c < 4; c++) yi[d + c] = fma16(s[d + c], (float)w[c], m[d + c]);
                 }
             }
             return;
@@ -300,7 +307,7 @@ void kvp__block_decode(const kvp__blockfmt *f, const void *block, int t0, int n,
             float *yi = y + (size_t)i * stride;
             for (int d = 0; d < D; d += 4) {
                 const uint8_t *w = pair + (size_t)(d / 4) * (size_t)(P / 2) * 4;
-                for (int c = 0; c < 4; c++) yi[d + c] = fmaf(s[d + c], (float)((w[c] >> shift) & 0x0F), m[d + c]);
+                for (int c = 0; c < 4; c++) yi[d + c] = fma16(s[d + c], (float)((w[c] >> shift) & 0x0F), m[d + c]);
             }
         }
         /* the outlier channels over them, last entry first: where a table
@@ -314,7 +321,7 @@ void kvp__block_decode(const kvp__blockfmt *f, const void *block, int t0, int n,
             float om = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (size_t)(2 * R + j)));
             const uint8_t *codes = ot + 6 * (size_t)R + (size_t)j * (size_t)P;
             for (int i = 0; i < n; i++)
-                y[(size_t)i * stride + (size_t)d] = fmaf(os, (float)codes[t0 + i], om);
+                y[(size_t)i * stride + (size_t)d] = fma16(os, (float)codes[t0 + i], om);
         }
         return;
     }
@@ -344,8 +351,8 @@ void kvp__block_decode(const kvp__blockfmt *f, const void *block, int t0, int n,
             const uint8_t *slot = tg + (size_t)k * (KVP__V4_GROUP / 2) * (size_t)u;
             for (int j = 0; j < half; j++) {
                 unsigned byte = slot[(size_t)j * (size_t)u];
-                yi[d0 + j] = fmaf(s, (float)(byte & 0x0F), m);
-                yi[d0 + half + j] = fmaf(s, (float)(byte >> 4), m);
+                yi[d0 + j] = fma16(s, (float)(byte & 0x0F), m);
+                yi[d0 + half + j] = fma16(s, (float)(byte >> 4), m);
             }
         }
     }
