@@ -154,11 +154,14 @@ float *kv_contig_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v);
 /* Quantization experiments (kv_sim.c): the contiguous cache with its K/V
  * rounded as a paged int8/int4 cache would store them (fp16 tail page, each
  * full page quantized when it fills), in schemes libkvpage does not have,
- * so they can be measured before anyone builds them. Spec "KEY/VALUE[@PAGE]":
+ * so they can be measured before anyone builds them:
  * keys fp16, int8, int4 (per channel over the page, as libkvpage), int4wN
  * (int4, but the N channels of widest range in each page kept as int8),
  * int4sN (int4, but the first N tokens of the sequence kept in fp16);
- * values fp16, int8, int4 (as libkvpage). NULL with err on a bad spec. */
+ * values fp16, int8, int4 (as libkvpage); int8/int4 keys or values with an
+ * h (int4h, int4hwN, int8h) quantized in a randomized Hadamard basis
+ * (head_dim a power of two); "+rN" at the end: the last N tokens stay
+ * fp16. Spec "KEY/VALUE[@PAGE][+rN]". NULL with err on a bad spec. */
 kv_cache_t *kv_sim_create(const kv_shape_t *shape, pool_t *pool, const char *spec, char *err, size_t err_size);
 int kv_sim_check(const char *spec, char *err, size_t err_size); /* 0, or -1 with err */
 /* The rounded values it holds (as kv_contig_data), for tests. */

@@ -27,6 +27,16 @@
  *           (plain `int4` here); int4w0 is int4 without them;
  *   int4sN  int4, but the sequence's first N tokens stay fp16 and are left
  *           out of their page's ranges (the attention-sink tokens).
+ *   ...h    (a suffix, keys or values: int4h, int4hw2, int8h) quantized in
+ *           a rotated basis: each head's vector times a fixed randomized
+ *           Hadamard matrix (sign flips, then the fast Walsh-Hadamard
+ *           transform, scaled by 1/sqrt(head_dim); orthogonal, so q.k and
+ *           p.v keep their values), quantized there and rotated back. It
+ *           spreads outlier channels over all of them. int4h keys keep no
+ *           int8 channels (int4hwN: N of them). head_dim a power of two.
+ * A spec may end in +rN: the sequence's last N tokens stay fp16 (a
+ * full-precision recent window, KIVI's residual): a page is quantized once
+ * N tokens have come after it, not when it fills.
  */
 #include <math.h>
 #include <stdio.h>
@@ -43,6 +53,9 @@ typedef struct {
     kv_cache_t *inner; /* the contiguous cache holding the (rounded) values */
     int kf, vf;        /* FMT_* of keys and values */
     int wide, sink;    /* int4wN, int4sN */
+    int krot, vrot;    /* ...h: keys / values quantized in the rotated basis */
+    int32_t window;    /* +rN: the last N tokens stay fp16 */
+    float *signs;      /* [head_dim] the rotation's sign flips (+1 / -1) */
     int32_t page;
     int32_t rows, cap;
     int32_t *row_seq, *row_pos;
@@ -87,17 +100,58 @@ static void round_f16(float *x, long n) {
     for (long i = 0; i < n; i++) x[i] = f16r(x[i]);
 }
 
+/* In-place fast Walsh-Hadamard transform of n (a power of two) floats
+ * `stride` apart, scaled by 1/sqrt(n): orthogonal and its own inverse. */
+static void fwht(float *x, int n, long stride) {
+    for (int len = 1; len < n; len *= 2)
+        for (int i = 0; i < n; i += 2 * len)
+            for (int j = i; j < i + len; j++) {
+                float a = x[j * stride], b = x[(j + len) * stride];
+                x[j * stride] = a + b;
+                x[(j + len) * stride] = a - b;
+            }
+    float k = 1.0f / sqrtf((float)n);
+    for (int i = 0; i < n; i++) x[i * stride] *= k;
+}
+
+/* The rotation R = H.S / sqrt(n) (S: sign flips) and its inverse S.H / sqrt(n). */
+static void rotate(const sim_kv *s, float *x, int n, long stride) {
+    for (int i = 0; i < n; i++) x[i * stride] *= s->signs[i];
+    fwht(x, n, stride);
+}
+static void unrotate(const sim_kv *s, float *x, int n, long stride) {
+    fwht(x, n, stride);
+    for (int i = 0; i < n; i++) x[i * stride] *= s->signs[i];
+}
+
 /* One token's values of one head, in the value format. */
 static void quant_value(const sim_kv *s, float *v, int hd) {
+    if (s->vrot && s->vf != FMT_FP16) rotate(s, v, hd, 1);
     if (s->vf == FMT_INT8) quant_sym8(v, hd);
     else if (s->vf == FMT_INT4)
         for (int g = 0; g < hd; g += 32) quant_asym(v + g, hd - g < 32 ? hd - g : 32, 1, 15);
     else round_f16(v, hd);
+    if (s->vrot && s->vf != FMT_FP16) unrotate(s, v, hd, 1);
 }
 
 
 /* Keys of one (page, head): P tokens `stride` floats apart, per channel. */
+static void quant_key_page_basis(sim_kv *s, float *k, int32_t first_pos, long stride, int hd);
+
 static void quant_key_page(sim_kv *s, float *k, int32_t first_pos, long stride, int hd) {
+    if (!s->krot) {
+        quant_key_page_basis(s, k, first_pos, stride, hd);
+        return;
+    }
+    for (int32_t t = 0; t < s->page; t++)
+        if (first_pos + t >= s->sink) rotate(s, k + t * stride, hd, 1);
+    quant_key_page_basis(s, k, first_pos, stride, hd);
+    for (int32_t t = 0; t < s->page; t++)
+        if (first_pos + t >= s->sink) unrotate(s, k + t * stride, hd, 1);
+}
+
+/* Keys of one (page, head) in the basis they are in. */
+static void quant_key_page_basis(sim_kv *s, float *k, int32_t first_pos, long stride, int hd) {
     int32_t P = s->page, skip = 0; /* leading sink tokens, left in fp16 */
     if (s->sink > first_pos) skip = s->sink - first_pos < P ? s->sink - first_pos : P;
     if (skip == P) return;
@@ -129,7 +183,7 @@ static void sim_destroy(kv_cache_t *kv) {
     sim_kv *s = as_sim(kv);
     if (!s) return;
     if (s->inner) s->inner->ops->destroy(s->inner);
-    free(s->row_seq), free(s->row_pos), free(s->range), free(s->taken);
+    free(s->row_seq), free(s->row_pos), free(s->range), free(s->taken), free(s->signs);
     free(s);
 }
 
@@ -176,7 +230,8 @@ static int sim_append(kv_cache_t *kv, int32_t layer, const float *k, const float
     const kv_shape_t *sh = &kv->shape;
     const int hd = sh->head_dim, H = sh->n_kv_heads;
     const long row = (long)H * hd;
-    const int staged = s->kf != FMT_FP16; /* per-channel keys: a tail page in fp16 */
+    /* per-channel keys, or a recent window: the newest tokens in fp16 */
+    const int staged = s->kf != FMT_FP16 || s->window > 0;
     for (int32_t r = 0; r < s->rows; r++) {
         float *K = kv_contig_data(s->inner, s->row_seq[r], layer, 0), *V = kv_contig_data(s->inner, s->row_seq[r], layer, 1);
         const int32_t pos = s->row_pos[r];
@@ -184,12 +239,15 @@ static int sim_append(kv_cache_t *kv, int32_t layer, const float *k, const float
         if (staged) round_f16(V + pos * row, row);
         else
             for (int h = 0; h < H; h++) quant_value(s, V + pos * row + h * hd, hd);
-        if (!staged || (pos + 1) % s->page != 0) continue;
-        /* the page fills: quantize it (keys per channel, values per token) */
-        const int32_t first = pos + 1 - s->page;
+        /* a page is quantized when it fills, or (a recent window) once
+         * `window` tokens have come after it: keys per channel, values per
+         * token */
+        const int32_t end = pos + 1 - s->window; /* the page that may end here */
+        if (!staged || end < s->page || end % s->page != 0) continue;
+        const int32_t first = end - s->page;
         for (int h = 0; h < H; h++) {
-            quant_key_page(s, K + first * row + h * hd, first, row, hd);
-            for (int32_t t = first; t <= pos; t++) quant_value(s, V + t * row + h * hd, hd);
+            if (s->kf != FMT_FP16) quant_key_page(s, K + first * row + h * hd, first, row, hd);
+            for (int32_t t = first; t < end; t++) quant_value(s, V + t * row + h * hd, hd);
         }
     }
     return KV_OK;
@@ -212,13 +270,22 @@ static const kv_ops_t sim_ops = {
     sim_begin, sim_append, sim_attend, sim_end, sim_stats,
 };
 
-/* "fp16" | "int8" | "int4" | "int4wN" | "int4sN" (keys) of `len` bytes. */
-static int parse_scheme(const char *p, size_t len, int is_key, int *fmt, int *wide, int *sink) {
+/* "fp16" | "int8" | "int4" | "int4wN" | "int4sN" (keys) of `len` bytes,
+ * with an optional rotation: "int8h", "int4h" (no int8 channels), "int4hwN". */
+static int parse_scheme(const char *p, size_t len, int is_key, int *fmt, int *wide, int *sink, int *rot) {
     char buf[16];
     if (len == 0 || len >= sizeof buf) return -1;
     memcpy(buf, p, len);
     buf[len] = 0;
-    *wide = *sink = 0;
+    *wide = *sink = *rot = 0;
+    if (len > 4 && buf[4] == 'h' && (!strncmp(buf, "int4", 4) || !strncmp(buf, "int8", 4))) {
+        *rot = 1;
+        memmove(buf + 4, buf + 5, len - 4); /* "int4hw2" -> "int4w2"; "int4h" -> "int4" */
+        if (!strcmp(buf, "int4") && is_key) {
+            *fmt = FMT_INT4; /* rotated keys: no int8 channels unless asked (int4hwN) */
+            return 0;
+        }
+    }
     if (!strcmp(buf, "fp16")) *fmt = FMT_FP16;
     else if (!strcmp(buf, "int8")) *fmt = FMT_INT8;
     else if (!strcmp(buf, "int4")) *fmt = FMT_INT4, *wide = -1; /* libkvpage's: head_dim / 32 */
@@ -237,25 +304,33 @@ float *kv_sim_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v) {
 }
 
 typedef struct {
-    int kf, vf, wide, sink;
-    long page;
+    int kf, vf, wide, sink, krot, vrot;
+    long page, window;
 } sim_spec;
 
 static int sim_parse(const char *spec, sim_spec *o, char *err, size_t err_size) {
-    const char *slash = strchr(spec, '/'), *at = strchr(spec, '@');
-    const char *vend = at ? at : spec + strlen(spec);
+    const char *plus = strchr(spec, '+'), *stop = plus ? plus : spec + strlen(spec);
+    const char *slash = strchr(spec, '/'), *at = memchr(spec, '@', (size_t)(stop - spec));
+    const char *vend = at ? at : stop;
     int w2, s2;
     o->page = 16;
+    o->window = 0;
     if (at) {
         char *end;
         o->page = strtol(at + 1, &end, 10);
-        if (*end || o->page < 2 || o->page > 4096 || o->page % 2) o->page = -1;
+        if (end != stop || o->page < 2 || o->page > 4096 || o->page % 2) o->page = -1;
     }
-    if (!slash || slash > vend || o->page < 0 ||
-        parse_scheme(spec, (size_t)(slash - spec), 1, &o->kf, &o->wide, &o->sink) ||
-        parse_scheme(slash + 1, (size_t)(vend - slash - 1), 0, &o->vf, &w2, &s2)) {
-        snprintf(err, err_size, "bad simulation spec '%s': KEY/VALUE[@PAGE], keys fp16|int8|int4|int4wN|int4sN, "
-                 "values fp16|int8|int4, an even page size", spec);
+    if (plus) {
+        char *end;
+        o->window = plus[1] == 'r' ? strtol(plus + 2, &end, 10) : -1;
+        if (plus[1] != 'r' || *end || end == plus + 2 || o->window < 1 || o->window > 1 << 20) o->window = -1;
+    }
+    if (!slash || slash > vend || o->page < 0 || o->window < 0 ||
+        parse_scheme(spec, (size_t)(slash - spec), 1, &o->kf, &o->wide, &o->sink, &o->krot) ||
+        parse_scheme(slash + 1, (size_t)(vend - slash - 1), 0, &o->vf, &w2, &s2, &o->vrot)) {
+        snprintf(err, err_size, "bad simulation spec '%s': KEY/VALUE[@PAGE][+rN], keys fp16|int8|int4|int4wN|int4sN, "
+                 "values fp16|int8|int4, int8/int4 with an h for the rotated basis (int4h, int4hwN), an even "
+                 "page size, N tokens in fp16 at the end", spec);
         return -1;
     }
     return 0;
@@ -277,11 +352,27 @@ kv_cache_t *kv_sim_create(const kv_shape_t *shape, pool_t *pool, const char *spe
     s->kf = o.kf, s->vf = o.vf, s->sink = o.sink;
     s->wide = o.wide < 0 ? (int)(shape->head_dim / 32) : o.wide;
     s->page = (int32_t)o.page;
+    s->krot = o.krot, s->vrot = o.vrot;
+    s->window = (int32_t)o.window;
+    const int hd = (int)shape->head_dim;
+    if ((s->krot || s->vrot) && (hd & (hd - 1)) != 0) {
+        snprintf(err, err_size, "'%s': the rotation needs a head_dim that is a power of two (this model's: %d)", spec, hd);
+        free(s);
+        return NULL;
+    }
+    s->signs = malloc((size_t)hd * sizeof *s->signs);
+    if (s->signs) { /* fixed pseudo-random signs: the same rotation in every run */
+        uint32_t x = 0x2545F491u;
+        for (int i = 0; i < hd; i++) {
+            x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+            s->signs[i] = (x >> 31) ? -1.0f : 1.0f;
+        }
+    }
     snprintf(s->name, sizeof s->name, "sim %s", spec);
     s->inner = kv_contig_create(shape, pool);
     s->range = malloc((size_t)shape->head_dim * sizeof *s->range);
     s->taken = malloc((size_t)shape->head_dim * sizeof *s->taken);
-    if (!s->inner || !s->range || !s->taken) {
+    if (!s->inner || !s->range || !s->taken || !s->signs) {
         snprintf(err, err_size, "cannot create the contiguous cache");
         sim_destroy(&s->base);
         return NULL;

@@ -55,7 +55,7 @@ static void usage(FILE *o) {
             "      --kv SPEC                the KV cache: fp32, fp16, bf16, fp8, int8 (default), int4, k8v4\n"
             "                               (K int8, V int4), KFMT/VFMT (e.g. int4/fp16), each with an\n"
             "                               optional @PAGE (int4@32); or contig (the contiguous fp32 reference);\n"
-            "                               or sim:KEY/VALUE[@PAGE], a quantization experiment (kv.h)\n"
+            "                               or sim:KEY/VALUE[@PAGE][+rN], a quantization experiment (kv.h)\n"
             "      --page N                 tokens per page (default 16)\n"
             "      --no-prefix-cache        prefill every prompt in full\n"
             "  run --prompt TEXT [options]  one prompt, greedy (demo's --system, --raw, --max-tokens, --kv, --page):\n"

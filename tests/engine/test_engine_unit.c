@@ -838,6 +838,91 @@ static void test_kv_sim_matches_library(void **state) {
     assert_int_equal(kv_sim_check("int4/int4@15", err, sizeof err), -1);
 }
 
+/* kv_sim's rotated basis and recent window: int8h values come back within
+ * int8 rounding of their fp16 values (the rotation is undone: a wrong
+ * inverse would be off by O(1)) but not equal to plain int8's; int4h keys
+ * on outlier channels differ from int4's; with +rN a full page stays fp16
+ * until N tokens have come after it, then holds exactly what the spec
+ * without the window gives; the specs parse; a head_dim that is not a
+ * power of two refuses the rotation. */
+static void test_kv_sim_rotation_and_window(void **state) {
+    (void)state;
+    enum { P = 16, KVH = 2, HD = 64, ROW = KVH * HD, N = 2 * P };
+    float *k = malloc(sizeof(float) * N * ROW), *v = malloc(sizeof(float) * N * ROW);
+    for (int i = 0; i < N * ROW; i++) {
+        k[i] = rndf() + ((i % HD) % 16 == 5 ? 8.0f * rndf() : 0.0f);
+        v[i] = rndf();
+    }
+    pool_t *pool = pool_create(1);
+    kv_shape_t sh = {1, KVH, KVH, HD, 1, 64};
+    char err[256];
+    /* each spec after lens[c] tokens, one a step as decode appends them */
+    float *got[3];
+    static const char *const specs[] = {"int4/int8", "int4h/int8h", "int4/int4+r8"};
+    const int32_t lens[] = {P, P, P + 7};
+    kv_cache_t *kvs[3];
+    for (int c = 0; c < 3; c++) {
+        kvs[c] = kv_sim_create(&sh, pool, specs[c], err, sizeof err);
+        assert_non_null(kvs[c]);
+        int32_t seq, tokens[N] = {0};
+        assert_int_equal(kvs[c]->ops->seq_open(kvs[c], &seq), KV_OK);
+        for (int32_t at = 0; at < lens[c]; at++) {
+            int32_t q_start[2] = {0, 1};
+            kv_batch_t b = {1, &seq, q_start, tokens};
+            assert_int_equal(kvs[c]->ops->begin_step(kvs[c], &b), KV_OK);
+            assert_int_equal(kvs[c]->ops->append(kvs[c], 0, k + (size_t)at * ROW, v + (size_t)at * ROW), KV_OK);
+            kvs[c]->ops->end_step(kvs[c]);
+        }
+        got[c] = kv_sim_data(kvs[c], seq, 0, 0);
+        assert_non_null(got[c]);
+    }
+    const float *v_plain = kv_sim_data(kvs[0], 0, 0, 1), *v_rot = kv_sim_data(kvs[1], 0, 0, 1);
+    double err_rot = 0, diff = 0, kdiff = 0;
+    for (int i = 0; i < P * ROW; i++) {
+        err_rot = fmax(err_rot, fabs(v_rot[i] - v[i]));
+        diff += fabs(v_rot[i] - v_plain[i]);
+        kdiff += fabs(got[1][i] - got[0][i]);
+    }
+    assert_true(err_rot < 0.05); /* |v| < 1: int8 steps of at most 2/254 after the rotation */
+    assert_true(diff > 0.0 && kdiff > 0.0);
+    /* the window: 7 tokens after the page, page 0 still fp16; 8, quantized as without it */
+    for (int i = 0; i < P * ROW; i++) assert_true(got[2][i] == fp16_to_fp32(fp32_to_fp16(k[i])));
+    for (int c = 0; c < 3; c++) kvs[c]->ops->destroy(kvs[c]);
+    kv_cache_t *w = kv_sim_create(&sh, pool, "int4/int4+r8", err, sizeof err), *plain = kv_sim_create(&sh, pool, "int4/int4", err, sizeof err);
+    assert_non_null(w);
+    assert_non_null(plain);
+    kv_cache_t *pair[2] = {w, plain};
+    for (int c = 0; c < 2; c++) {
+        int32_t seq, tokens[N] = {0};
+        assert_int_equal(pair[c]->ops->seq_open(pair[c], &seq), KV_OK);
+        for (int32_t at = 0; at < P + 8; at++) {
+            int32_t q_start[2] = {0, 1};
+            kv_batch_t b = {1, &seq, q_start, tokens};
+            assert_int_equal(pair[c]->ops->begin_step(pair[c], &b), KV_OK);
+            assert_int_equal(pair[c]->ops->append(pair[c], 0, k + (size_t)at * ROW, v + (size_t)at * ROW), KV_OK);
+            pair[c]->ops->end_step(pair[c]);
+        }
+    }
+    assert_memory_equal(kv_sim_data(w, 0, 0, 0), kv_sim_data(plain, 0, 0, 0), sizeof(float) * P * ROW);
+    assert_memory_equal(kv_sim_data(w, 0, 0, 1), kv_sim_data(plain, 0, 0, 1), sizeof(float) * P * ROW);
+    w->ops->destroy(w);
+    plain->ops->destroy(plain);
+    /* parsing; the rotation needs a power-of-two head_dim */
+    assert_int_equal(kv_sim_check("int4h/int4h", err, sizeof err), 0);
+    assert_int_equal(kv_sim_check("int4hw2/int4", err, sizeof err), 0);
+    assert_int_equal(kv_sim_check("int8h/int4h@32+r64", err, sizeof err), 0);
+    assert_int_equal(kv_sim_check("fp16h/int4", err, sizeof err), -1);
+    assert_int_equal(kv_sim_check("int4/int4+r", err, sizeof err), -1);
+    assert_int_equal(kv_sim_check("int4/int4+r0", err, sizeof err), -1);
+    assert_int_equal(kv_sim_check("int4/int4+x8", err, sizeof err), -1);
+    kv_shape_t sh80 = {1, KVH, KVH, 80, 1, 64};
+    assert_null(kv_sim_create(&sh80, pool, "int4/int4h", err, sizeof err));
+    assert_non_null(strstr(err, "power of two"));
+    pool_destroy(pool);
+    free(k);
+    free(v);
+}
+
 /* ---- tokenizer on a hand-made vocabulary ----------------------------------------- */
 
 static uint32_t gpt2_cp(int b) {
@@ -1009,6 +1094,7 @@ int main(void) {
         cmocka_unit_test(test_kv_paged_fork),       cmocka_unit_test(test_kv_paged_parse),
         cmocka_unit_test(test_kv_store_check),
         cmocka_unit_test(test_kv_sim_matches_library),
+        cmocka_unit_test(test_kv_sim_rotation_and_window),
         cmocka_unit_test(test_tokenizer_synthetic),
         cmocka_unit_test(test_unicode_classes),     cmocka_unit_test(test_eval_math),
     };
