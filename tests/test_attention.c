@@ -471,7 +471,7 @@ static bool blocks_take(int32_t isa, int32_t kf, int32_t vf, int32_t page) {
 /* Chunked prefill (sequences with 32 or more query rows per kv head go
  * through the GEMM-like prefill blocks where the ISA has them): every
  * format and key order, pages smaller than a chunk, equal to it and
- * larger, head_dim 64/80/128 (80: a 16-channel tail in every loop), the
+ * larger (48: chunks that start 16 tokens into a page and span two), head_dim 64/80/128 (80: a 16-channel tail in every loop), the
  * rows of one head in two items of unequal size (148 rows: 80 + 68, the
  * second padded to whole blocks of 8), a 32-row item long enough to be
  * split across threads (its partials merged), staging pages, causal,
@@ -510,7 +510,7 @@ static void test_prefill_blocks(void **state) {
         {KVP_FORMAT_INT8, KVP_FORMAT_INT8, 0},         {KVP_FORMAT_INT4, KVP_FORMAT_INT4, 0},
         {KVP_FORMAT_INT8, KVP_FORMAT_INT4, 0},         {KVP_FORMAT_FP16, KVP_FORMAT_INT8, 1},
     };
-    static const int32_t pages[] = {8, 16, 32, 64}, dims[] = {64, 80, 128};
+    static const int32_t pages[] = {8, 16, 32, 48, 64}, dims[] = {64, 80, 128};
     static const attn_opts opts[] = {
         {1, -1, KVP_FORMAT_FP32, 0.0f}, {1, 100, KVP_FORMAT_FP32, 0.0f}, {0, -1, KVP_FORMAT_FP32, 0.0f}};
     int32_t kv_len[] = {300, 1500}, q_len[] = {37, 8};
