@@ -548,6 +548,38 @@ static void test_prefill_blocks(void **state) {
     }
 }
 
+/* A query of denormal values (max|q| ~1e-41: the integer forms' query
+ * scale, target / max|q|, overflows, and is taken as 0) gives the
+ * attention of a zero query, uniform weights, within the format's bound on
+ * every ISA, decode and prefill. (A denormal largest probability in a
+ * chunk, where the same guard keeps 0 * Inf out of the value sums, is the
+ * seed tests/fuzz/corpus/attention/denormal-pmax-int4-values.) */
+static void test_denormal_query(void **state) {
+    (void)state;
+    static const int32_t fmts[][2] = {{KVP_FORMAT_INT8, KVP_FORMAT_INT8}, {KVP_FORMAT_INT4, KVP_FORMAT_INT4},
+                                      {KVP_FORMAT_BF16, KVP_FORMAT_INT4}, {KVP_FORMAT_FP16, KVP_FORMAT_INT8}};
+    for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512_BF16; isa++) {
+        if (!kvp_isa_supported(isa)) continue;
+        kvp_ctx_t *c = make_ctx(isa, 2);
+        for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++) {
+            int32_t kv_len[] = {300, 300}, q_len[] = {40, 1};
+            batch_spec s = {2, 4, 64, 16, fmts[f][0], fmts[f][1], 0, 2, kv_len, q_len, 900 + (int)f};
+            batch bt;
+            batch_build(&bt, &s);
+            for (size_t i = 0; i < (size_t)(40 + 1) * 4 * 64; i++) bt.q[i] *= 1e-41f;
+            attn_opts o = {1, -1, KVP_FORMAT_FP32, 0.0f};
+            double e = batch_error(&bt, c, &o);
+            double bound = bound_of(fmts[f][0]) > bound_of(fmts[f][1]) ? bound_of(fmts[f][0]) : bound_of(fmts[f][1]);
+            if (!(e < bound))
+                print_error("%s K %s V %s: rel err %g\n", kvp_isa_name(isa), kvp_format_name(fmts[f][0]),
+                            kvp_format_name(fmts[f][1]), e);
+            assert_true(e < bound);
+            batch_free(&bt);
+        }
+        kvp_ctx_destroy(c);
+    }
+}
+
 /* Causal off, sliding windows, soft cap, fp16/bf16 q and out, lse. */
 static void test_masks_and_options(void **state) {
     (void)state;
@@ -1083,6 +1115,7 @@ int main(void) {
         cmocka_unit_test(test_head_dims_and_page_sizes),
         cmocka_unit_test(test_ragged_batches),
         cmocka_unit_test(test_prefill_blocks),
+        cmocka_unit_test(test_denormal_query),
         cmocka_unit_test(test_masks_and_options),
         cmocka_unit_test(test_lse),
         cmocka_unit_test(test_isa_and_thread_agreement),

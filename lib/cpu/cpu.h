@@ -229,6 +229,16 @@ void kvp__pick_pf_pack(int32_t isa, kvp__pf_qpack_fn *qpack, kvp__pf_kvpack_fn *
 kvp__pf_kdec_fn kvp__pick_pf_kdec(int32_t isa, int32_t format, int dim_major);
 kvp__pf_vdec_fn kvp__pick_pf_vdec(int32_t isa, int32_t format);
 
+/* num / x for x > 0 where the quotient is finite, else 0: a step or
+ * bound computed from the data (max|q|, the largest probability times a
+ * scale) may be denormal, and num / x would then overflow to Inf and turn
+ * the zeros it multiplies into NaN. What it zeroes is below 2^-126 of the
+ * values that set the output, so dropping it changes nothing fp32 keeps. */
+static inline float kvp__inv_or_zero(float num, float x) {
+    float r = num / x;
+    return x > 0.0f && r <= 3.4028234e38f ? r : 0.0f;
+}
+
 /* Shared helpers for the kernels (portable code, used by every ISA). */
 /* int4 keys: the outlier channels' table of a block (docs/formats.md). */
 typedef struct {

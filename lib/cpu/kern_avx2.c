@@ -265,7 +265,7 @@ TGT static void kprep_int16(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
     kprep_fold(t, kb, f, 0.0f, amax, cst);
     UNROLL for (int r = 0; r < R; r++) {
         float am = hmax8(amax[r]), step = am / 16383.0f;
-        __m256 inv = _mm256_set1_ps(am > 0.0f ? 16383.0f / am : 0.0f);
+        __m256 inv = _mm256_set1_ps(kvp__inv_or_zero(16383.0f, am));
         for (int d = 0; d < D; d += 16) { /* D is a multiple of 8; 16-wide with a tail */
             __m256i x0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(&t->qf[r][d]), inv));
             __m256i x1 = d + 8 < D ? _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(&t->qf[r][d + 8]), inv)) : x0;
@@ -325,7 +325,7 @@ TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
     kprep_fold(t, kb, f, 7.5f, amax, cst); /* cst: Σ q·(min + 7.5·scale) */
     UNROLL for (int r = 0; r < R; r++) {
         float am = hmax8(amax[r]), step = am / 127.0f;
-        __m256 inv = _mm256_set1_ps(am > 0.0f ? 127.0f / am : 0.0f);
+        __m256 inv = _mm256_set1_ps(kvp__inv_or_zero(127.0f, am));
         __m256i xs = _mm256_setzero_si256();
         for (int d = 0; d < D; d += 8) {
             __m256i x = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(&t->qf[r][d]), inv));
@@ -459,7 +459,7 @@ static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, i
 /* Probabilities times token scales (w = p·s, n4 tokens of one row, <= bound
  * top) quantized to 15 bits, as int16 in token order; returns the step. */
 TGT_INLINE static float quantize_w15(const float *p, const float *s, int n4, float top, int16_t *out) {
-    const __m256 inv = _mm256_set1_ps(top > 0.0f ? 32767.0f / top : 0.0f);
+    const __m256 inv = _mm256_set1_ps(kvp__inv_or_zero(32767.0f, top));
     for (int i = 0; i < KVP__CHUNK; i += 16) {
         __m256i x0 = _mm256_setzero_si256(), x1 = x0;
         if (i < n4) x0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(p + i), _mm256_load_ps(s + i)), inv));
@@ -561,7 +561,7 @@ INT_V_STAGES(int8)
 /* w = p·s (n4 tokens of one row, <= bound top) quantized to u8 codes in
  * token order (zero past n4); returns the step. */
 TGT_INLINE static float quantize_w8(const float *p, const float *s, int n4, float top, uint8_t *out) {
-    const __m256 inv = _mm256_set1_ps(top > 0.0f ? 255.0f / top : 0.0f);
+    const __m256 inv = _mm256_set1_ps(kvp__inv_or_zero(255.0f, top));
     __m256i x[4];
     for (int k = 0; k < 4; k++)
         x[k] = 8 * k < n4 ? _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_load_ps(p + 8 * k), _mm256_load_ps(s + 8 * k)), inv))

@@ -214,10 +214,12 @@ TGT_INLINE static __m512 rows_to_lanes(const float *v) {
                                  _mm512_castps128_ps512(_mm_loadu_ps(v)));
 }
 
-/* num / x in the lanes where x > 0, else 0. */
+/* num / x in the lanes where x > 0 and the quotient is finite, else 0
+ * (kvp__inv_or_zero: x may be denormal). */
 TGT_INLINE static __m512 div_or_zero(float num, __m512 x) {
     __mmask16 nz = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ);
-    return _mm512_maskz_div_ps(nz, _mm512_set1_ps(num), x);
+    __m512 q = _mm512_maskz_div_ps(nz, _mm512_set1_ps(num), x);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(q, _mm512_set1_ps(3.4028234e38f), _CMP_LE_OQ), q);
 }
 
 /* The integer-key preps quantize q' = q * scale per page and row against
@@ -296,7 +298,7 @@ TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
     qn_prepare(t, 16256);
     __m512 cst4;
     const float smax = scale_pass(t, kb, f, 0.0f, &cst4);
-    const __m512 sinv = _mm512_set1_ps(smax > 0.0f ? 1.0f / smax : 0.0f);
+    const __m512 sinv = _mm512_set1_ps(kvp__inv_or_zero(1.0f, smax));
     const __m512i m127 = _mm512_set1_epi16(127);
     for (int d = 0; d < D; d += 32) {
         const __m512 sn0 = scale_norm(kb, f, d, sinv), sn1 = d + 16 < D ? scale_norm(kb, f, d + 16, sinv) : sn0;
@@ -370,7 +372,7 @@ TGT static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
     qn_prepare(t, 127);
     __m512 cst4;
     const float smax = scale_pass(t, kb, f, 7.5f, &cst4);
-    const __m512 sinv = _mm512_set1_ps(smax > 0.0f ? 1.0f / smax : 0.0f);
+    const __m512 sinv = _mm512_set1_ps(kvp__inv_or_zero(1.0f, smax));
     /* x = rne(qn · scale/smax) in -127..127 (MXCSR: nearest-even) */
     __m512i xs[R];
     UNROLL for (int r = 0; r < R; r++) xs[r] = _mm512_setzero_si512();
@@ -1514,7 +1516,7 @@ TGT static void pf_int8_chunk(kvp__pblock *b, int n, const kvp__blockfmt *kf, co
             mx = _mm512_max_ps(mx, s); /* scales are >= 0 */
         }
         float smax = _mm512_reduce_max_ps(mx);
-        __m512 sinv = _mm512_set1_ps(smax > 0.0f ? 1.0f / smax : 0.0f);
+        __m512 sinv = _mm512_set1_ps(kvp__inv_or_zero(1.0f, smax));
         for (int d = 0; d < D; d += 16) _mm512_store_ps(&b->ksn[h][d], _mm512_mul_ps(_mm512_load_ps(&b->ksn[h][d]), sinv));
         b->ksmax[h] = smax;
     }
@@ -1537,7 +1539,7 @@ TGT_INLINE static void pf_int8_qprep(const kvp__pblock *b, int r0, int h, int8_t
     __m512 cs[PFB];
     UNROLL for (int r = 0; r < PFB; r++) {
         float am = b->qamax[r0 + r];
-        __m512 vi = _mm512_set1_ps(am > 0.0f ? 16256.0f / am : 0.0f);
+        __m512 vi = _mm512_set1_ps(kvp__inv_or_zero(16256.0f, am));
         cs[r] = _mm512_setzero_ps();
         for (int d = 0; d < D; d += 32) {
             const bool two = d + 16 < D;
@@ -1612,7 +1614,7 @@ TGT_INLINE static void pf_int8_pv(kvp__pblock *b, int r0, int n, const __m512 *a
     const __m512i top = _mm512_set1_epi32(65535), low = _mm512_set1_epi32(255);
     UNROLL for (int r = 0; r < PFB; r++) {
         float t = pm[r] * b->vsmax;
-        __m512 inv = _mm512_set1_ps(t > 0.0f ? 65535.0f / t : 0.0f);
+        __m512 inv = _mm512_set1_ps(kvp__inv_or_zero(65535.0f, t));
         step[r] = t * (1.0f / 65535.0f);
         __m512i x0 = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(a[r], vs0), inv)), top);
         __m512i x1 = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(c[r], vs1), inv)), top);

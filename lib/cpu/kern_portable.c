@@ -188,7 +188,7 @@ void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
             cst += t->q[r][d] * m[d];
             if (fabsf(qf) > amax) amax = fabsf(qf);
         }
-        float step = amax / 16256.0f, inv = amax > 0.0f ? 1.0f / step : 0.0f;
+        float step = amax / 16256.0f, inv = kvp__inv_or_zero(1.0f, step);
         for (int d = 0; d < D; d++) { /* x = 128*hi + lo, hi = (x + 64) >> 7, lo in -64..63 */
             float x = kvp__rne(t->qf[r][d] * inv);
             float hi = floorf((x + 64.0f) * (1.0f / 128.0f));
