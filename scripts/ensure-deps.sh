@@ -53,8 +53,13 @@ fuzz)
     ;;
 arm64)
     command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need gcc-aarch64-linux-gnu
+    # the cross C library's headers: only recommended by the compiler's
+    # package, which is installed without recommendations
+    [ -e /usr/aarch64-linux-gnu/include/stdio.h ] || need libc6-dev-arm64-cross
     command -v qemu-aarch64 >/dev/null 2>&1 || need qemu-user
-    if [ ! -e /usr/lib/aarch64-linux-gnu/libcmocka.so ]; then
+    # the tests run on Debian's multiarch arm64 C library (libc6:arm64,
+    # which the arm64 cmocka pulls in; .ci/run says why)
+    if [ ! -e /usr/lib/aarch64-linux-gnu/libcmocka.so ] || [ ! -e /lib/ld-linux-aarch64.so.1 ]; then
         need libcmocka-dev:arm64
         dpkg --print-foreign-architectures 2>/dev/null | grep -qx arm64 || add_arch=arm64
     fi

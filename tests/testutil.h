@@ -266,4 +266,32 @@ static inline bool xml_well_formed(const char *s) {
     return root && depth == 0;
 }
 
+#ifdef cmocka_unit_test
+/* Run a group's tests, or, where the environment's KVP_TEST_ONLY names
+ * some of them (comma-separated), only those: for targets on which the
+ * whole program takes too long (emulation), and that run a chosen few. */
+static inline int kvt_run_group(const char *name, const struct CMUnitTest *tests, size_t n) {
+    const char *only = getenv("KVP_TEST_ONLY");
+    if (only == NULL || *only == '\0') return _cmocka_run_group_tests(name, tests, n, NULL, NULL);
+    struct CMUnitTest *pick = (struct CMUnitTest *)calloc(n, sizeof *pick);
+    if (pick == NULL) return 1;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(tests[i].name);
+        for (const char *p = only; *p != '\0';) {
+            const char *e = strchr(p, ',');
+            size_t l = e != NULL ? (size_t)(e - p) : strlen(p);
+            if (l == len && strncmp(p, tests[i].name, len) == 0) {
+                pick[k++] = tests[i];
+                break;
+            }
+            p += l + (e != NULL);
+        }
+    }
+    int rc = _cmocka_run_group_tests(name, pick, k, NULL, NULL);
+    free(pick);
+    return rc;
+}
+#endif
+
 #endif
