@@ -829,7 +829,7 @@ out:
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kvpage-bench attention [--device cpu|cuda] [--quick] [--threads N (2; 1..64)] "
-               "[--isa auto|portable|avx2|avx512|avx512-bf16]\n"
+               "[--isa auto|portable|avx2|avx512|avx512-bf16|neon|neon-dotprod]\n"
                "       [--acc-seqs N (8; 1..256)] [--accuracy-only | --no-accuracy] "
                "[--seconds S (per case; 0.25, --quick 0.12; 0.001..600)]\n"
                "       [--format fp16|int8|int4|fp16-hnd] [--page N] [--batch 1|16 (decode)] "
@@ -860,8 +860,8 @@ static int parse_options(int argc, char **argv, options *o) {
     double seconds = 0.0; /* 0: not given */
     const char *fmt_names[sizeof formats / sizeof *formats];
     for (size_t k = 0; k < sizeof formats / sizeof *formats; k++) fmt_names[k] = formats[k].name;
-    const char *isa_names[KVP_ISA_AVX512_BF16 + 1];
-    for (int32_t k = KVP_ISA_AUTO; k <= KVP_ISA_AVX512_BF16; k++) isa_names[k] = kvp_isa_name(k);
+    const char *isa_names[KVP_ISA_COUNT];
+    for (int32_t k = KVP_ISA_AUTO; k < KVP_ISA_COUNT; k++) isa_names[k] = kvp_isa_name(k);
     static const char *const devices[] = {"cpu"}; /* cuda: bench_attention_cuda */
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -883,7 +883,7 @@ static int parse_options(int argc, char **argv, options *o) {
         else if (!strcmp(a, "--device")) ok = cli_opt_choice(TOOL, argc, argv, &i, devices, 1, &unused, stderr);
         else if (!strcmp(a, "--isa")) {
             int isa = 0;
-            ok = cli_opt_choice(TOOL, argc, argv, &i, isa_names, KVP_ISA_AVX512_BF16 + 1, &isa, stderr);
+            ok = cli_opt_choice(TOOL, argc, argv, &i, isa_names, KVP_ISA_COUNT, &isa, stderr);
             o->isa = isa;
             if (ok && !kvp_isa_supported(o->isa))
                 return cli_error(stderr, TOOL, "--isa %s: this CPU cannot run it", argv[i]);

@@ -94,7 +94,7 @@ static double run_stage(const stage_set_t *ss, stage_state *st, int s, int iters
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kvpage-bench stages [--format fp16|bf16|int8|int4 (int4)] "
-               "[--isa auto|portable|avx2|avx512|avx512-bf16 (auto: best here)] [--page N (32; even, 2..64)] "
+               "[--isa auto|portable|avx2|avx512|avx512-bf16|neon|neon-dotprod (auto: best here)] [--page N (32; even, 2..64)] "
                "[--head-dim 64|80|96|128|256 (128)] [--iters N (4000; 1..100000000)]\n");
 }
 
@@ -103,8 +103,8 @@ int bench_stages(int argc, char **argv) {
     const char *fmt_names[sizeof stage_formats / sizeof *stage_formats];
     for (size_t k = 0; k < sizeof stage_formats / sizeof *stage_formats; k++)
         fmt_names[k] = stage_formats[k].name;
-    const char *isa_names[KVP_ISA_AVX512_BF16 + 1];
-    for (int32_t k = KVP_ISA_AUTO; k <= KVP_ISA_AVX512_BF16; k++) isa_names[k] = kvp_isa_name(k);
+    const char *isa_names[KVP_ISA_COUNT];
+    for (int32_t k = KVP_ISA_AUTO; k < KVP_ISA_COUNT; k++) isa_names[k] = kvp_isa_name(k);
     static const char *const dim_names[] = {"64", "80", "96", "128", "256"};
     static const int dims[] = {64, 80, 96, 128, 256};
     for (int i = 2; i < argc; i++) {
@@ -115,7 +115,7 @@ int bench_stages(int argc, char **argv) {
             ok = cli_opt_choice(TOOL, argc, argv, &i, fmt_names, (int)(sizeof fmt_names / sizeof *fmt_names),
                                 &fmt, stderr);
         else if (!strcmp(a, "--isa"))
-            ok = cli_opt_choice(TOOL, argc, argv, &i, isa_names, KVP_ISA_AVX512_BF16 + 1, &isa, stderr);
+            ok = cli_opt_choice(TOOL, argc, argv, &i, isa_names, KVP_ISA_COUNT, &isa, stderr);
         else if (!strcmp(a, "--page")) {
             ok = cli_opt_int(TOOL, argc, argv, &i, 2, 64, &P, stderr);
             if (ok && P % 2 != 0) return cli_error(stderr, TOOL, "--page must be even, got %s", argv[i]);

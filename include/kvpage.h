@@ -1463,8 +1463,19 @@ enum kvp_isa {
      *  rate): query, decoded K/V and softmax weights rounded to bf16 (at
      *  most 2^-9 relative), far below those formats' own rounding; every
      *  other path is #KVP_ISA_AVX512's. docs/formats.md gives the error. */
-    KVP_ISA_AVX512_BF16 = 4
+    KVP_ISA_AVX512_BF16 = 4,
+    /** ARM64 Advanced SIMD (every AArch64 CPU): fp16/bf16/fp8 converted
+     *  four lanes at a time and FMA'd, int8/int4 keys and values through
+     *  integer dot products built from widening multiplies (`smull`). */
+    KVP_ISA_NEON = 5,
+    /** #KVP_ISA_NEON plus the ARMv8.2 dot-product instructions (`sdot`;
+     *  Cortex-A76/A78, Neoverse N1 and later, Apple M1 and later): the
+     *  same integer sums, exact, one instruction per 16 products. */
+    KVP_ISA_NEON_DOTPROD = 6
 };
+
+/** @brief Number of values of #kvp_isa (valid values are 0 .. KVP_ISA_COUNT-1). */
+#define KVP_ISA_COUNT 7
 
 /** @brief Inputs of kvp_ctx_create(). Fill with kvp_ctx_params_init(). */
 typedef struct kvp_ctx_params {

@@ -203,6 +203,8 @@ extern const kvp__backend kvp__cuda_backend; /* cuda/backend.cu, in CUDA builds 
 bool kvp__cpu_has_avx2(void);
 bool kvp__cpu_has_avx512(void);
 bool kvp__cpu_has_avx512_bf16(void);
+bool kvp__cpu_has_neon(void);         /* AArch64 Advanced SIMD */
+bool kvp__cpu_has_neon_dotprod(void); /* and the ARMv8.2 dot products */
 
 #ifdef __cplusplus
 }

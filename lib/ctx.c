@@ -9,10 +9,11 @@
 #define DEFAULT_WORKSPACE (16ull << 20)
 #define CTX_ERR(c, status, ...) kvp__errf((c)->error, KVP_ERR_SIZE, status, __VA_ARGS__)
 
-static const char *const isa_names[] = {"auto", "portable", "avx2", "avx512", "avx512-bf16"};
+static const char *const isa_names[KVP_ISA_COUNT] = {"auto",   "portable", "avx2",        "avx512",
+                                                      "avx512-bf16", "neon", "neon-dotprod"};
 
 const char *kvp_isa_name(int32_t isa) {
-    return isa >= KVP_ISA_AUTO && isa <= KVP_ISA_AVX512_BF16 ? isa_names[isa] : NULL;
+    return isa >= KVP_ISA_AUTO && isa < KVP_ISA_COUNT ? isa_names[isa] : NULL;
 }
 
 int kvp_isa_supported(int32_t isa) {
@@ -22,6 +23,8 @@ int kvp_isa_supported(int32_t isa) {
     case KVP_ISA_AVX2: return kvp__cpu_has_avx2() ? 1 : 0;
     case KVP_ISA_AVX512: return kvp__cpu_has_avx512() ? 1 : 0;
     case KVP_ISA_AVX512_BF16: return kvp__cpu_has_avx512_bf16() ? 1 : 0;
+    case KVP_ISA_NEON: return kvp__cpu_has_neon() ? 1 : 0;
+    case KVP_ISA_NEON_DOTPROD: return kvp__cpu_has_neon_dotprod() ? 1 : 0;
     default: return 0;
     }
 }
@@ -39,6 +42,8 @@ static int32_t best_isa(void) {
     if (kvp__cpu_has_avx512_bf16()) return KVP_ISA_AVX512_BF16;
     if (kvp__cpu_has_avx512()) return KVP_ISA_AVX512;
     if (kvp__cpu_has_avx2()) return KVP_ISA_AVX2;
+    if (kvp__cpu_has_neon_dotprod()) return KVP_ISA_NEON_DOTPROD;
+    if (kvp__cpu_has_neon()) return KVP_ISA_NEON;
     return KVP_ISA_PORTABLE;
 }
 

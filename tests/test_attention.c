@@ -413,7 +413,7 @@ static void check_shapes(int32_t isa) {
 /* Every head_dim x page size, fp16 and the two integer formats, every ISA. */
 static void test_head_dims_and_page_sizes(void **state) {
     (void)state;
-    for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512_BF16; isa++)
+    for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++)
         if (kvp_isa_supported(isa)) check_shapes(isa);
 }
 
@@ -460,11 +460,12 @@ static void use_stored_kv(batch *bt) {
 /* Whether the prefill blocks take a store of these pool formats and page
  * size on this ISA (the kernel tables' format masks, lib/cpu/kern_*.c):
  * every format on the portable path and with AVX-512 BF16; plain formats
- * on AVX2; on AVX-512 every format under 32-token pages, all but int4 from
- * 32 tokens on. */
+ * on AVX2 and NEON; on AVX-512 every format under 32-token pages, all but
+ * int4 from 32 tokens on. */
 static bool blocks_take(int32_t isa, int32_t kf, int32_t vf, int32_t page) {
     if (isa == KVP_ISA_PORTABLE || isa == KVP_ISA_AVX512_BF16) return true;
-    if (isa == KVP_ISA_AVX2) return kf <= KVP_FORMAT_FP8_E4M3 && vf <= KVP_FORMAT_FP8_E4M3;
+    if (isa == KVP_ISA_AVX2 || isa == KVP_ISA_NEON || isa == KVP_ISA_NEON_DOTPROD)
+        return kf <= KVP_FORMAT_FP8_E4M3 && vf <= KVP_FORMAT_FP8_E4M3;
     return page < 32 || (kf != KVP_FORMAT_INT4 && vf != KVP_FORMAT_INT4);
 }
 
@@ -514,7 +515,7 @@ static void test_prefill_blocks(void **state) {
     static const attn_opts opts[] = {
         {1, -1, KVP_FORMAT_FP32, 0.0f}, {1, 100, KVP_FORMAT_FP32, 0.0f}, {0, -1, KVP_FORMAT_FP32, 0.0f}};
     int32_t kv_len[] = {300, 1500}, q_len[] = {37, 8};
-    for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512_BF16; isa++) {
+    for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++) {
         if (!kvp_isa_supported(isa)) continue;
         /* 8 threads: 6 items are fewer than the 32 the schedule aims at,
          * so the 1500-token sequence is split and merged */
@@ -558,7 +559,7 @@ static void test_denormal_query(void **state) {
     (void)state;
     static const int32_t fmts[][2] = {{KVP_FORMAT_INT8, KVP_FORMAT_INT8}, {KVP_FORMAT_INT4, KVP_FORMAT_INT4},
                                       {KVP_FORMAT_BF16, KVP_FORMAT_INT4}, {KVP_FORMAT_FP16, KVP_FORMAT_INT8}};
-    for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512_BF16; isa++) {
+    for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++) {
         if (!kvp_isa_supported(isa)) continue;
         kvp_ctx_t *c = make_ctx(isa, 2);
         for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++) {
@@ -591,7 +592,7 @@ static void test_masks_and_options(void **state) {
         {1, 64, KVP_FORMAT_FP32, 2.0f}, {0, 20, KVP_FORMAT_FP32, 0.0f},
         {1, -1, KVP_FORMAT_FP16, 0.0f}, {1, -1, KVP_FORMAT_BF16, 0.0f},
     };
-    for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512_BF16; isa++) {
+    for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++) {
         if (!kvp_isa_supported(isa)) continue;
         kvp_ctx_t *c = make_ctx(isa, 2);
         batch_spec s = {2, 4, 96, 16, KVP_FORMAT_FP32, KVP_FORMAT_FP32, 0, 3, kv_len, q_len, 300};
@@ -655,7 +656,7 @@ static void test_isa_and_thread_agreement(void **state) {
         run_attention(c, &bt, &plain_opts, base, NULL);
         kvp_ctx_destroy(c);
         for (size_t i = 0; i < n; i++) as_ref[i] = base[i];
-        for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512_BF16; isa++) {
+        for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++) {
             if (!kvp_isa_supported(isa)) continue;
             for (int32_t threads = 1; threads <= 3; threads += 2) {
                 c = make_ctx(isa, threads);
@@ -676,7 +677,45 @@ static void test_isa_and_thread_agreement(void **state) {
     }
 }
 
-/* int8 and int4 values at page 16 and 32: the AVX2 and AVX-512 kernels run
+/* The two NEON tables make the same integer sums (sdot, or widening
+ * multiplies and pairwise adds) around the same float code: their outputs
+ * are identical, for every format, decode and chunked prefill, paired
+ * pages and a partial last page. Runs where the CPU has both (ARM64 with
+ * the dot products; under qemu in CI). */
+static void test_neon_variants_identical(void **state) {
+    (void)state;
+    if (!kvp_isa_supported(KVP_ISA_NEON) || !kvp_isa_supported(KVP_ISA_NEON_DOTPROD)) skip();
+    static const int32_t fmts[] = {KVP_FORMAT_FP32, KVP_FORMAT_FP16, KVP_FORMAT_BF16,
+                                   KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
+    static const int32_t pages[] = {16, 32, 10};
+    int32_t kv_len[] = {301, 77}, q_len[] = {1, 40};
+    for (size_t f = 0; f < 6; f++)
+        for (size_t pg = 0; pg < 3; pg++) {
+            batch_spec s = {2, 8, 80, pages[pg], fmts[f], fmts[f], KVP_K_ORDER_DIM_MAJOR, 2, kv_len,
+                            q_len, 950 + 3 * f + pg};
+            batch bt;
+            batch_build(&bt, &s);
+            size_t n = (size_t)bt.rows * 8 * 80;
+            float *a = malloc(n * 4), *b = malloc(n * 4);
+            assert_non_null(a);
+            assert_non_null(b);
+            kvp_ctx_t *c = make_ctx(KVP_ISA_NEON, 2);
+            run_attention(c, &bt, &plain_opts, a, NULL);
+            kvp_ctx_destroy(c);
+            c = make_ctx(KVP_ISA_NEON_DOTPROD, 2);
+            run_attention(c, &bt, &plain_opts, b, NULL);
+            kvp_ctx_destroy(c);
+            if (memcmp(a, b, n * 4) != 0)
+                print_error("%s page %d: neon and neon-dotprod differ\n", kvp_format_name(fmts[f]),
+                            (int)pages[pg]);
+            assert_memory_equal(a, b, n * 4);
+            free(a);
+            free(b);
+            batch_free(&bt);
+        }
+}
+
+/* int8 and int4 values at page 16 and 32: the AVX2, AVX-512 and NEON kernels run
  * two full pages as one chunk (AVX-512 int4 values: four; lib/cpu/attn.c
  * run_group), the portable path page by page. The two must agree under
  * every mask and option: windows whose edge falls inside a group, causal
@@ -686,7 +725,7 @@ static void test_isa_and_thread_agreement(void **state) {
  * group path must meet the format's bound. */
 static void test_page_pairs(void **state) {
     (void)state;
-    if (!kvp_isa_supported(KVP_ISA_AVX2)) skip();
+    if (!kvp_isa_supported(KVP_ISA_AVX2) && !kvp_isa_supported(KVP_ISA_NEON)) skip();
     int32_t kv_len[] = {300, 1, 96, 1123};
     int32_t q_len[] = {3, 1, 2, 1};
     static const attn_opts opts[] = {
@@ -715,7 +754,7 @@ static void test_page_pairs(void **state) {
                 run_attention(c, &bt, &opts[i], base, NULL);
                 kvp_ctx_destroy(c);
                 for (size_t k = 0; k < n; k++) as_ref[k] = base[k];
-                for (int32_t isa = KVP_ISA_AVX2; isa <= KVP_ISA_AVX512_BF16; isa++)
+                for (int32_t isa = KVP_ISA_AVX2; isa < KVP_ISA_COUNT; isa++)
                     for (int32_t threads = 1; threads <= 3; threads += 2) {
                         if (!kvp_isa_supported(isa)) continue;
                         c = make_ctx(isa, threads);
@@ -729,7 +768,7 @@ static void test_page_pairs(void **state) {
                         assert_true(e <= agree[vf]);
                     }
             }
-            for (int32_t isa = KVP_ISA_AVX2; isa <= KVP_ISA_AVX512_BF16; isa++) {
+            for (int32_t isa = KVP_ISA_AVX2; isa < KVP_ISA_COUNT; isa++) {
                 if (!kvp_isa_supported(isa)) continue;
                 kvp_ctx_t *c = make_ctx(isa, 2);
                 double e = batch_error(&bt, c, &plain_opts);
@@ -983,7 +1022,7 @@ static void test_default_sm_scale(void **state) {
         assert_non_null(out1);
         assert_non_null(lse0);
         assert_non_null(lse1);
-        for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512_BF16; isa++) {
+        for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++) {
             if (!kvp_isa_supported(isa)) continue;
             kvp_ctx_t *c = make_ctx(isa, 2);
             kvp_attention_params_t ap;
@@ -1021,7 +1060,7 @@ static void test_default_sm_scale(void **state) {
 /* kvp_ctx_info() reports what the context runs with; AUTO is resolved. */
 static void test_ctx_info(void **state) {
     (void)state;
-    for (int32_t isa = KVP_ISA_AUTO; isa <= KVP_ISA_AVX512_BF16; isa++) {
+    for (int32_t isa = KVP_ISA_AUTO; isa < KVP_ISA_COUNT; isa++) {
         if (isa != KVP_ISA_AUTO && !kvp_isa_supported(isa)) continue;
         for (int32_t threads = 1; threads <= 3; threads += 2) {
             kvp_ctx_params_t p;
@@ -1040,7 +1079,7 @@ static void test_ctx_info(void **state) {
             assert_int_equal(info.device, -1);
             assert_int_equal(info.threads, threads);
             assert_int_not_equal(info.isa, KVP_ISA_AUTO); /* resolved */
-            assert_true(info.isa >= KVP_ISA_PORTABLE && info.isa <= KVP_ISA_AVX512_BF16);
+            assert_true(info.isa >= KVP_ISA_PORTABLE && info.isa < KVP_ISA_COUNT);
             assert_int_equal(kvp_isa_supported(info.isa), 1);
             assert_non_null(kvp_isa_name(info.isa));
             if (isa != KVP_ISA_AUTO) assert_int_equal(info.isa, isa);
@@ -1063,7 +1102,7 @@ static void test_ctx_info(void **state) {
     kvp_ctx_t *c = make_ctx(KVP_ISA_AUTO, 1);
     kvp_ctx_info_t info = {.struct_size = sizeof info};
     assert_int_equal(kvp_ctx_info(c, &info), KVP_OK);
-    for (int32_t isa = info.isa + 1; isa <= KVP_ISA_AVX512_BF16; isa++)
+    for (int32_t isa = info.isa + 1; isa < KVP_ISA_COUNT; isa++)
         assert_int_equal(kvp_isa_supported(isa), 0);
     kvp_ctx_destroy(c);
 }
@@ -1120,6 +1159,7 @@ int main(void) {
         cmocka_unit_test(test_lse),
         cmocka_unit_test(test_isa_and_thread_agreement),
         cmocka_unit_test(test_page_pairs),
+        cmocka_unit_test(test_neon_variants_identical),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_unsupported_head_dim),
         cmocka_unit_test(test_ctx_params),
@@ -1128,5 +1168,5 @@ int main(void) {
         cmocka_unit_test(test_ctx_info),
         cmocka_unit_test(test_ctx_last_error_is_sticky),
     };
-    return cmocka_run_group_tests_name("attention", tests, NULL, NULL);
+    return kvt_run_group("attention", tests, sizeof tests / sizeof *tests);
 }

@@ -335,12 +335,12 @@ static kv_cache_t *make_kv(const char *spec, long page, int prefix_cache, const 
     o.prefix_cache = prefix_cache;
     o.threads = (int32_t)g_kv_threads;
     o.decode_threads = (int32_t)g_kv_decode_threads;
-    /* libkvpage's kernels: KVPAGE_ENGINE_KV_ISA=portable|avx2|avx512|avx512-bf16 (to compare
+    /* libkvpage's kernels: KVPAGE_ENGINE_KV_ISA=portable|avx2|avx512|avx512-bf16|neon|neon-dotprod (to compare
      * their accuracy) */
     const char *isa = getenv("KVPAGE_ENGINE_KV_ISA");
     if (isa) {
         o.isa = KVP_ISA_AUTO;
-        for (int32_t k = KVP_ISA_PORTABLE; k <= KVP_ISA_AVX512_BF16; k++)
+        for (int32_t k = KVP_ISA_PORTABLE; k < KVP_ISA_COUNT; k++)
             if (!strcmp(isa, kvp_isa_name(k))) o.isa = k;
     }
     if (kv_paged_parse(spec, &o, err, err_size)) return NULL;

@@ -47,6 +47,8 @@ typedef struct {
     float p[KVP__TILE_ROWS][4 * KVP__CHUNK] KVP__ALIGN64;      /* exp(logit - m) */
     float qstep[KVP__TILE_ROWS];  /* integer q's step: q' ~= qstep * x (x = 128*qh + ql, or
                                      the 8-bit qh, or q16) */
+    int32_t qcorr[KVP__TILE_ROWS]; /* NEON int8 keys: 128 * sum(x), what the codes' shift to
+                                      signed (c - 128) takes from the integer sum */
     float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
     float k4a[KVP__TILE_ROWS][KVP__ATTN_MAX_D / 32] KVP__ALIGN64; /* int4 keys' outliers: q * oscale
                                                                      (SIMD paths) */
@@ -200,6 +202,8 @@ extern const kvp__kernels kvp__kernels_portable;
 extern const kvp__kernels kvp__kernels_avx2;
 extern const kvp__kernels kvp__kernels_avx512;
 extern const kvp__kernels kvp__kernels_avx512_bf16;
+extern const kvp__kernels kvp__kernels_neon;
+extern const kvp__kernels kvp__kernels_neon_dotprod;
 
 /* Stage lookup with fallback. */
 kvp__kprep_fn kvp__pick_kprep(int32_t isa, int32_t format);

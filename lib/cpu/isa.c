@@ -33,3 +33,30 @@ bool kvp__cpu_has_avx2(void) { return false; }
 bool kvp__cpu_has_avx512(void) { return false; }
 bool kvp__cpu_has_avx512_bf16(void) { return false; }
 #endif
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+
+/* The kernel's hwcap bits (asm/hwcap.h), spelled out for libcs whose
+ * headers lack them. */
+#define KVP_HWCAP_FP (1ul << 0)
+#define KVP_HWCAP_ASIMD (1ul << 1)
+#define KVP_HWCAP_ASIMDDP (1ul << 20)
+
+bool kvp__cpu_has_neon(void) {
+    unsigned long h = getauxval(AT_HWCAP);
+    return (h & KVP_HWCAP_FP) && (h & KVP_HWCAP_ASIMD);
+}
+
+bool kvp__cpu_has_neon_dotprod(void) {
+    return kvp__cpu_has_neon() && (getauxval(AT_HWCAP) & KVP_HWCAP_ASIMDDP) != 0;
+}
+#elif defined(__aarch64__)
+/* Advanced SIMD is part of every AArch64 ABI; the dot products are not
+ * assumed where the OS has no way to say. */
+bool kvp__cpu_has_neon(void) { return true; }
+bool kvp__cpu_has_neon_dotprod(void) { return false; }
+#else
+bool kvp__cpu_has_neon(void) { return false; }
+bool kvp__cpu_has_neon_dotprod(void) { return false; }
+#endif

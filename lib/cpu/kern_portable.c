@@ -242,6 +242,8 @@ static const kvp__kernels *table_of(int32_t isa) {
     case KVP_ISA_AVX512: return &kvp__kernels_avx512;
     case KVP_ISA_AVX512_BF16: return &kvp__kernels_avx512_bf16;
     case KVP_ISA_AVX2: return &kvp__kernels_avx2;
+    case KVP_ISA_NEON: return &kvp__kernels_neon;
+    case KVP_ISA_NEON_DOTPROD: return &kvp__kernels_neon_dotprod;
     default: return &kvp__kernels_portable;
     }
 }

@@ -100,14 +100,14 @@ static void fa_free(void *opaque, void *p) {
 
 /* ---- contexts: one per instruction set and workspace, made once ---------- */
 
-static kvp_ctx_t *fa_ctx[KVP_ISA_AVX512_BF16 + 1][2];
+static kvp_ctx_t *fa_ctx[KVP_ISA_COUNT][2];
 static kvp_ctx_t *fa_dev_ctx[2]; /* FZ_CUDA: a CUDA context per workspace */
 static bool fa_ctx_done;
 
 static void fa_contexts(void) {
     if (fa_ctx_done) return;
     fa_ctx_done = true;
-    for (int32_t isa = KVP_ISA_PORTABLE; isa <= KVP_ISA_AVX512_BF16; isa++) {
+    for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++) {
         if (!kvp_isa_supported(isa)) continue;
         for (int k = 0; k < 2; k++) {
             kvp_ctx_params_t p;
@@ -489,7 +489,7 @@ static void fa_attend(fa_world *w, fzi_cursor *c) {
     void *dq = fz_dev_mirror(q, obytes), *dout = fz_dev_mirror(out, obytes);
     void *dlse = fz_dev_mirror(lse, lbytes);
     /* run 0: the CUDA context (FZ_CUDA only); then every instruction set */
-    for (int32_t run = 0; run <= KVP_ISA_AVX512_BF16; run++) {
+    for (int32_t run = 0; run < KVP_ISA_COUNT; run++) {
         bool dev = run == 0;
         kvp_ctx_t *ctx = dev ? fa_dev_ctx[k] : fa_ctx[run][k];
         if (ctx == NULL) continue;

@@ -29,6 +29,8 @@ class Isa(enum.IntEnum):
     AVX2 = 2
     AVX512 = 3
     AVX512_BF16 = 4
+    NEON = 5
+    NEON_DOTPROD = 6
 
     def __str__(self) -> str:  # the library's name, e.g. "avx512"
         return L.kvp_isa_name(int(self)).decode()
