@@ -276,6 +276,9 @@ void kvp__k4_outlier_logits(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
                             int n);
 
 void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f);
+/* The integer V stages' tokens [i0, n) of a trailing partial token group
+ * (page sizes not a multiple of 4), element by element. */
+void kvp__vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int i0, int n);
 
 /* ---- threads ------------------------------------------------------------------ */
 

@@ -444,16 +444,6 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
 
 
 
-/* Tokens of a trailing partial token group (page sizes not a multiple of 4). */
-static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int i0, int n) {
-    for (int i = i0; i < n; i++)
-        for (int r = 0; r < R; r++) {
-            float pr = t->p[r][i];
-            if (pr == 0.0f) continue;
-            float *o = t->o + (size_t)r * (size_t)t->D;
-            for (int d = 0; d < t->D; d++) o[d] += pr * kvp__block_decode_one(f, vb, t0 + i, d, 0.0f);
-        }
-}
 
 
 /* Probabilities times token scales (w = p·s, n4 tokens of one row, <= bound
@@ -539,7 +529,7 @@ TGT_INLINE static void vacc_int8_body(kvp__tile *t, const uint8_t *const *vbs, c
             _mm256_store_ps(o, _mm256_fmadd_ps(pair_sums(lo[r], hi[r]), _mm256_set1_ps(step[r]), _mm256_load_ps(o)));
         }
     }
-    if (n4 < n) vacc_tail(t, vbs[0], f, t0, n4, n);
+    if (n4 < n) kvp__vacc_tail(t, vbs[0], f, t0, n4, n);
 }
 
 /* The one-block and two-block (pair) entry points of an integer V stage. */
@@ -639,7 +629,7 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *const *vbs, c
             }
         }
     }
-    if (n4 < n) vacc_tail(t, vbs[0], f, t0, n4, n);
+    if (n4 < n) kvp__vacc_tail(t, vbs[0], f, t0, n4, n);
 }
 
 INT_V_STAGES(int4)

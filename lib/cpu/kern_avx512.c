@@ -677,16 +677,6 @@ TGT_INLINE static void vacc_pl(int fmt, kvp__tile *t, const uint8_t *vb, const k
 
 /* ---- V: int8 / int4, integer dot products ------------------------------------------------------------- */
 
-/* Tokens of a trailing partial token group (page sizes not a multiple of 4). */
-static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int i0, int n) {
-    for (int i = i0; i < n; i++)
-        for (int r = 0; r < R; r++) {
-            float pr = t->p[r][i];
-            if (pr == 0.0f) continue;
-            float *o = t->o + (size_t)r * (size_t)t->D;
-            for (int d = 0; d < t->D; d++) o[d] += pr * kvp__block_decode_one(f, vb, t0 + i, d, 0.0f);
-        }
-}
 
 typedef struct {
     uint32_t hi[R][2 * KVP__CHUNK / 4 + 4], lo[R][2 * KVP__CHUNK / 4 + 4];
@@ -796,7 +786,7 @@ TGT_INLINE static void vacc_int8_body(kvp__tile *t, const uint8_t *vb, const uin
     int d0 = 0;
     for (; d0 + 32 <= D; d0 += 32) vacc_i8_chunk2(t, &vbk, d0, &pq);
     for (; d0 < D; d0 += 16) vacc_i8_chunk1(t, &vbk, d0, &pq);
-    if (n4 < n) vacc_tail(t, vb, f, t0, n4, n);
+    if (n4 < n) kvp__vacc_tail(t, vb, f, t0, n4, n);
 }
 
 TGT static void vacc_int8(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {
@@ -960,7 +950,7 @@ TGT_INLINE static void vacc_int4_body(kvp__tile *t, const uint8_t *const *blk, c
     }
         R4(V4_OUT)
     }
-    if (n4 < n) vacc_tail(t, blk[0], f, t0, n4, n);
+    if (n4 < n) kvp__vacc_tail(t, blk[0], f, t0, n4, n);
 }
 
 TGT static void vacc_int4(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int n) {

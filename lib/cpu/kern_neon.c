@@ -105,6 +105,11 @@ static inline float32x4_t load_h4(const uint8_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p)));
 }
 
+/* a[r][j] += kv[j] * q[r][lane] for 4 rows and 4 vectors (lane: a constant). */
+#define FMA_4X4_LANE(a, kv, q, lane)                                                               \
+    UNROLL for (int r_ = 0; r_ < 4; r_++) UNROLL for (int j_ = 0; j_ < 4; j_++)                    \
+        a[r_][j_] = vfmaq_laneq_f32(a[r_][j_], kv[j_], q[r_], lane)
+
 /* exp(x) for x <= 0, |rel err| < 2e-7 (the x86 kernels' polynomial); the
  * caller zeroes what it masked (here -inf gives 2^-126-ish, not 0). */
 static inline float32x4_t exp4(float32x4_t x) {
@@ -172,15 +177,10 @@ static INLINE void klogits_dm(int fmt, kvp__tile *t, const uint8_t *kb, const kv
     do {                                                                                           \
         const uint8_t *p = base + (size_t)(d + (k)) * row;                                         \
         PREFETCH(p + t->pf_k);                                                                     \
-        float32x4_t k0, k1, k2, k3;                                                                \
-        load8(fmt, p, &k0, &k1);                                                                   \
-        load8(fmt, p + 8 * es, &k2, &k3);                                                          \
-        UNROLL for (int r = 0; r < R; r++) {                                                       \
-            a[r][0] = vfmaq_laneq_f32(a[r][0], k0, q[r], k);                                       \
-            a[r][1] = vfmaq_laneq_f32(a[r][1], k1, q[r], k);                                       \
-            a[r][2] = vfmaq_laneq_f32(a[r][2], k2, q[r], k);                                       \
-            a[r][3] = vfmaq_laneq_f32(a[r][3], k3, q[r], k);                                       \
-        }                                                                                          \
+        float32x4_t kv[4];                                                                         \
+        load8(fmt, p, &kv[0], &kv[1]);                                                             \
+        load8(fmt, p + 8 * es, &kv[2], &kv[3]);                                                    \
+        FMA_4X4_LANE(a, kv, q, k);                                                                 \
     } while (0)
             KCH(0);
             KCH(1);
@@ -452,17 +452,6 @@ static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f,
 
 /* ---- V: int8 / int4 helpers ---------------------------------------------------------------------- */
 
-/* Tokens of a trailing partial token group (page sizes not a multiple of 4). */
-static void vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int i0, int n) {
-    for (int i = i0; i < n; i++)
-        for (int r = 0; r < R; r++) {
-            float pr = t->p[r][i];
-            if (pr == 0.0f) continue;
-            float *o = t->o + (size_t)r * (size_t)t->D;
-            for (int d = 0; d < t->D; d++) o[d] += pr * kvp__block_decode_one(f, vb, t0 + i, d, 0.0f);
-        }
-}
-
 /* Scales of n4 tokens (fp16 at src; n4 a multiple of 4) as fp32 in
  * dst[0, KVP__CHUNK) (zero past n4); returns the largest (scales are
  * >= 0). Reads only the n4 scales: a block's scales may end the arena. */
@@ -676,14 +665,9 @@ static void pf_block_neon(kvp__pblock *b, int r0, int32_t pos0, int n, int maske
 #define PCH(k)                                                                                     \
     do {                                                                                           \
         const float *kr = &b->kc[d + (k)][c0];                                                     \
-        float32x4_t k0 = vld1q_f32(kr), k1 = vld1q_f32(kr + 4), k2 = vld1q_f32(kr + 8),           \
-                    k3 = vld1q_f32(kr + 12);                                                       \
-        UNROLL for (int r = 0; r < 4; r++) {                                                       \
-            a[r][0] = vfmaq_laneq_f32(a[r][0], k0, q[r], k);                                       \
-            a[r][1] = vfmaq_laneq_f32(a[r][1], k1, q[r], k);                                       \
-            a[r][2] = vfmaq_laneq_f32(a[r][2], k2, q[r], k);                                       \
-            a[r][3] = vfmaq_laneq_f32(a[r][3], k3, q[r], k);                                       \
-        }                                                                                          \
+        const float32x4_t kv[4] = {vld1q_f32(kr), vld1q_f32(kr + 4), vld1q_f32(kr + 8),             \
+                                   vld1q_f32(kr + 12)};                                            \
+        FMA_4X4_LANE(a, kv, q, k);                                                                 \
     } while (0)
                 PCH(0);
                 PCH(1);

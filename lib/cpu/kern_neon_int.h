@@ -193,7 +193,7 @@ NI_TGT static void NI(vacc_int8_body)(kvp__tile *t, const uint8_t *const *vbs,
             }
         }
     }
-    if (n4 < n) vacc_tail(t, vbs[0], f, t0, n4, n);
+    if (n4 < n) kvp__vacc_tail(t, vbs[0], f, t0, n4, n);
 }
 
 /* int4 values: token groups of 4 tokens x 16 slots per 32-channel group
@@ -269,7 +269,7 @@ NI_TGT static void NI(vacc_int4_body)(kvp__tile *t, const uint8_t *const *vbs,
             }
         }
     }
-    if (n4 < n) vacc_tail(t, vbs[0], f, t0, n4, n);
+    if (n4 < n) kvp__vacc_tail(t, vbs[0], f, t0, n4, n);
 }
 
 /* The one-block and two-block (pair) entry points of the integer V stages. */

@@ -235,6 +235,18 @@ void kvp__k4_outlier_logits(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
         }
 }
 
+/* The integer V stages' tokens [i0, n) of a trailing partial token group
+ * (page sizes not a multiple of 4), element by element. */
+void kvp__vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int t0, int i0, int n) {
+    for (int i = i0; i < n; i++)
+        for (int r = 0; r < KVP__TILE_ROWS; r++) {
+            float pr = t->p[r][i];
+            if (pr == 0.0f) continue;
+            float *o = t->o + (size_t)r * (size_t)t->D;
+            for (int d = 0; d < t->D; d++) o[d] += pr * kvp__block_decode_one(f, vb, t0 + i, d, 0.0f);
+        }
+}
+
 /* ---- stage lookup --------------------------------------------------------------------------- */
 
 static const kvp__kernels *table_of(int32_t isa) {
