@@ -34,7 +34,7 @@ bool kvp__cpu_has_avx512(void) { return false; }
 bool kvp__cpu_has_avx512_bf16(void) { return false; }
 #endif
 
-#if defined(__aarch64__) && defined(__linux__)
+#if defined(__aarch64__) && !defined(__AARCH64EB__) && defined(__linux__)
 #include <sys/auxv.h>
 
 /* The kernel's hwcap bits (asm/hwcap.h), spelled out for libcs whose
@@ -51,9 +51,10 @@ bool kvp__cpu_has_neon(void) {
 bool kvp__cpu_has_neon_dotprod(void) {
     return kvp__cpu_has_neon() && (getauxval(AT_HWCAP) & KVP_HWCAP_ASIMDDP) != 0;
 }
-#elif defined(__aarch64__)
+#elif defined(__aarch64__) && !defined(__AARCH64EB__)
 /* Advanced SIMD is part of every AArch64 ABI; the dot products are not
- * assumed where the OS has no way to say. */
+ * assumed where the OS has no way to say. (Big-endian AArch64 runs the
+ * portable kernels: the NEON ones read bytes as little-endian lanes.) */
 bool kvp__cpu_has_neon(void) { return true; }
 bool kvp__cpu_has_neon_dotprod(void) { return false; }
 #else

@@ -25,7 +25,8 @@
  */
 #include "cpu.h"
 
-#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+/* little-endian only: the loads reinterpret bytes as lanes */
+#if defined(__aarch64__) && !defined(__AARCH64EB__) && (defined(__GNUC__) || defined(__clang__))
 #include <arm_neon.h>
 #include <string.h>
 
