@@ -111,6 +111,11 @@ static inline float32x4_t load_h4(const uint8_t *p) {
     UNROLL for (int r_ = 0; r_ < 4; r_++) UNROLL for (int j_ = 0; j_ < 4; j_++)                    \
         a[r_][j_] = vfmaq_laneq_f32(a[r_][j_], kv[j_], q[r_], lane)
 
+/* a[r][j] += kv[j] * sc(r) for 4 rows and 4 vectors (sc: a macro of the row). */
+#define FMA_4X4_N(a, kv, sc)                                                                       \
+    UNROLL for (int r_ = 0; r_ < 4; r_++) UNROLL for (int j_ = 0; j_ < 4; j_++)                    \
+        a[r_][j_] = vfmaq_n_f32(a[r_][j_], kv[j_], sc(r_))
+
 /* exp(x) for x <= 0, |rel err| < 2e-7 (the x86 kernels' polynomial); the
  * caller zeroes what it masked (here -inf gives 2^-126-ish, not 0). */
 static inline float32x4_t exp4(float32x4_t x) {
@@ -266,38 +271,36 @@ static INLINE void vacc_pl(int fmt, kvp__tile *t, const uint8_t *vb, int t0, int
     for (int d0 = 0; d0 < D; d0 += 16) { /* D is a multiple of 16 for attention */
         float32x4_t a[R][4];
         UNROLL for (int r = 0; r < R; r++) a[r][0] = a[r][1] = a[r][2] = a[r][3] = vdupq_n_f32(0.0f);
-#define VTOK(i, MUL)                                                                               \
+/* token i's 16 channels from d0 into v[4] */
+#define VLOAD(i, v)                                                                                \
     do {                                                                                           \
         const uint8_t *p = vb + ((size_t)(t0 + (i)) * (size_t)D + (size_t)d0) * (size_t)es;       \
         if (d0 == 0) /* the first pass over the tokens fetches whole rows ahead */                 \
             for (int l = 0; l < D * es; l += 64) PREFETCH(p + t->pf_v + l);                        \
-        float32x4_t v0, v1, v2, v3;                                                                \
-        load8(fmt, p, &v0, &v1);                                                                   \
-        load8(fmt, p + 8 * es, &v2, &v3);                                                          \
-        UNROLL for (int r = 0; r < R; r++) {                                                       \
-            a[r][0] = MUL(a[r][0], v0, r);                                                         \
-            a[r][1] = MUL(a[r][1], v1, r);                                                         \
-            a[r][2] = MUL(a[r][2], v2, r);                                                         \
-            a[r][3] = MUL(a[r][3], v3, r);                                                         \
-        }                                                                                          \
+        load8(fmt, p, &v[0], &v[1]);                                                               \
+        load8(fmt, p + 8 * es, &v[2], &v[3]);                                                      \
     } while (0)
+        float32x4_t v[4];
         int i = 0;
         for (; i + 4 <= n; i += 4) {
             float32x4_t pv[R];
             UNROLL for (int r = 0; r < R; r++) pv[r] = vld1q_f32(&t->p[r][i]);
-#define LANE0(acc, v, r) vfmaq_laneq_f32(acc, v, pv[r], 0)
-#define LANE1(acc, v, r) vfmaq_laneq_f32(acc, v, pv[r], 1)
-#define LANE2(acc, v, r) vfmaq_laneq_f32(acc, v, pv[r], 2)
-#define LANE3(acc, v, r) vfmaq_laneq_f32(acc, v, pv[r], 3)
-            VTOK(i, LANE0);
-            VTOK(i + 1, LANE1);
-            VTOK(i + 2, LANE2);
-            VTOK(i + 3, LANE3);
+            VLOAD(i, v);
+            FMA_4X4_LANE(a, v, pv, 0);
+            VLOAD(i + 1, v);
+            FMA_4X4_LANE(a, v, pv, 1);
+            VLOAD(i + 2, v);
+            FMA_4X4_LANE(a, v, pv, 2);
+            VLOAD(i + 3, v);
+            FMA_4X4_LANE(a, v, pv, 3);
         }
         for (; i < n; i++) {
-#define SCAL(acc, v, r) vfmaq_n_f32(acc, v, t->p[r][i])
-            VTOK(i, SCAL);
+#define P_OF(r) t->p[r][i]
+            VLOAD(i, v);
+            FMA_4X4_N(a, v, P_OF);
+#undef P_OF
         }
+#undef VLOAD
         UNROLL for (int r = 0; r < R; r++) {
             float *o = t->o + (size_t)r * (size_t)D + (size_t)d0;
             for (int j = 0; j < 4; j++) vst1q_f32(o + 4 * j, vfmaq_n_f32(vld1q_f32(o + 4 * j), a[r][j], u));
@@ -713,31 +716,32 @@ static void pf_block_neon(kvp__pblock *b, int r0, int32_t pos0, int n, int maske
                 const float *op = b->o + (size_t)(rh + r) * (size_t)D + (size_t)d0;
                 for (int j = 0; j < 4; j++) o[r][j] = vmulq_n_f32(vld1q_f32(op + 4 * j), al[rh + r - r0]);
             }
-#define PTOK(i, MUL)                                                                               \
+#define PLOAD(i, w)                                                                                \
     do {                                                                                           \
         const float *vr = &b->vc[(i)][d0];                                                         \
-        float32x4_t w0 = vld1q_f32(vr), w1 = vld1q_f32(vr + 4), w2 = vld1q_f32(vr + 8),           \
-                    w3 = vld1q_f32(vr + 12);                                                       \
-        UNROLL for (int r = 0; r < 4; r++) {                                                       \
-            o[r][0] = MUL(o[r][0], w0, r);                                                         \
-            o[r][1] = MUL(o[r][1], w1, r);                                                         \
-            o[r][2] = MUL(o[r][2], w2, r);                                                         \
-            o[r][3] = MUL(o[r][3], w3, r);                                                         \
-        }                                                                                          \
+        for (int j_ = 0; j_ < 4; j_++) w[j_] = vld1q_f32(vr + 4 * j_);                             \
     } while (0)
+            float32x4_t w[4];
             int i = 0;
             for (; i + 4 <= n; i += 4) {
                 float32x4_t pv[4];
                 UNROLL for (int r = 0; r < 4; r++) pv[r] = vld1q_f32(&b->s[rh + r][i]);
-                PTOK(i, LANE0);
-                PTOK(i + 1, LANE1);
-                PTOK(i + 2, LANE2);
-                PTOK(i + 3, LANE3);
+                PLOAD(i, w);
+                FMA_4X4_LANE(o, w, pv, 0);
+                PLOAD(i + 1, w);
+                FMA_4X4_LANE(o, w, pv, 1);
+                PLOAD(i + 2, w);
+                FMA_4X4_LANE(o, w, pv, 2);
+                PLOAD(i + 3, w);
+                FMA_4X4_LANE(o, w, pv, 3);
             }
             for (; i < n; i++) {
-#define PSCAL(acc, v, r) vfmaq_n_f32(acc, v, b->s[rh + (r)][i])
-                PTOK(i, PSCAL);
+#define S_OF(r) b->s[rh + (r)][i]
+                PLOAD(i, w);
+                FMA_4X4_N(o, w, S_OF);
+#undef S_OF
             }
+#undef PLOAD
             UNROLL for (int r = 0; r < 4; r++) {
                 float *op = b->o + (size_t)(rh + r) * (size_t)D + (size_t)d0;
                 for (int j = 0; j < 4; j++) vst1q_f32(op + 4 * j, o[r][j]);
