@@ -50,8 +50,8 @@ struct kvp_store {
     uint64_t spage_stride_k, spage_stride_v;
     uint64_t layer_bytes, slayer_bytes;      /* one layer's pool / staging regions */
     uint64_t pool_offset, staging_offset;    /* region starts in the arena */
-    float *scratch;                 /* host: page_size x head_dim fp32 rows for seals */
-    float *scratch2;                /* host: kv_heads x head_dim fp32, one input row */
+    float *scratch;                 /* host: page_size x head_dim fp32 rows (seals, runs of rows) */
+    const struct kvp__enc_prims *enc; /* host: the encoders' primitives (lib/cpu/encode.c) */
     uint64_t nonfinite;
     char *error;                    /* -> error_text: writable from const-taking getters */
     char error_text[KVP_ERR_SIZE];
@@ -205,6 +205,8 @@ bool kvp__cpu_has_avx512(void);
 bool kvp__cpu_has_avx512_bf16(void);
 bool kvp__cpu_has_neon(void);         /* AArch64 Advanced SIMD */
 bool kvp__cpu_has_neon_dotprod(void); /* and the ARMv8.2 dot products */
+/* The fastest KVP_ISA_* this CPU runs (what KVP_ISA_AUTO picks). */
+int32_t kvp__cpu_best_isa(void);
 
 #ifdef __cplusplus
 }

@@ -38,15 +38,6 @@ void kvp_ctx_params_init(kvp_ctx_params_t *p) {
     p->workspace_bytes = DEFAULT_WORKSPACE;
 }
 
-static int32_t best_isa(void) {
-    if (kvp__cpu_has_avx512_bf16()) return KVP_ISA_AVX512_BF16;
-    if (kvp__cpu_has_avx512()) return KVP_ISA_AVX512;
-    if (kvp__cpu_has_avx2()) return KVP_ISA_AVX2;
-    if (kvp__cpu_has_neon_dotprod()) return KVP_ISA_NEON_DOTPROD;
-    if (kvp__cpu_has_neon()) return KVP_ISA_NEON;
-    return KVP_ISA_PORTABLE;
-}
-
 int kvp__ctx_create(const kvp_ctx_params_t *p, const kvp__backend *backend, const void *bparams,
                     kvp_ctx_t **out, char *err, size_t err_size) {
     int rc = kvp__check_struct(p, sizeof *p, "params", err, err_size);
@@ -75,7 +66,7 @@ int kvp__ctx_create(const kvp_ctx_params_t *p, const kvp__backend *backend, cons
     c->device = -1;
     c->allocator = p->allocator;
     c->threads = p->threads;
-    c->isa = !cpu ? -1 : p->isa == KVP_ISA_AUTO ? best_isa() : p->isa;
+    c->isa = !cpu ? -1 : p->isa == KVP_ISA_AUTO ? kvp__cpu_best_isa() : p->isa;
     c->workspace_bytes = ws;
     rc = c->backend->ctx_init(c, bparams, err, err_size);
     if (rc != KVP_OK) {

@@ -3,6 +3,7 @@
  * engines that keep their own storage.
  */
 #include "blockfmt.h"
+#include "cpu/cpu.h"
 
 #include <string.h>
 
@@ -82,6 +83,7 @@ int kvp_quantize(const kvp_quant_desc_t *q, const void *src, int64_t pages, void
     if (rc != KVP_OK) return rc;
     size_t P = (size_t)q->page_size, D = (size_t)q->head_dim, H = (size_t)q->heads;
     size_t es = kvp__dtype_size(q->dtype);
+    const kvp__enc_prims *enc = kvp__pick_enc(kvp__cpu_best_isa());
     float *rows = (float *)kvp__malloc(NULL, P * D * sizeof(float), 64);
     if (rows == NULL) return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate one page of rows");
     for (int64_t pg = 0; pg < pages; pg++)
@@ -91,7 +93,7 @@ int kvp_quantize(const kvp_quant_desc_t *q, const void *src, int64_t pages, void
                 kvp__load_f32(q->dtype, (const uint8_t *)src + at * es, D, rows + t * D);
             }
             uint8_t *b = (uint8_t *)dst + ((size_t)pg * H + h) * (size_t)block;
-            kvp__block_encode(&f, b, 0, (int)P, rows, D, q->fp8_scale);
+            kvp__encode(enc, &f, b, 0, (int)P, rows, D, q->fp8_scale);
         }
     kvp__free(NULL, rows);
     return KVP_OK;

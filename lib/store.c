@@ -97,8 +97,7 @@ int kvp__store_create(const kvp_store_params_t *params, const kvp__backend *back
     store_init_geometry(s);
     size_t P = (size_t)layout.page_size, D = (size_t)layout.head_dim;
     s->scratch = (float *)kvp__malloc(a, P * D * sizeof(float), 64);
-    s->scratch2 = (float *)kvp__malloc(a, (size_t)layout.kv_heads * D * sizeof(float), 64);
-    if (s->scratch == NULL || s->scratch2 == NULL) {
+    if (s->scratch == NULL) {
         rc = kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate the store's scratch rows");
         goto fail;
     }
@@ -108,7 +107,6 @@ int kvp__store_create(const kvp_store_params_t *params, const kvp__backend *back
     return KVP_OK;
 fail:
     kvp__free(a, s->scratch);
-    kvp__free(a, s->scratch2);
     kvp__free(a, s);
     return rc;
 }
@@ -123,7 +121,6 @@ void kvp_store_destroy(kvp_store_t *s) {
     kvp_allocator_t a = s->allocator;
     s->backend->store_fini(s);
     kvp__free(&a, s->scratch);
-    kvp__free(&a, s->scratch2);
     kvp__free(&a, s);
 }
 

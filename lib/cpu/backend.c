@@ -41,6 +41,7 @@ static int cpu_arena_alloc(kvp_store_t *s, const void *bparams, char *err, size_
         return kvp__errf(err, err_size, KVP_ENOMEM, "cannot allocate an arena of %llu bytes",
                          (unsigned long long)s->arena_bytes);
     memset(s->arena, 0, (size_t)s->layout.fixed_bytes); /* fp8 scales: 0 = not calibrated */
+    s->enc = kvp__pick_enc(kvp__cpu_best_isa());
     size_t table = (size_t)s->layout.layers * (size_t)s->layout.kv_heads;
     float *next = (float *)(void *)s->arena;
     if (s->layout.k_format == KVP_FORMAT_FP8_E4M3) {
@@ -106,10 +107,17 @@ static row_source source_of(const kvp_store_t *s, const kvp_append_params_t *a, 
 }
 
 /* fp32 copy of head h of row r. */
-static void load_head(const row_source *src, int64_t r, int32_t h, int32_t D, float *dst) {
+static void load_head(const kvp_store_t *s, const row_source *src, int64_t r, int32_t h, int32_t D,
+                      float *dst) {
     const uint8_t *p = src->base + ((size_t)r * (size_t)src->row_stride + (size_t)h * (size_t)D) *
                                        src->esize;
-    kvp__load_f32(src->dtype, p, (size_t)D, dst);
+    if (src->dtype == KVP_FORMAT_FP16) {
+        uint16_t row[KVP_MAX_HEAD_DIM];
+        memcpy(row, p, (size_t)D * 2);
+        s->enc->from_f16(row, dst, D);
+    } else {
+        kvp__load_f32(src->dtype, p, (size_t)D, dst);
+    }
 }
 
 /* Calibrate still-unset fp8 scales of this layer from this call's rows. */
@@ -122,7 +130,7 @@ static void calibrate_fp8(kvp_store_t *s, const kvp_append_params_t *a, const ro
         float amax = 0.0f;
         for (int64_t r = 0; r < a->rows; r++) {
             if (a->slots[r] < 0) continue;
-            load_head(src, r, h, D, s->scratch);
+            load_head(s, src, r, h, D, s->scratch);
             for (int32_t d = 0; d < D; d++)
                 if (isfinite(s->scratch[d]) && fabsf(s->scratch[d]) > amax)
                     amax = fabsf(s->scratch[d]);
@@ -147,14 +155,15 @@ static uint64_t seal_side(kvp_store_t *s, const kvp_append_params_t *a, const kv
         if (op->count > 0) {
             const uint8_t *sb = value ? kvp__block_v(s, a->layer, op->src, h)
                                       : kvp__block_k(s, a->layer, op->src, h);
-            kvp__block_decode(sf, sb, 0, op->count, rows, (size_t)D, 0.0f);
+            kvp__decode_f16(s->enc, sf, sb, op->count, rows);
         }
         for (int32_t t = op->count; t < P; t++)
-            load_head(src, op->row + (t - op->count), h, D, rows + (size_t)t * (size_t)D);
+            load_head(s, src, op->row + (t - op->count), h, D, rows + (size_t)t * (size_t)D);
         uint8_t *db = value ? kvp__block_v(s, a->layer, op->dst, h)
                             : kvp__block_k(s, a->layer, op->dst, h);
-        bad += kvp__block_encode(pf, db, 0, P, rows, (size_t)D, block_fp8_scale(s, pf, a->layer, h)) -
-               kvp__count_nonfinite(rows, (size_t)D, op->count, D);
+        bad += kvp__encode(s->enc, pf, db, 0, P, rows, (size_t)D, block_fp8_scale(s, pf, a->layer, h));
+        for (int32_t t = 0; t < op->count; t++) /* counted when they were staged */
+            bad -= (uint64_t)s->enc->nonfinite(rows + (size_t)t * (size_t)D, D);
     }
     return bad;
 }
@@ -169,23 +178,39 @@ static bool in_seal(const kvp_append_params_t *a, int64_t r, int32_t P) {
 }
 
 /* Write the rows no seal took; returns their non-finite inputs (the encoder
- * counts them as it converts). */
+ * counts them as it converts). Rows whose slots follow each other in one
+ * page (a prefill's) are encoded as one run, head by head. */
 static uint64_t write_rows(kvp_store_t *s, const kvp_append_params_t *a, const row_source *src,
                            bool value) {
     int32_t H = s->layout.kv_heads, D = s->layout.head_dim, P = s->layout.page_size;
     uint64_t bad = 0;
-    for (int64_t r = 0; r < a->rows; r++) {
+    for (int64_t r = 0; r < a->rows;) {
         int64_t slot = a->slots[r];
-        if (slot < 0 || in_seal(a, r, P)) continue;
-        int32_t page = (int32_t)(slot / P), t = (int32_t)(slot % P);
+        if (slot < 0 || in_seal(a, r, P)) {
+            r++;
+            continue;
+        }
+        int32_t page = (int32_t)(slot / P), t = (int32_t)(slot % P), n = 1;
+        while (r + n < a->rows && t + n < P && a->slots[r + n] == slot + n && !in_seal(a, r + n, P)) n++;
         const kvp__blockfmt *f = value ? kvp__fmt_v(s, page) : kvp__fmt_k(s, page);
         for (int32_t h = 0; h < H; h++) {
-            load_head(src, r, h, D, s->scratch2);
+            /* fp32 rows are read where they are; others converted into scratch
+             * (page_size rows) first */
+            const float *x = s->scratch;
+            size_t stride = (size_t)D;
+            if (src->dtype == KVP_FORMAT_FP32 && ((uintptr_t)src->base & 3u) == 0) {
+                x = (const float *)(const void *)src->base + (size_t)r * (size_t)src->row_stride +
+                    (size_t)h * (size_t)D;
+                stride = (size_t)src->row_stride;
+            } else {
+                for (int32_t i = 0; i < n; i++)
+                    load_head(s, src, r + i, h, D, s->scratch + (size_t)i * (size_t)D);
+            }
             uint8_t *b = value ? kvp__block_v(s, a->layer, page, h)
                                : kvp__block_k(s, a->layer, page, h);
-            bad += kvp__block_encode(f, b, t, 1, s->scratch2, (size_t)D,
-                                     block_fp8_scale(s, f, a->layer, h));
+            bad += kvp__encode(s->enc, f, b, t, n, x, stride, block_fp8_scale(s, f, a->layer, h));
         }
+        r += n;
     }
     return bad;
 }
@@ -227,12 +252,12 @@ static void unseal_page(kvp_store_t *s, const kvp_page_op_t *op) {
         for (int32_t h = 0; h < s->layout.kv_heads; h++) {
             kvp__block_decode(&s->kfmt, kvp__block_k(s, l, op->src, h), 0, op->count, s->scratch,
                               (size_t)D, block_fp8_scale(s, &s->kfmt, l, h));
-            kvp__block_encode(&s->skfmt, kvp__block_k(s, l, op->dst, h), 0, op->count, s->scratch,
-                              (size_t)D, 0.0f);
+            kvp__encode(s->enc, &s->skfmt, kvp__block_k(s, l, op->dst, h), 0, op->count, s->scratch,
+                        (size_t)D, 0.0f);
             kvp__block_decode(&s->vfmt, kvp__block_v(s, l, op->src, h), 0, op->count, s->scratch,
                               (size_t)D, block_fp8_scale(s, &s->vfmt, l, h));
-            kvp__block_encode(&s->svfmt, kvp__block_v(s, l, op->dst, h), 0, op->count, s->scratch,
-                              (size_t)D, 0.0f);
+            kvp__encode(s->enc, &s->svfmt, kvp__block_v(s, l, op->dst, h), 0, op->count, s->scratch,
+                        (size_t)D, 0.0f);
         }
 }
 

@@ -233,6 +233,44 @@ void kvp__pick_pf_pack(int32_t isa, kvp__pf_qpack_fn *qpack, kvp__pf_kvpack_fn *
 kvp__pf_kdec_fn kvp__pick_pf_kdec(int32_t isa, int32_t format, int dim_major);
 kvp__pf_vdec_fn kvp__pick_pf_vdec(int32_t isa, int32_t format);
 
+/* Encoder primitives: what the block encoders of the append path
+ * (lib/cpu/encode.c) do per row. Each gives, element for element, the
+ * reference codec's result (lib/numeric.h, lib/blockfmt.h); n is any count
+ * (head_dim and less). */
+typedef struct kvp__enc_prims {
+    const char *name;
+    void (*to_f16)(const float *x, uint16_t *y, int n);          /* kvp__f32_to_f16 */
+    void (*to_bf16)(const float *x, uint16_t *y, int n);         /* kvp__f32_to_bf16 */
+    void (*to_e4m3)(const float *x, uint8_t *y, int n, float inv); /* kvp__f32_to_e4m3(x * inv) */
+    void (*from_f16)(const uint16_t *x, float *y, int n);        /* kvp__f16_to_f32 (NaN: any NaN) */
+    /* per column d < n of `rows` rows `stride` floats apart: the least and
+     * greatest finite value (+Inf / -Inf when none; a zero's sign unspecified) */
+    void (*minmax_cols)(const float *x, size_t stride, int rows, int n, float *lo, float *hi);
+    void (*minmax)(const float *x, int n, float *lo, float *hi); /* the same over a row */
+    float (*absmax)(const float *x, int n);                      /* max |x| over finite x, or 0 */
+    /* kvp__asym_code with per-element minimum, inverse scale and levels; with one of each */
+    void (*asym_codes)(const float *x, int n, const float *mn, const float *inv, const float *lv,
+                       uint8_t *c);
+    void (*asym_codes1)(const float *x, int n, float mn, float inv, float lv, uint8_t *c);
+    void (*sym8_codes)(const float *x, int n, float inv, int8_t *c); /* kvp__sym8_code */
+    int (*nonfinite)(const float *x, int n);                     /* count of NaN and +-Inf */
+} kvp__enc_prims;
+
+extern const kvp__enc_prims kvp__enc_portable;
+extern const kvp__enc_prims kvp__enc_avx2;
+extern const kvp__enc_prims kvp__enc_avx512;
+extern const kvp__enc_prims kvp__enc_neon;
+
+/* The ISA's encoder primitives (the portable ones where it has none). */
+const kvp__enc_prims *kvp__pick_enc(int32_t isa);
+/* kvp__block_encode()'s bytes and result, through `e`. */
+uint64_t kvp__encode(const kvp__enc_prims *e, const kvp__blockfmt *f, void *block, int t0, int n,
+                     const float *x, size_t stride, float fp8_scale);
+/* Tokens [0, n) of an fp16 block (either order) as fp32 rows y[n][head_dim]:
+ * kvp__block_decode()'s values through `e`. */
+void kvp__decode_f16(const kvp__enc_prims *e, const kvp__blockfmt *f, const void *block, int n,
+                     float *y);
+
 /* num / x for x > 0 where the quotient is finite, else 0: a step or
  * bound computed from the data (max|q|, the largest probability times a
  * scale) may be denormal, and num / x would then overflow to Inf and turn

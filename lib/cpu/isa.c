@@ -61,3 +61,12 @@ bool kvp__cpu_has_neon_dotprod(void) { return false; }
 bool kvp__cpu_has_neon(void) { return false; }
 bool kvp__cpu_has_neon_dotprod(void) { return false; }
 #endif
+
+int32_t kvp__cpu_best_isa(void) {
+    if (kvp__cpu_has_avx512_bf16()) return KVP_ISA_AVX512_BF16;
+    if (kvp__cpu_has_avx512()) return KVP_ISA_AVX512;
+    if (kvp__cpu_has_avx2()) return KVP_ISA_AVX2;
+    if (kvp__cpu_has_neon_dotprod()) return KVP_ISA_NEON_DOTPROD;
+    if (kvp__cpu_has_neon()) return KVP_ISA_NEON;
+    return KVP_ISA_PORTABLE;
+}
