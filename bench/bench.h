@@ -46,6 +46,8 @@ int bench_pool(int argc, char **argv);
 /* Memory utilization: static reservation vs. paging (bench/utilization.c). */
 int bench_utilization(int argc, char **argv);
 int bench_attention(int argc, char **argv);
+/* K/V rows written into pages per format, vs fp32 (bench/append.c). */
+int bench_append(int argc, char **argv);
 /* The CPU attention kernels' stages on in-cache pages (bench/stages.c). */
 int bench_stages(int argc, char **argv);
 /* Page blobs: export, import, validation, the file tier and, with --remote,

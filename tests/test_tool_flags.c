@@ -415,6 +415,13 @@ static void test_bench_others(void **state) {
         {{"stages", "--iters", "-1"}, "--iters", "-1"},
         {{"stages", "--format", "fp8"}, "--format", "'fp8'"},
         {{"stages", "--isa", "none"}, "--isa", "'none'"},
+        {{"append", "--tokens", "16"}, "--tokens", "16"},
+        {{"append", "--tokens", "x"}, "--tokens", "'x'"},
+        {{"append", "--reps", "0"}, "--reps", "got 0"},
+        {{"append", "--reps", "65"}, "--reps", "65"},
+        {{"append", "--format", "int2"}, "--format", "'int2'"},
+        {{"append", "--format"}, "--format", "needs a value"},
+        {{"append", "--bogus"}, "unknown option '--bogus'", NULL},
         {{"nope"}, "unknown benchmark 'nope'", NULL},
     };
     RUN_BAD("kvpage-bench", cases);

@@ -22,6 +22,7 @@ static const struct {
                                    "(--device cuda: on the GPU, vs a device copy)"},
     {"tiers", bench_tiers, "page blobs: bytes per token, export/import GB/s vs the read roof, file tier "
                            "(--remote: the Redis tier vs redis-benchmark)"},
+    {"append", bench_append, "K/V rows written into pages per format (prefill and decode calls) vs fp32"},
     {"stages", bench_stages, "the CPU attention kernels' stages, one at a time, on in-cache pages (ns per page and head)"},
 };
 
