@@ -278,17 +278,24 @@ static void reference(const batch *bt, const attn_opts *o, double *ref) {
     }
 }
 
-static double batch_error(batch *bt, kvp_ctx_t *c, const attn_opts *o) {
+/* The relative error of the calls on c against `ref` (reference()'s). */
+static double batch_error_vs(batch *bt, kvp_ctx_t *c, const attn_opts *o, const double *ref) {
     size_t n = (size_t)bt->rows * (size_t)bt->spec.q_heads * (size_t)bt->spec.head_dim;
     float *out = malloc(n * sizeof *out);
-    double *ref = malloc(n * sizeof *ref);
     float *lse = malloc((size_t)bt->rows * (size_t)bt->spec.q_heads * sizeof *lse);
     run_attention(c, bt, o, out, lse);
-    reference(bt, o, ref);
     double e = kvd_rel_l2(out, ref, n);
     free(out);
-    free(ref);
     free(lse);
+    return e;
+}
+
+static double batch_error(batch *bt, kvp_ctx_t *c, const attn_opts *o) {
+    size_t n = (size_t)bt->rows * (size_t)bt->spec.q_heads * (size_t)bt->spec.head_dim;
+    double *ref = malloc(n * sizeof *ref);
+    reference(bt, o, ref);
+    double e = batch_error_vs(bt, c, o, ref);
+    free(ref);
     return e;
 }
 
@@ -515,38 +522,53 @@ static void test_prefill_blocks(void **state) {
     static const attn_opts opts[] = {
         {1, -1, KVP_FORMAT_FP32, 0.0f}, {1, 100, KVP_FORMAT_FP32, 0.0f}, {0, -1, KVP_FORMAT_FP32, 0.0f}};
     int32_t kv_len[] = {300, 1500}, q_len[] = {37, 8};
-    for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++) {
-        if (!kvp_isa_supported(isa)) continue;
-        /* 8 threads: 6 items are fewer than the 32 the schedule aims at,
-         * so the 1500-token sequence is split and merged */
-        kvp_ctx_t *c = make_ctx(isa, 8);
-        for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
-            for (size_t p = 0; p < sizeof pages / sizeof *pages; p++) {
-                int32_t D = dims[(f + p) % 3];
-                batch_spec s = {2, 8, D, pages[p], fmts[f][0], fmts[f][1], fmts[f][2], 2, kv_len,
-                                q_len, 600 + 10 * f + p};
-                batch bt;
-                batch_build(&bt, &s);
-                double bound = bound_of(fmts[f][0]) > bound_of(fmts[f][1]) ? bound_of(fmts[f][0])
-                                                                           : bound_of(fmts[f][1]);
-                if (blocks_take(isa, fmts[f][0], fmts[f][1], pages[p])) {
-                    use_stored_kv(&bt);
-                    bound = blocks_bf16(isa, fmts[f][0], fmts[f][1])               ? 1e-2
-                            : blocks_int8(isa, fmts[f][0], fmts[f][1], pages[p]) ? 2e-3
-                                                                                 : 2e-5;
+    /* 8 threads: 6 items are fewer than the 32 the schedule aims at, so
+     * the 1500-token sequence is split and merged */
+    kvp_ctx_t *ctx[KVP_ISA_COUNT] = {NULL};
+    for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++)
+        if (kvp_isa_supported(isa)) ctx[isa] = make_ctx(isa, 8);
+    /* each case is built once, and its reference computed at most twice
+     * (on the K/V appended, then on the stored K/V) for every ISA */
+    for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+        for (size_t p = 0; p < sizeof pages / sizeof *pages; p++) {
+            int32_t D = dims[(f + p) % 3];
+            batch_spec s = {2, 8, D, pages[p], fmts[f][0], fmts[f][1], fmts[f][2], 2, kv_len,
+                            q_len, 600 + 10 * f + p};
+            batch bt;
+            batch_build(&bt, &s);
+            const attn_opts *o = &opts[(f + p) % 3];
+            size_t n = (size_t)bt.rows * (size_t)s.q_heads * (size_t)D;
+            double *ref = malloc(n * sizeof *ref);
+            assert_non_null(ref);
+            for (int stored = 0; stored < 2; stored++) {
+                bool any = false;
+                for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++)
+                    any |= ctx[isa] != NULL && blocks_take(isa, fmts[f][0], fmts[f][1], pages[p]) == (stored != 0);
+                if (!any) continue;
+                if (stored) use_stored_kv(&bt);
+                reference(&bt, o, ref);
+                for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++) {
+                    if (ctx[isa] == NULL || blocks_take(isa, fmts[f][0], fmts[f][1], pages[p]) != (stored != 0))
+                        continue;
+                    double bound = bound_of(fmts[f][0]) > bound_of(fmts[f][1]) ? bound_of(fmts[f][0])
+                                                                               : bound_of(fmts[f][1]);
+                    if (stored)
+                        bound = blocks_bf16(isa, fmts[f][0], fmts[f][1])               ? 1e-2
+                                : blocks_int8(isa, fmts[f][0], fmts[f][1], pages[p]) ? 2e-3
+                                                                                     : 2e-5;
+                    double e = batch_error_vs(&bt, ctx[isa], o, ref);
+                    if (!(e < bound))
+                        print_error("%s K %s V %s (%s) page %d head_dim %d causal %d window %d: rel err "
+                                    "%g (bound %g)\n", kvp_isa_name(isa), kvp_format_name(fmts[f][0]),
+                                    kvp_format_name(fmts[f][1]), fmts[f][2] ? "dim-major" : "token-major",
+                                    (int)pages[p], (int)D, (int)o->causal, (int)o->window_left, e, bound);
+                    assert_true(e < bound);
                 }
-                const attn_opts *o = &opts[(f + p) % 3];
-                double e = batch_error(&bt, c, o);
-                if (!(e < bound))
-                    print_error("%s K %s V %s (%s) page %d head_dim %d causal %d window %d: rel err "
-                                "%g (bound %g)\n", kvp_isa_name(isa), kvp_format_name(fmts[f][0]),
-                                kvp_format_name(fmts[f][1]), fmts[f][2] ? "dim-major" : "token-major",
-                                (int)pages[p], (int)D, (int)o->causal, (int)o->window_left, e, bound);
-                assert_true(e < bound);
-                batch_free(&bt);
             }
-        kvp_ctx_destroy(c);
-    }
+            free(ref);
+            batch_free(&bt);
+        }
+    for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++) kvp_ctx_destroy(ctx[isa]);
 }
 
 /* A query of denormal values (max|q| ~1e-41: the integer forms' query
