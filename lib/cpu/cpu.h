@@ -254,6 +254,9 @@ typedef struct kvp__enc_prims {
     void (*asym_codes1)(const float *x, int n, float mn, float inv, float lv, uint8_t *c);
     void (*sym8_codes)(const float *x, int n, float inv, int8_t *c); /* kvp__sym8_code */
     int (*nonfinite)(const float *x, int n);                     /* count of NaN and +-Inf */
+    /* m rows of n 16-bit values (h, rows hstride apart) written as n columns:
+     * out[d * ostride + j] = h[j * hstride + d], j < m <= 8 */
+    void (*cols16)(const uint16_t *h, size_t hstride, int m, int n, uint16_t *out, size_t ostride);
 } kvp__enc_prims;
 
 extern const kvp__enc_prims kvp__enc_portable;

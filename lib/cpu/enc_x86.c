@@ -217,13 +217,45 @@ TGT static int nonfinite(const float *x, int n) {
     return bad + kvp__enc_portable.nonfinite(x + i, n - i);
 }
 
+/* 8 rows of 16-bit values as columns: 8 x 8 blocks transposed in three
+ * rounds of unpacks (16-, 32-, 64-bit), one 16-byte store per column */
+TGT static void cols16(const uint16_t *h, size_t hs, int m, int n, uint16_t *out, size_t os) {
+    int d = 0;
+    if (m == 8)
+        for (; d + 8 <= n; d += 8) {
+            __m128i r[8], a[8], b[8];
+            for (int j = 0; j < 8; j++) r[j] = _mm_loadu_si128((const __m128i *)(const void *)(h + (size_t)j * hs + (size_t)d));
+            for (int j = 0; j < 8; j += 2) {
+                a[j / 2] = _mm_unpacklo_epi16(r[j], r[j + 1]);     /* a0 a2 a4 a6: columns 0-3 */
+                a[4 + j / 2] = _mm_unpackhi_epi16(r[j], r[j + 1]); /* a4..a7: columns 4-7 */
+            }
+            /* a[0..3]: row pairs (0,1) (2,3) (4,5) (6,7), columns 0-3; a[4..7]: columns 4-7 */
+            b[0] = _mm_unpacklo_epi32(a[0], a[1]); /* rows 0-3, columns 0-1 */
+            b[1] = _mm_unpackhi_epi32(a[0], a[1]); /* rows 0-3, columns 2-3 */
+            b[2] = _mm_unpacklo_epi32(a[2], a[3]); /* rows 4-7, columns 0-1 */
+            b[3] = _mm_unpackhi_epi32(a[2], a[3]); /* rows 4-7, columns 2-3 */
+            b[4] = _mm_unpacklo_epi32(a[4], a[5]);
+            b[5] = _mm_unpackhi_epi32(a[4], a[5]);
+            b[6] = _mm_unpacklo_epi32(a[6], a[7]);
+            b[7] = _mm_unpackhi_epi32(a[6], a[7]);
+            for (int k = 0; k < 2; k++) { /* k = 0: columns 0-3; 1: columns 4-7 */
+                uint16_t *o = out + (size_t)(d + 4 * k) * os;
+                _mm_storeu_si128((__m128i *)(void *)o, _mm_unpacklo_epi64(b[4 * k], b[4 * k + 2]));
+                _mm_storeu_si128((__m128i *)(void *)(o + os), _mm_unpackhi_epi64(b[4 * k], b[4 * k + 2]));
+                _mm_storeu_si128((__m128i *)(void *)(o + 2 * os), _mm_unpacklo_epi64(b[4 * k + 1], b[4 * k + 3]));
+                _mm_storeu_si128((__m128i *)(void *)(o + 3 * os), _mm_unpackhi_epi64(b[4 * k + 1], b[4 * k + 3]));
+            }
+        }
+    if (d < n) kvp__enc_portable.cols16(h + d, hs, m, n - d, out + (size_t)d * os, os);
+}
+
 const kvp__enc_prims kvp__enc_avx2 = {"avx2",     to_f16,     to_bf16,     to_e4m3,    from_f16, minmax_cols,
-                                      minmax,     absmax,     asym_codes,  asym_codes1, sym8_codes, nonfinite};
+                                      minmax,     absmax,     asym_codes,  asym_codes1, sym8_codes, nonfinite, cols16};
 const kvp__enc_prims kvp__enc_avx512 = {"avx512",   to_f16,     to_bf16,     to_e4m3,    from_f16, minmax_cols,
-                                        minmax,     absmax,     asym_codes,  asym_codes1, sym8_codes, nonfinite};
+                                        minmax,     absmax,     asym_codes,  asym_codes1, sym8_codes, nonfinite, cols16};
 
 #else
 /* not built for this target: kvp__pick_enc() gives the portable primitives */
-const kvp__enc_prims kvp__enc_avx2 = {"avx2", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-const kvp__enc_prims kvp__enc_avx512 = {"avx512", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+const kvp__enc_prims kvp__enc_avx2 = {"avx2", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+const kvp__enc_prims kvp__enc_avx512 = {"avx512", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
 #endif

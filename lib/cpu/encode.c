@@ -98,9 +98,14 @@ static int p_nonfinite(const float *x, int n) {
     return bad;
 }
 
+static void p_cols16(const uint16_t *h, size_t hstride, int m, int n, uint16_t *out, size_t ostride) {
+    for (int d = 0; d < n; d++)
+        for (int j = 0; j < m; j++) out[(size_t)d * ostride + (size_t)j] = h[(size_t)j * hstride + (size_t)d];
+}
+
 const kvp__enc_prims kvp__enc_portable = {
-    "portable",   p_to_f16,      p_to_bf16,     p_to_e4m3,    p_from_f16, p_minmax_cols,
-    p_minmax,     p_absmax,      p_asym_codes,  p_asym_codes1, p_sym8_codes, p_nonfinite,
+    "portable",   p_to_f16,      p_to_bf16,     p_to_e4m3,     p_from_f16,   p_minmax_cols, p_minmax,
+    p_absmax,     p_asym_codes,  p_asym_codes1, p_sym8_codes,  p_nonfinite,  p_cols16,
 };
 
 const kvp__enc_prims *kvp__pick_enc(int32_t isa) {
@@ -131,7 +136,8 @@ static float fix_zero_sign(float v, const float *x, size_t stride, int n) {
 
 /* Plain formats. Token-major: each row converted in place. Dim-major
  * (channel d of token t at d*P + t): rows converted 8 at a time, then
- * written channel by channel, 8 tokens in a run. */
+ * written channel by channel, 8 tokens in a run (fp16 and bf16: an 8 x 8
+ * transpose in registers where the ISA has one). */
 #define PLAIN_ROWS 8
 static void encode_plain(const kvp__enc_prims *e, const kvp__blockfmt *f, uint8_t *b, int t0, int n,
                          const float *x, size_t stride, float fp8_scale) {
@@ -166,10 +172,7 @@ static void encode_plain(const kvp__enc_prims *e, const kvp__blockfmt *f, uint8_
         case KVP_FORMAT_BF16:
             for (int j = 0; j < m; j++)
                 (fmt == KVP_FORMAT_FP16 ? e->to_f16 : e->to_bf16)(rows + (size_t)j * stride, h[j], (int)D);
-            for (size_t d = 0; d < D; d++) {
-                uint16_t *out = (uint16_t *)(void *)b + d * P + t;
-                for (int j = 0; j < m; j++) out[j] = h[j][d];
-            }
+            e->cols16(&h[0][0], KVP_MAX_HEAD_DIM, m, (int)D, (uint16_t *)(void *)b + t, P);
             break;
         default:
             for (int j = 0; j < m; j++) e->to_e4m3(rows + (size_t)j * stride, q[j], (int)D, inv8);
