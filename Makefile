@@ -581,11 +581,12 @@ clean:
 # command lines, the tools' sources) with ASan + UBSan, and runs it from its
 # committed seeds (tests/fuzz/corpus/NAME) for FUZZ_SECONDS. New inputs go to
 # build/fuzz/corpus/NAME, crash files to build/fuzz/NAME-crash-*.
-# `make fuzz FUZZ_TARGETS=attention` runs one. Each harness also runs without
+# `make fuzz FUZZ_TARGETS=attention` runs one; FUZZ_JOBS (default 2) run at once. Each harness also runs without
 # libFuzzer in `make test` (tests/test_fuzz_NAME.c: its seeds, then
 # pseudo-random inputs).
 .PHONY: fuzz
 FUZZ_SECONDS ?= 30
+FUZZ_JOBS ?= 2
 FUZZ_CC ?= clang
 FUZZ_DIR := $(BUILD_ROOT)/fuzz
 FUZZ_TARGETS ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
@@ -608,12 +609,15 @@ $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_OBJS) $(wildcard tests/fuzz/*
 fuzz:
 	@scripts/ensure-deps.sh fuzz
 	@$(MAKE) --no-print-directory $(FUZZ_TARGETS:%=$(FUZZ_DIR)/fuzz_%)
+	@echo "fuzz: $(FUZZ_TARGETS): $(FUZZ_SECONDS) s each from tests/fuzz/corpus/NAME, $(FUZZ_JOBS) at a time"
+	@for t in $(FUZZ_TARGETS); do mkdir -p $(FUZZ_DIR)/corpus/$$t; rm -f $(FUZZ_DIR)/$$t.rc; done
+	@printf '%s\n' $(FUZZ_TARGETS) | xargs -P $(FUZZ_JOBS) -I@ sh -c \
+	    '$(FUZZ_DIR)/fuzz_@ -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 \
+	     -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/@- $(FUZZ_DIR)/corpus/@ tests/fuzz/corpus/@ \
+	     >$(FUZZ_DIR)/@.log 2>&1; echo $$? >$(FUZZ_DIR)/@.rc'
 	@set -e; for t in $(FUZZ_TARGETS); do \
-	    echo "fuzz $$t: $(FUZZ_SECONDS) s from tests/fuzz/corpus/$$t"; \
-	    mkdir -p $(FUZZ_DIR)/corpus/$$t; \
-	    if ! $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 \
-	        -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/$$t- \
-	        $(FUZZ_DIR)/corpus/$$t tests/fuzz/corpus/$$t >$(FUZZ_DIR)/$$t.log 2>&1; then \
+	    echo "fuzz $$t:"; \
+	    if [ "$$(cat $(FUZZ_DIR)/$$t.rc 2>/dev/null)" != 0 ]; then \
 	        tail -n 60 $(FUZZ_DIR)/$$t.log >&2; \
 	        echo "fuzz $$t: a finding (log: $(FUZZ_DIR)/$$t.log, input: $(FUZZ_DIR)/$$t-*)" >&2; exit 1; \
 	    fi; \
