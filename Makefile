@@ -99,6 +99,11 @@ BUILD := $(BUILD_ROOT)
 endif
 OBJ := $(BUILD)/obj
 BIN := $(BUILD)/bin
+# nvcc objects (CUDA sources) live outside the SAN=1 directory: a sanitized
+# build links the plain build's, as the device code is the same and nvcc
+# takes minutes per architecture; the simulator build (test_cuda_sim) is
+# what runs that host code under the sanitizers.
+NVCC_OBJ := $(BUILD_ROOT)/obj
 
 # ---- flags ------------------------------------------------------------------
 WARN := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
@@ -143,15 +148,12 @@ NVCCFLAGS ?= -O3
 # without guards (its initializer is a constant) the objects need no C++
 # runtime, so libkvpage.a links into C programs with the C compiler alone.
 # --threads 0: the architectures of CUDA_ARCHS compile in parallel (one
-# thread per CPU), which halves the wall time of cuda/attention.cu, the
-# longest job of a build.
+# thread per CPU); the attention kernels are split by head dimension over
+# cuda/attention_d*.cu, so that a parallel build spreads them too.
 ALL_NVCCFLAGS := -std=c++17 $(NVCCFLAGS) --threads 0 $(NVCC_GENCODE) -Iinclude -Ilib $(DEFS) \
                  -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-fno-exceptions \
                  -Xcompiler -fno-rtti,-fno-threadsafe-statics \
                  -MMD -MP
-ifeq ($(SAN),1)
-ALL_NVCCFLAGS += -Xcompiler -fsanitize=address,-fsanitize=undefined,-fno-omit-frame-pointer
-endif
 
 # ---- sources ----------------------------------------------------------------
 # The installed headers: the core (kvpage.h) and its layered extras.
@@ -161,11 +163,12 @@ PUBLIC_HEADERS := include/kvpage.h include/kvpage_ext.h include/kvpage_plan.h \
 LIB_SRCS := $(wildcard lib/*.c) $(wildcard lib/cpu/*.c)
 ifeq ($(HAVE_CUDA),1)
 LIB_SRCS := $(filter-out lib/cuda_stub.c,$(LIB_SRCS))
-CU_SRCS := $(wildcard cuda/*.cu)
+# the attention kernels first: the longest jobs of a parallel build start first
+CU_SRCS := $(wildcard cuda/attention_d*.cu) $(filter-out cuda/attention_d%.cu,$(wildcard cuda/*.cu))
 else
 CU_SRCS :=
 endif
-LIB_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o) $(CU_SRCS:%.cu=$(OBJ)/%.o)
+LIB_OBJS := $(CU_SRCS:%.cu=$(NVCC_OBJ)/%.o) $(LIB_SRCS:%.c=$(OBJ)/%.o)
 
 TOOL_COMMON := tools/cli.c
 TOOL_NAMES := kvpage-plan kvpage-bench kvpage-sim
@@ -207,7 +210,7 @@ SIM_CXXFLAGS += -Werror
 endif
 ifeq ($(HAVE_CUDA),1)
 TESTS += $(BUILD)/tests/test_cudasim
-NVCC_CHECKS := $(OBJ)/nvcc-check/test_cudasim.o
+NVCC_CHECKS := $(NVCC_OBJ)/nvcc-check/test_cudasim.o
 # The CUDA backend's tests: the same cuda/*.cu compiled as C++ against the
 # simulator, linked with the C library objects (tests/test_cuda_backend.cu).
 SIM_CU_OBJS := $(CU_SRCS:%.cu=$(OBJ)/sim/%.o)
@@ -233,9 +236,9 @@ SHARED_LIBS := $(SHARED_REAL) $(BUILD)/$(SONAME) $(BUILD)/libkvpage.so
 CONFIG_LINE := $(CC) $(ALL_CFLAGS) | blob=$(HAVE_BLOB) redis=$(HAVE_REDIS) cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS) | $(LIBS)
 CONFIG_STAMP := $(BUILD)/.config
 NVCC_CONFIG_LINE := cuda=$(HAVE_CUDA) $(NVCC) $(ALL_NVCCFLAGS)
-NVCC_STAMP := $(BUILD)/.config-nvcc
+NVCC_STAMP := $(BUILD_ROOT)/.config-nvcc
 ifeq ($(filter clean,$(MAKECMDGOALS)),)
-$(shell mkdir -p $(BUILD) && { printf '%s\n' '$(CONFIG_LINE)' | cmp -s - $(CONFIG_STAMP) || \
+$(shell mkdir -p $(BUILD) $(BUILD_ROOT) && { printf '%s\n' '$(CONFIG_LINE)' | cmp -s - $(CONFIG_STAMP) || \
     printf '%s\n' '$(CONFIG_LINE)' > $(CONFIG_STAMP); })
 $(shell { printf '%s\n' '$(NVCC_CONFIG_LINE)' | cmp -s - $(NVCC_STAMP) || \
     printf '%s\n' '$(NVCC_CONFIG_LINE)' > $(NVCC_STAMP); })
@@ -272,7 +275,7 @@ $(OBJ)/%.o: %.c $(CONFIG_STAMP)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(OBJ)/%.o: %.cu $(NVCC_STAMP)
+$(NVCC_OBJ)/%.o: %.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(ALL_NVCCFLAGS) $(NVCC_EXTRA) -Xptxas -v -c $< -o $@ 2>$@.ptxas; rc=$$?; \
@@ -280,7 +283,7 @@ $(OBJ)/%.o: %.cu $(NVCC_STAMP)
 
 # The encoders must round exactly as the CPU's reference codec: no
 # contraction of a multiply and an add into an FMA behind our back.
-$(OBJ)/cuda/append.o $(OBJ)/cuda/quant.o $(OBJ)/cuda/copy.o: NVCC_EXTRA := --fmad=false
+$(NVCC_OBJ)/cuda/append.o $(NVCC_OBJ)/cuda/quant.o $(NVCC_OBJ)/cuda/copy.o: NVCC_EXTRA := --fmad=false
 
 $(OBJ)/tools/%.o: tools/%.c $(CONFIG_STAMP)
 	@mkdir -p $(@D)
@@ -308,7 +311,7 @@ $(OBJ)/sim/%.o: %.cu $(CONFIG_STAMP)
 	$(Q)$(CXX) $(SIM_CXXFLAGS) -x c++ -c $< -o $@
 
 # nvcc compiles the simulator's test kernels too: they must stay real CUDA.
-$(OBJ)/nvcc-check/%.o: tests/cudasim/%.cu $(NVCC_STAMP)
+$(NVCC_OBJ)/nvcc-check/%.o: tests/cudasim/%.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $< (syntax check)")
 	$(Q)$(NVCC) -std=c++17 -arch=sm_$(lastword $(CUDA_ARCHS)) -Iinclude -Ilib -c $< -o $@
@@ -334,7 +337,8 @@ $(BUILD)/libkvpage.so: $(BUILD)/$(SONAME)
 # Tools and tests link the static library: they run from the build tree
 # without LD_LIBRARY_PATH, and tests may call internal (kvp__) functions.
 .SECONDEXPANSION:
-objs_of = $(addprefix $(OBJ)/,$(addsuffix .o,$(basename $(1))))
+objs_of = $(addprefix $(OBJ)/,$(addsuffix .o,$(basename $(filter-out %.cu,$(1))))) \
+          $(addprefix $(NVCC_OBJ)/,$(addsuffix .o,$(basename $(filter %.cu,$(1)))))
 $(BIN)/%: $$(call objs_of,$$($$*_SRCS) $(TOOL_COMMON)) $(STATIC_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
@@ -373,13 +377,13 @@ $(BUILD)/tests/test_fuzz_cuda_sim: $(FUZZ_CUDA_OBJS) $(SIM_CU_OBJS) \
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CXX) $(SANFLAGS) $(SIM_SANFLAGS) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) $(REDIS_LIBS) -lm -lpthread
 
-$(OBJ)/gpu/tests/%.o: tests/%.cu $(NVCC_STAMP)
+$(NVCC_OBJ)/gpu/tests/%.o: tests/%.cu $(NVCC_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  NVCC    $<")
-	$(Q)$(NVCC) -std=c++17 $(NVCCFLAGS) $(NVCC_GENCODE) -Iinclude -Ilib $(DEFS) -MMD -MP \
+	$(Q)$(NVCC) -std=c++17 $(NVCCFLAGS) --threads 0 $(NVCC_GENCODE) -Iinclude -Ilib $(DEFS) -MMD -MP \
 	    -Xcompiler -Wall,-Wextra -c $< -o $@
 
-$(BUILD)/tests/test_cuda_gpu: $(OBJ)/gpu/tests/test_cuda_backend.o $(STATIC_LIB)
+$(BUILD)/tests/test_cuda_gpu: $(NVCC_OBJ)/gpu/tests/test_cuda_backend.o $(STATIC_LIB)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(NVCC) $(NVCC_GENCODE) $(LDFLAGS) -o $@ $^ -lcmocka $(BLOB_LIBS) $(REDIS_LIBS) -lm -lpthread -ldl -lrt
@@ -450,8 +454,8 @@ endif
 .PHONY: cuda-resources
 cuda-resources:
 ifeq ($(HAVE_CUDA),1)
-cuda-resources: $(CU_SRCS:%.cu=$(OBJ)/%.o)
-	@scripts/cuda-resources.sh $(CU_SRCS:%.cu=$(OBJ)/%.o.ptxas)
+cuda-resources: $(CU_SRCS:%.cu=$(NVCC_OBJ)/%.o)
+	@scripts/cuda-resources.sh $(CU_SRCS:%.cu=$(NVCC_OBJ)/%.o.ptxas)
 else
 	@echo "cuda-resources: this build has HAVE_CUDA=0 (no nvcc)" >&2; exit 1
 endif
@@ -573,7 +577,7 @@ uninstall:
 clean:
 	rm -rf build
 
--include $(shell find $(OBJ) -name '*.d' 2>/dev/null)
+-include $(shell find $(OBJ) $(if $(filter 1,$(SAN)),$(NVCC_OBJ)/cuda $(NVCC_OBJ)/bench $(NVCC_OBJ)/gpu) -name '*.d' 2>/dev/null)
 
 # ---- fuzzing: every input path under libFuzzer (clang) ----------------------
 # `make fuzz FUZZ_SECONDS=30` installs clang's libFuzzer runtime if missing,

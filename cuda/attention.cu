@@ -17,6 +17,9 @@
  * (k_attention). Everything the kernels need about
  * the batch (the CSR view, qo_indptr, the schedule) is uploaded in one copy,
  * or not at all when it is identical to the last one (every layer of a step).
+ * The kernels of each head dimension are compiled in a file of their own
+ * (attention_d64.cu ... attention_d256.cu), so that the build's longest work
+ * runs on several cores.
  */
 #include "attention.cuh"
 
@@ -30,75 +33,6 @@ using namespace kvp_attn;
 #define PIPE_SMEM_LIMIT(cc) ((cc)->smem_optin - 1024)
 
 namespace {
-
-typedef void (*attn_kernel)(params);
-
-/* The copy pipeline's shape for a store and tile shape; ok = false when it
- * does not apply (pages larger than a tile, blocks not 16-byte aligned, or
- * more shared memory than the device gives a block even with 2 stages). */
-struct pipe_plan {
-    bool ok;
-    int stages, stage_k, stage_v, copy_k, copy_v, slot_k, slot_v, dec_k, dec_v, smem;
-    bool direct[2], sdirect, kint;
-};
-
-bool a16(uint64_t x) { return (x & 15u) == 0; }
-int up16(uint64_t x) { return (int)((x + 15u) & ~(uint64_t)15u); }
-
-template <int D> pipe_plan plan_pipe(const kvp__geo &g, int32_t kind_k, int32_t kind_v, int R, int limit) {
-    pipe_plan pl;
-    memset(&pl, 0, sizeof pl);
-    constexpr int TT = shape<D>::TT;
-    const int32_t P = g.P;
-    if (P > TT || !a16((uint64_t)(uintptr_t)g.arena) || !a16(g.sblock)) return pl;
-    for (int s = 0; s < 2; s++)
-        if (!a16(g.off[s]) || !a16(g.soff[s]) || !a16(g.pstride[s]) || !a16(g.sstride[s]) ||
-            !a16(g.hstride[s]) || !a16(g.block[s]) || g.block[s] < g.used[s])
-            return pl;
-    const int ppt = TT / P;
-    pl.copy_k = up16(g.used[0]);
-    pl.copy_v = up16(g.used[1]);
-    for (int s = 0; s < 2; s++) {
-        const kvp__blockfmt &f = g.fmt[s];
-        pl.direct[s] = (f.format == KVP_FORMAT_FP16 || f.format == KVP_FORMAT_BF16 ||
-                        f.format == KVP_FORMAT_FP32) &&
-                       !kvp__blockfmt_dim_major(&f) &&
-                       g.used[s] == (uint64_t)P * (uint64_t)D * (uint64_t)kvp__plain_size(f.format);
-    }
-    pl.sdirect = !kvp__blockfmt_dim_major(&g.sfmt[0]);
-    /* blocks decoded from the stage sit 64 bytes (16 banks) off the previous
-     * one's bank alignment, so a warp reading the same offset in two pages
-     * is not a 2-way conflict; blocks read in place must be rows end to end */
-    pl.slot_k = pl.copy_k + (pl.direct[0] ? 0 : 64);
-    pl.slot_v = pl.copy_v + (pl.direct[1] ? 0 : 64);
-    /* int8 / int4 keys: integer dot products (up to 8 pages a tile) */
-    pl.kint = (g.fmt[0].format == KVP_FORMAT_INT8 || g.fmt[0].format == KVP_FORMAT_INT4) && ppt <= 8;
-    const int sb = (int)g.sblock;
-    pl.stage_k = ppt * pl.slot_k > sb ? ppt * pl.slot_k : sb;
-    pl.stage_v = ppt * pl.slot_v > sb ? ppt * pl.slot_v : sb;
-    pl.dec_k = (pl.direct[0] || pl.kint) && pl.sdirect ? 0 : smem_plan<D>::tile_bytes(kind_k);
-    pl.dec_v = pl.direct[1] ? 0 : smem_plan<D>::tile_bytes(kind_v);
-    for (int st = 3; st >= 2; st--) {
-        int bytes = smem_plan<D>::pipe_bytes(st, pl.stage_k, pl.stage_v, pl.dec_k, pl.dec_v, R, pl.kint, ppt);
-        if (bytes <= limit) {
-            pl.ok = true;
-            pl.stages = st;
-            pl.smem = bytes;
-            return pl;
-        }
-    }
-    return pl;
-}
-
-template <int D> struct kernels_of {
-    static constexpr attn_kernel attn[4] = {k_attention<D, 1>, k_attention<D, 2>, k_attention<D, 4>,
-                                            k_attention<D, 8>};
-    static constexpr attn_kernel pipe_attn[4] = {k_attention_pipe<D, 1>, k_attention_pipe<D, 2>,
-                                                 k_attention_pipe<D, 4>, k_attention_pipe<D, 8>};
-    static constexpr attn_kernel merge[4] = {k_merge<D, 1>, k_merge<D, 2>, k_merge<D, 4>,
-                                             k_merge<D, 8>};
-    static int smem(int32_t kk, int32_t vk, int R) { return smem_plan<D>::bytes(kk, vk, R); }
-};
 
 int dim_index(int32_t D) {
     switch (D) {
@@ -216,22 +150,12 @@ int launch(kvp_ctx_t *c, const call &in) {
     int smem = 0;
     pipe_plan pl;
     memset(&pl, 0, sizeof pl);
-    switch (di) {
-#define KVP_PICK(i, Dv)                                                    \
-    case i:                                                                \
-        km = kernels_of<Dv>::merge[ri];                                    \
-        smem = kernels_of<Dv>::smem(kind_k, kind_v, R);                    \
-        if (cc->pipeline)                                                  \
-            pl = plan_pipe<Dv>(in.g, kind_k, kind_v, R, PIPE_SMEM_LIMIT(cc)); \
-        ka = pl.ok ? kernels_of<Dv>::pipe_attn[ri] : kernels_of<Dv>::attn[ri]; \
-        break;
-        KVP_PICK(0, 64)
-        KVP_PICK(1, 80)
-        KVP_PICK(2, 96)
-        KVP_PICK(3, 128)
-        KVP_PICK(4, 256)
-#undef KVP_PICK
-    }
+    static const dim_kernels *const dims[5] = {&dims_64, &dims_80, &dims_96, &dims_128, &dims_256};
+    const dim_kernels &dk = *dims[di];
+    km = dk.merge[ri];
+    smem = dk.smem(kind_k, kind_v, R);
+    if (cc->pipeline) pl = dk.plan(in.g, kind_k, kind_v, R, PIPE_SMEM_LIMIT(cc));
+    ka = pl.ok ? dk.pipe_attn[ri] : dk.attn[ri];
     if (pl.ok) smem = pl.smem;
     int occ = 0;
     int rc = ctas_per_sm(cc, ka, di, ri, pl.ok, smem, &occ, err, err_size);

@@ -1266,6 +1266,88 @@ __global__ void __launch_bounds__(NT) k_merge(params p) {
     }
 }
 
+/* ---- host side: the kernels of one head dimension ------------------------ */
+
+typedef void (*attn_kernel)(params);
+
+/* The copy pipeline's shape for a store and tile shape; ok = false when it
+ * does not apply (pages larger than a tile, blocks not 16-byte aligned, or
+ * more shared memory than the device gives a block even with 2 stages). */
+struct pipe_plan {
+    bool ok;
+    int stages, stage_k, stage_v, copy_k, copy_v, slot_k, slot_v, dec_k, dec_v, smem;
+    bool direct[2], sdirect, kint;
+};
+
+inline bool a16(uint64_t x) { return (x & 15u) == 0; }
+inline int up16(uint64_t x) { return (int)((x + 15u) & ~(uint64_t)15u); }
+
+template <int D> pipe_plan plan_pipe(const kvp__geo &g, int32_t kind_k, int32_t kind_v, int R, int limit) {
+    pipe_plan pl;
+    memset(&pl, 0, sizeof pl);
+    constexpr int TT = shape<D>::TT;
+    const int32_t P = g.P;
+    if (P > TT || !a16((uint64_t)(uintptr_t)g.arena) || !a16(g.sblock)) return pl;
+    for (int s = 0; s < 2; s++)
+        if (!a16(g.off[s]) || !a16(g.soff[s]) || !a16(g.pstride[s]) || !a16(g.sstride[s]) ||
+            !a16(g.hstride[s]) || !a16(g.block[s]) || g.block[s] < g.used[s])
+            return pl;
+    const int ppt = TT / P;
+    pl.copy_k = up16(g.used[0]);
+    pl.copy_v = up16(g.used[1]);
+    for (int s = 0; s < 2; s++) {
+        const kvp__blockfmt &f = g.fmt[s];
+        pl.direct[s] = (f.format == KVP_FORMAT_FP16 || f.format == KVP_FORMAT_BF16 ||
+                        f.format == KVP_FORMAT_FP32) &&
+                       !kvp__blockfmt_dim_major(&f) &&
+                       g.used[s] == (uint64_t)P * (uint64_t)D * (uint64_t)kvp__plain_size(f.format);
+    }
+    pl.sdirect = !kvp__blockfmt_dim_major(&g.sfmt[0]);
+    /* blocks decoded from the stage sit 64 bytes (16 banks) off the previous
+     * one's bank alignment, so a warp reading the same offset in two pages
+     * is not a 2-way conflict; blocks read in place must be rows end to end */
+    pl.slot_k = pl.copy_k + (pl.direct[0] ? 0 : 64);
+    pl.slot_v = pl.copy_v + (pl.direct[1] ? 0 : 64);
+    /* int8 / int4 keys: integer dot products (up to 8 pages a tile) */
+    pl.kint = (g.fmt[0].format == KVP_FORMAT_INT8 || g.fmt[0].format == KVP_FORMAT_INT4) && ppt <= 8;
+    const int sb = (int)g.sblock;
+    pl.stage_k = ppt * pl.slot_k > sb ? ppt * pl.slot_k : sb;
+    pl.stage_v = ppt * pl.slot_v > sb ? ppt * pl.slot_v : sb;
+    pl.dec_k = (pl.direct[0] || pl.kint) && pl.sdirect ? 0 : smem_plan<D>::tile_bytes(kind_k);
+    pl.dec_v = pl.direct[1] ? 0 : smem_plan<D>::tile_bytes(kind_v);
+    for (int st = 3; st >= 2; st--) {
+        int bytes = smem_plan<D>::pipe_bytes(st, pl.stage_k, pl.stage_v, pl.dec_k, pl.dec_v, R, pl.kint, ppt);
+        if (bytes <= limit) {
+            pl.ok = true;
+            pl.stages = st;
+            pl.smem = bytes;
+            return pl;
+        }
+    }
+    return pl;
+}
+
+/* Everything the launch needs of one head dimension D: its kernels by rows
+ * per CTA (1, 2, 4, 8), their shared memory and the copy pipeline's plan.
+ * Each is defined (KVP_ATTN_DIM) in a file of its own, attention_dD.cu:
+ * nvcc then compiles the head dimensions' kernels in parallel. */
+struct dim_kernels {
+    attn_kernel attn[4], pipe_attn[4], merge[4];
+    int (*smem)(int32_t kind_k, int32_t kind_v, int R);
+    pipe_plan (*plan)(const kvp__geo &g, int32_t kind_k, int32_t kind_v, int R, int limit);
+};
+
+extern const dim_kernels dims_64, dims_80, dims_96, dims_128, dims_256;
+
+#define KVP_ATTN_DIM(Dv)                                                                           \
+    const dim_kernels dims_##Dv = {                                                                \
+        {k_attention<Dv, 1>, k_attention<Dv, 2>, k_attention<Dv, 4>, k_attention<Dv, 8>},          \
+        {k_attention_pipe<Dv, 1>, k_attention_pipe<Dv, 2>, k_attention_pipe<Dv, 4>,                \
+         k_attention_pipe<Dv, 8>},                                                                 \
+        {k_merge<Dv, 1>, k_merge<Dv, 2>, k_merge<Dv, 4>, k_merge<Dv, 8>},                          \
+        smem_plan<Dv>::bytes,                                                                      \
+        plan_pipe<Dv>};
+
 } // namespace kvp_attn
 
 #endif

@@ -108,7 +108,7 @@ spills=$(printf '%s\n' "$table" | awk -F'\t' -v re="$gated" '$2 ~ re && ($5 > 0 
 echo
 if [ "$ngated" -eq 0 ]; then
     case " $logs " in
-    *attention.cu*)
+    */attention*.o.ptxas*)
         echo "cuda-resources: no decode attention kernel matches '$gated' in ptxas's output: renamed? (KVP_SPILL_KERNELS)" >&2
         exit 1 ;;
     *)

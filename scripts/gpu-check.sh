@@ -179,8 +179,8 @@ else
     arch_note=""
     [ -n "$archs" ] && arch_note=" CUDA_ARCHS='$archs'"
     # On the GPU machine: nvcc optimizes the functions of a file on every
-    # CPU (--split-compile=0; "minimal, if any, impact" on the code): the 40
-    # attention kernels of cuda/attention.cu take minutes for ptxas alone.
+    # CPU (--split-compile=0; "minimal, if any, impact" on the code): the
+    # attention kernels (cuda/attention_d*.cu) take minutes for ptxas alone.
     nvccflags=${NVCCFLAGS:-}
     if [ "$gpu" = 1 ] && [ -z "$nvccflags" ]; then
         nvccflags="$("$make" --no-print-directory -s HAVE_CUDA=1 BUILD_ROOT="$root" \

@@ -15,8 +15,10 @@ if [ "${SAN:-0}" = 1 ]; then
     export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 fi
 
-# run_one DIR INDEX PROGRAM: its output in DIR/INDEX.log, its status in .rc
+# run_one DIR INDEX PROGRAM: its output in DIR/INDEX.log, its status in .rc,
+# its wall time (whole seconds) in .sec
 run_one() {
+    t0=$(date +%s)
     # shellcheck disable=SC2086
     if [ -n "${TEST_TIMEOUT:-}" ]; then
         timeout "$TEST_TIMEOUT" ${TEST_WRAPPER:-} "$3" >"$1/$2.log" 2>&1
@@ -24,6 +26,7 @@ run_one() {
         ${TEST_WRAPPER:-} "$3" >"$1/$2.log" 2>&1
     fi
     echo $? >"$1/$2.rc"
+    echo $(($(date +%s) - t0)) >"$1/$2.sec"
 }
 
 # (how the parallel runs call back: "$0" --one DIR INDEX PROGRAM)
@@ -47,12 +50,16 @@ run=0
 skipped=0
 failed_tests=0
 failed_programs=""
+times=""
 for t in "$@"; do
     programs=$((programs + 1))
     [ "$jobs" -gt 1 ] || run_one "$outdir" "$programs" "$t"
     log="$outdir/$programs.log"
     rc=$(cat "$outdir/$programs.rc" 2>/dev/null || echo 127)
     cat "$log"
+    echo "---- $t: $(cat "$outdir/$programs.sec" 2>/dev/null || echo '?') s"
+    times="$times$(cat "$outdir/$programs.sec" 2>/dev/null || echo 0) $(basename "$t")
+"
     n=$(sed -n 's/^\[==========\] \([0-9][0-9]*\) test(s) run\..*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     f=$(sed -n 's/^\[  FAILED  \] \([0-9][0-9]*\) test(s), listed below:.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     k=$(sed -n 's/^\[  SKIPPED \] \([0-9][0-9]*\) test(s), listed below:.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
@@ -66,6 +73,7 @@ for t in "$@"; do
 done
 
 echo
+echo "longest programs (s): $(printf '%s' "$times" | sort -rn | head -n 5 | tr '\n' ' ')"
 echo "[==========] $run test(s) run in $programs program(s)."
 # cmocka counts a skipped test as run; so does this summary, but never as passed
 [ "$skipped" -gt 0 ] && echo "[  SKIPPED ] $skipped test(s) (see the reasons above)."
