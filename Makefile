@@ -215,8 +215,8 @@ NVCC_CHECKS := $(NVCC_OBJ)/nvcc-check/test_cudasim.o
 # simulator, linked with the C library objects (tests/test_cuda_backend.cu).
 SIM_CU_OBJS := $(CU_SRCS:%.cu=$(OBJ)/sim/%.o)
 LIB_C_OBJS := $(LIB_SRCS:%.c=$(OBJ)/%.o)
-TESTS += $(BUILD)/tests/test_cuda_sim
-TESTS += $(BUILD)/tests/test_fuzz_cuda_sim
+# (first: with TEST_JOBS > 1 the longest programs should start first)
+TESTS := $(BUILD)/tests/test_cuda_sim $(BUILD)/tests/test_fuzz_cuda_sim $(TESTS)
 # ... and the same test source built by nvcc against the real runtime, for
 # `make test-cuda` on a machine with a GPU (built by `make tests` too, so CI
 # keeps it compiling; not run here).
@@ -409,7 +409,7 @@ ifneq ($(SAN),1)
 	+@CC="$(CC)" HAVE_CUDA=$(HAVE_CUDA) scripts/test-install.sh
 	@$(MAKE) --no-print-directory test-python
 endif
-	@$(call run_with_model,$(TESTS) $(ENGINE_TESTS))
+	@$(call run_with_model,$(ENGINE_TESTS) $(TESTS))
 
 # Run test programs with KVPAGE_MODEL set to the fetched model, or with
 # KVPAGE_MODEL_SKIP saying why there is none (the model tests then skip).
@@ -435,7 +435,7 @@ test-python: $(SHARED_LIBS)
 
 test-unit: deps-test
 	@$(MAKE) --no-print-directory all tests
-	@$(call run_with_model,$(TESTS) $(ENGINE_TESTS))
+	@$(call run_with_model,$(ENGINE_TESTS) $(TESTS))
 
 # The CUDA backend's test suite on a real GPU (nvcc, the real runtime): the
 # kernels of the library itself, compared with the CPU backend.
@@ -481,7 +481,8 @@ ENGINE_OUT := $(abspath $(BUILD))/engine
 ENGINE_BIN := $(ENGINE_OUT)/kvpage-engine
 ENGINE_PKG_CONFIG := env PKG_CONFIG_LIBDIR=$(ENGINE_STAGE)/usr/lib/pkgconfig PKG_CONFIG_PATH= \
                      pkg-config --define-variable=prefix=$(ENGINE_STAGE)/usr
-ENGINE_TESTS := $(ENGINE_OUT)/tests/test_engine_unit $(ENGINE_OUT)/tests/test_engine_model
+# (the model test first: the longest program of make test)
+ENGINE_TESTS := $(ENGINE_OUT)/tests/test_engine_model $(ENGINE_OUT)/tests/test_engine_unit
 
 # `all` first: the recursive install then finds everything built and only copies.
 engine: all

@@ -158,7 +158,9 @@ float *kv_contig_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v);
  * keys fp16, int8, int4 (per channel over the page, as libkvpage), int4wN
  * (int4, but the N channels of widest range in each page kept as int8),
  * int4sN (int4, but the first N tokens of the sequence kept in fp16);
- * values fp16, int8, int4 (as libkvpage); int8/int4 keys or values with an
+ * values fp16, int8, int4 (as libkvpage), int4 values ending in sym
+ * (symmetric, codes -7..7) and gN (N channels a group, not 32):
+ * int4g16, int4hsymg16; int8/int4 keys or values with an
  * h (int4h, int4hwN, int8h) quantized in a randomized Hadamard basis
  * (head_dim a power of two); "+rN" at the end: the last N tokens stay
  * fp16. Spec "KEY/VALUE[@PAGE][+rN]". NULL with err on a bad spec. */

@@ -34,6 +34,8 @@
  *           p.v keep their values), quantized there and rotated back. It
  *           spreads outlier channels over all of them. int4h keys keep no
  *           int8 channels (int4hwN: N of them). head_dim a power of two.
+ * Value schemes: int4 values may be symmetric (int4sym: codes -7..7, one
+ * fp16 scale a group) and take N channels a group (int4g16; 32 by default).
  * A spec may end in +rN: the sequence's last N tokens stay fp16 (a
  * full-precision recent window, KIVI's residual): a page is quantized once
  * N tokens have come after it, not when it fills.
@@ -54,6 +56,7 @@ typedef struct {
     int kf, vf;        /* FMT_* of keys and values */
     int wide, sink;    /* int4wN, int4sN */
     int krot, vrot;    /* ...h: keys / values quantized in the rotated basis */
+    int vgroup, vsym;  /* int4 values: channels per group (gN), symmetric (sym) */
     int32_t window;    /* +rN: the last N tokens stay fp16 */
     float *signs;      /* [head_dim] the rotation's sign flips (+1 / -1) */
     int32_t page;
@@ -81,6 +84,18 @@ static void quant_asym(float *x, int n, long stride, int levels) {
         float c = nearbyintf((x[i * stride] - m) * inv);
         c = c < 0 ? 0 : c > (float)levels ? (float)levels : c;
         x[i * stride] = fmaf(s, c, m);
+    }
+}
+
+/* Symmetric codes -levels..levels over n elements (int4 values' sym). */
+static void quant_sym(float *x, int n, int levels) {
+    float amax = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i])) amax = fmaxf(amax, fabsf(x[i]));
+    float s = f16r(amax / (float)levels), inv = s > 0 ? 1 / s : 0;
+    for (int i = 0; i < n; i++) {
+        float c = nearbyintf(x[i] * inv);
+        x[i] = s * (float)(int)(c < -levels ? -levels : c > levels ? levels : c);
     }
 }
 
@@ -129,7 +144,11 @@ static void quant_value(const sim_kv *s, float *v, int hd) {
     if (s->vrot && s->vf != FMT_FP16) rotate(s, v, hd, 1);
     if (s->vf == FMT_INT8) quant_sym8(v, hd);
     else if (s->vf == FMT_INT4)
-        for (int g = 0; g < hd; g += 32) quant_asym(v + g, hd - g < 32 ? hd - g : 32, 1, 15);
+        for (int g = 0; g < hd; g += s->vgroup) {
+            const int w = hd - g < s->vgroup ? hd - g : s->vgroup;
+            if (s->vsym) quant_sym(v + g, w, 7);
+            else quant_asym(v + g, w, 1, 15);
+        }
     else round_f16(v, hd);
     if (s->vrot && s->vf != FMT_FP16) unrotate(s, v, hd, 1);
 }
@@ -271,13 +290,33 @@ static const kv_ops_t sim_ops = {
 };
 
 /* "fp16" | "int8" | "int4" | "int4wN" | "int4sN" (keys) of `len` bytes,
- * with an optional rotation: "int8h", "int4h" (no int8 channels), "int4hwN". */
-static int parse_scheme(const char *p, size_t len, int is_key, int *fmt, int *wide, int *sink, int *rot) {
-    char buf[16];
+ * with an optional rotation: "int8h", "int4h" (no int8 channels), "int4hwN";
+ * int4 values may end in "sym" (symmetric) and "gN" (N channels a group):
+ * "int4hsymg16". */
+static int parse_scheme(const char *p, size_t len, int is_key, int *fmt, int *wide, int *sink, int *rot,
+                        int *group, int *sym) {
+    char buf[24];
     if (len == 0 || len >= sizeof buf) return -1;
     memcpy(buf, p, len);
     buf[len] = 0;
-    *wide = *sink = *rot = 0;
+    *wide = *sink = *rot = *sym = 0;
+    *group = 32;
+    if (!is_key && !strncmp(buf, "int4", 4)) {
+        char *g = strstr(buf, "g"), *y = strstr(buf, "sym");
+        if (g) {
+            char *end;
+            long n = strtol(g + 1, &end, 10);
+            if (*end || end == g + 1 || n < 2 || n > 1024 || n % 2) return -1;
+            *group = (int)n;
+            *g = 0;
+        }
+        if (y) {
+            if (y[3]) return -1;
+            *sym = 1;
+            *y = 0;
+        }
+        len = strlen(buf);
+    }
     if (len > 4 && buf[4] == 'h' && (!strncmp(buf, "int4", 4) || !strncmp(buf, "int8", 4))) {
         *rot = 1;
         memmove(buf + 4, buf + 5, len - 4); /* "int4hw2" -> "int4w2"; "int4h" -> "int4" */
@@ -304,7 +343,7 @@ float *kv_sim_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v) {
 }
 
 typedef struct {
-    int kf, vf, wide, sink, krot, vrot;
+    int kf, vf, wide, sink, krot, vrot, vgroup, vsym;
     long page, window;
 } sim_spec;
 
@@ -312,7 +351,7 @@ static int sim_parse(const char *spec, sim_spec *o, char *err, size_t err_size) 
     const char *plus = strchr(spec, '+'), *stop = plus ? plus : spec + strlen(spec);
     const char *slash = strchr(spec, '/'), *at = memchr(spec, '@', (size_t)(stop - spec));
     const char *vend = at ? at : stop;
-    int w2, s2;
+    int w2, s2, g1, y1;
     o->page = 16;
     o->window = 0;
     if (at) {
@@ -326,10 +365,12 @@ static int sim_parse(const char *spec, sim_spec *o, char *err, size_t err_size) 
         if (plus[1] != 'r' || *end || end == plus + 2 || o->window < 1 || o->window > 1 << 20) o->window = -1;
     }
     if (!slash || slash > vend || o->page < 0 || o->window < 0 ||
-        parse_scheme(spec, (size_t)(slash - spec), 1, &o->kf, &o->wide, &o->sink, &o->krot) ||
-        parse_scheme(slash + 1, (size_t)(vend - slash - 1), 0, &o->vf, &w2, &s2, &o->vrot)) {
+        parse_scheme(spec, (size_t)(slash - spec), 1, &o->kf, &o->wide, &o->sink, &o->krot, &g1, &y1) ||
+        parse_scheme(slash + 1, (size_t)(vend - slash - 1), 0, &o->vf, &w2, &s2, &o->vrot, &o->vgroup,
+                     &o->vsym)) {
         snprintf(err, err_size, "bad simulation spec '%s': KEY/VALUE[@PAGE][+rN], keys fp16|int8|int4|int4wN|int4sN, "
-                 "values fp16|int8|int4, int8/int4 with an h for the rotated basis (int4h, int4hwN), an even "
+                 "values fp16|int8|int4 (int4[h][sym][gN]: symmetric, N channels a group), int8/int4 with an "
+                 "h for the rotated basis (int4h, int4hwN), an even "
                  "page size, N tokens in fp16 at the end", spec);
         return -1;
     }
@@ -353,6 +394,7 @@ kv_cache_t *kv_sim_create(const kv_shape_t *shape, pool_t *pool, const char *spe
     s->wide = o.wide < 0 ? (int)(shape->head_dim / 32) : o.wide;
     s->page = (int32_t)o.page;
     s->krot = o.krot, s->vrot = o.vrot;
+    s->vgroup = o.vgroup, s->vsym = o.vsym;
     s->window = (int32_t)o.window;
     const int hd = (int)shape->head_dim;
     if ((s->krot || s->vrot) && (hd & (hd - 1)) != 0) {

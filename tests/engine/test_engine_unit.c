@@ -923,6 +923,80 @@ static void test_kv_sim_rotation_and_window(void **state) {
     free(v);
 }
 
+/* kv_sim's int4 value groups and symmetric values: int4g32 is int4 bit for
+ * bit; int4g16 rounds each 16-channel group within about half its own step
+ * (finer than int4's 32-channel groups); int4sym's values of a group are
+ * whole multiples, -7..7, of one scale; the specs parse (value suffixes on
+ * int4 values only, an even group size). */
+static void test_kv_sim_value_groups(void **state) {
+    (void)state;
+    enum { P = 16, KVH = 2, HD = 64, ROW = KVH * HD };
+    float *k = malloc(sizeof(float) * P * ROW), *v = malloc(sizeof(float) * P * ROW);
+    for (int i = 0; i < P * ROW; i++) {
+        k[i] = rndf();
+        v[i] = rndf() * ((i % HD) < 16 ? 0.1f : 1.0f); /* a narrow group beside wide ones */
+    }
+    pool_t *pool = pool_create(1);
+    kv_shape_t sh = {1, KVH, KVH, HD, 1, 64};
+    char err[256];
+    static const char *const specs[] = {"int4/int4", "int4/int4g32", "int4/int4g16", "int4/int4sym"};
+    kv_cache_t *kvs[4];
+    const float *got[4];
+    for (int c = 0; c < 4; c++) {
+        kvs[c] = kv_sim_create(&sh, pool, specs[c], err, sizeof err);
+        assert_non_null(kvs[c]);
+        int32_t seq, q_start[2] = {0, P}, tokens[P] = {0};
+        assert_int_equal(kvs[c]->ops->seq_open(kvs[c], &seq), KV_OK);
+        kv_batch_t b = {1, &seq, q_start, tokens};
+        assert_int_equal(kvs[c]->ops->begin_step(kvs[c], &b), KV_OK);
+        assert_int_equal(kvs[c]->ops->append(kvs[c], 0, k, v), KV_OK);
+        kvs[c]->ops->end_step(kvs[c]);
+        got[c] = kv_sim_data(kvs[c], seq, 0, 1);
+        assert_non_null(got[c]);
+    }
+    assert_memory_equal(got[0], got[1], sizeof(float) * P * ROW);
+    double e32 = 0, e16 = 0;
+    for (int t = 0; t < P; t++)
+        for (int h = 0; h < KVH; h++)
+            for (int g = 0; g < HD; g += 16) {
+                const size_t o = (size_t)t * ROW + (size_t)h * HD + (size_t)g;
+                float lo = INFINITY, hi = -INFINITY;
+                for (int d = 0; d < 16; d++) {
+                    const float x = fp16_to_fp32(fp32_to_fp16(v[o + d]));
+                    lo = fminf(lo, x), hi = fmaxf(hi, x);
+                }
+                const float step = (hi - lo) / 15;
+                for (int d = 0; d < 16; d++) {
+                    const float x = fp16_to_fp32(fp32_to_fp16(v[o + d]));
+                    assert_true(fabsf(got[2][o + d] - x) <= 0.5f * step * 1.01f + 1e-4f);
+                    e16 += fabs(got[2][o + d] - x), e32 += fabs(got[0][o + d] - x);
+                }
+            }
+    /* sym (groups of 32): the largest magnitude is code 7; every value a whole multiple */
+    for (size_t o = 0; o < (size_t)P * ROW; o += 32) {
+        float amax = 0;
+        for (int d = 0; d < 32; d++) amax = fmaxf(amax, fabsf(got[3][o + d]));
+        const float s = amax / 7;
+        assert_true(s > 0);
+        for (int d = 0; d < 32; d++) {
+            const float c = got[3][o + d] / s;
+            assert_true(fabsf(c - rintf(c)) < 1e-4f && fabsf(c) <= 7.0001f);
+        }
+    }
+    assert_true(e16 < 0.9 * e32);
+    for (int c = 0; c < 4; c++) kvs[c]->ops->destroy(kvs[c]);
+    assert_int_equal(kv_sim_check("int4/int4hsymg16", err, sizeof err), 0);
+    assert_int_equal(kv_sim_check("int4w8/int4hg16@32+r64", err, sizeof err), 0);
+    assert_int_equal(kv_sim_check("int4/int4g15", err, sizeof err), -1);
+    assert_int_equal(kv_sim_check("int4/int4g", err, sizeof err), -1);
+    assert_int_equal(kv_sim_check("int4/int4symx", err, sizeof err), -1);
+    assert_int_equal(kv_sim_check("int4g16/int4", err, sizeof err), -1); /* groups: values only */
+    assert_int_equal(kv_sim_check("int4/int8g16", err, sizeof err), -1);
+    pool_destroy(pool);
+    free(k);
+    free(v);
+}
+
 /* ---- tokenizer on a hand-made vocabulary ----------------------------------------- */
 
 static uint32_t gpt2_cp(int b) {
@@ -1095,6 +1169,7 @@ int main(void) {
         cmocka_unit_test(test_kv_store_check),
         cmocka_unit_test(test_kv_sim_matches_library),
         cmocka_unit_test(test_kv_sim_rotation_and_window),
+        cmocka_unit_test(test_kv_sim_value_groups),
         cmocka_unit_test(test_tokenizer_synthetic),
         cmocka_unit_test(test_unicode_classes),     cmocka_unit_test(test_eval_math),
     };
