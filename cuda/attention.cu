@@ -34,15 +34,17 @@ using namespace kvp_attn;
 
 namespace {
 
+/* The head dimensions with kernels; a context's occupancy cache is indexed
+ * by the position here. */
+const struct {
+    int32_t D;
+    const dim_kernels *k;
+} dims[] = {{64, &dims_64}, {80, &dims_80}, {96, &dims_96}, {128, &dims_128}, {256, &dims_256}};
+
 int dim_index(int32_t D) {
-    switch (D) {
-    case 64: return 0;
-    case 80: return 1;
-    case 96: return 2;
-    case 128: return 3;
-    case 256: return 4;
-    default: return -1;
-    }
+    for (int i = 0; i < (int)(sizeof dims / sizeof dims[0]); i++)
+        if (dims[i].D == D) return i;
+    return -1;
 }
 
 int32_t kind_of(int32_t format) {
@@ -150,8 +152,7 @@ int launch(kvp_ctx_t *c, const call &in) {
     int smem = 0;
     pipe_plan pl;
     memset(&pl, 0, sizeof pl);
-    static const dim_kernels *const dims[5] = {&dims_64, &dims_80, &dims_96, &dims_128, &dims_256};
-    const dim_kernels &dk = *dims[di];
+    const dim_kernels &dk = *dims[di].k;
     km = dk.merge[ri];
     smem = dk.smem(kind_k, kind_v, R);
     if (cc->pipeline) pl = dk.plan(in.g, kind_k, kind_v, R, PIPE_SMEM_LIMIT(cc));

@@ -57,8 +57,9 @@ for t in "$@"; do
     log="$outdir/$programs.log"
     rc=$(cat "$outdir/$programs.rc" 2>/dev/null || echo 127)
     cat "$log"
-    echo "---- $t: $(cat "$outdir/$programs.sec" 2>/dev/null || echo '?') s"
-    times="$times$(cat "$outdir/$programs.sec" 2>/dev/null || echo 0) $(basename "$t")
+    sec=$(cat "$outdir/$programs.sec" 2>/dev/null || echo 0)
+    echo "---- $t: $sec s"
+    times="$times$sec $(basename "$t")
 "
     n=$(sed -n 's/^\[==========\] \([0-9][0-9]*\) test(s) run\..*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
     f=$(sed -n 's/^\[  FAILED  \] \([0-9][0-9]*\) test(s), listed below:.*/\1/p' "$log" | awk '{s+=$1} END {print s+0}')
