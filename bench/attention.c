@@ -49,6 +49,7 @@ static const bench_format formats[] = {
     {"int8", KVP_FORMAT_INT8, KVP_K_ORDER_DIM_MAJOR},
     {"int4", KVP_FORMAT_INT4, KVP_K_ORDER_DIM_MAJOR},
     {"fp16-hnd", KVP_FORMAT_FP16, KVP_K_ORDER_TOKEN_MAJOR},
+    {"int4_v1", KVP_FORMAT_INT4_V1, KVP_K_ORDER_DIM_MAJOR},
 };
 
 typedef kvb_result result;
@@ -832,7 +833,7 @@ static void usage(FILE *f) {
                "[--isa auto|portable|avx2|avx512|avx512-bf16|neon|neon-dotprod]\n"
                "       [--acc-seqs N (8; 1..256)] [--accuracy-only | --no-accuracy] "
                "[--seconds S (per case; 0.25, --quick 0.12; 0.001..600)]\n"
-               "       [--format fp16|int8|int4|fp16-hnd] [--page N] [--batch 1|16 (decode)] "
+               "       [--format fp16|int8|int4|fp16-hnd|int4_v1] [--page N] [--batch 1|16 (decode)] "
                "[--context N (a multiple of the page size; k = x1024)]   (run only matching cases)\n"
                "       [--prefill (only the prefill cases: chunks 128, 512, 2048 x contexts 8k, 32k x "
                "pages 16, 32, and a mixed batch) | --decode (only the decode cases)]\n"
@@ -938,7 +939,8 @@ static int decode_table(const options *o, kvp_ctx_t *ctx, kvd_rng *rng, const be
     int one_ctx[1] = {o->only.context}, one_page[1] = {o->only.page};
     if (o->only.context > 0) { cx = one_ctx; ncx = 1; }
     if (o->only.page > 0) { pg = one_page; npg = 1; }
-    int nfmt = o->quick && o->only.fmt != 3 ? 3 : 4, max_ctx = cx[ncx - 1];
+    /* fp16, int8, int4 (and fp16-hnd unless --quick); int4_v1 when asked for */
+    int nfmt = o->only.fmt >= 3 ? o->only.fmt + 1 : o->quick ? 3 : 4, max_ctx = cx[ncx - 1];
     result rs[64];
     int n = 0;
     /* the streaming read that every timing round repeats (time_group):
@@ -1039,7 +1041,7 @@ static int prefill_table(const options *o, kvp_ctx_t *ctx, kvd_rng *rng, const b
                 if (chunk > context) continue;
                 /* the group: this (page, chunk, context)'s formats, fp16 first */
                 int g0 = *n, g = 0;
-                for (int f = 0; f < 4; f++) {
+                for (int f = 0; f < (int)(sizeof formats / sizeof *formats); f++) {
                     if (o->only.fmt >= 0 ? f != o->only.fmt && f != 0 : f > 2) continue;
                     if (*n + g >= PREFILL_CASES_MAX) {
                         fprintf(stderr, "%s: more than %d prefill cases\n", TOOL, PREFILL_CASES_MAX);

@@ -32,7 +32,8 @@ typedef struct {
 } stage_format;
 
 static const stage_format stage_formats[] = {
-    {"fp16", KVP_FORMAT_FP16}, {"bf16", KVP_FORMAT_BF16}, {"int8", KVP_FORMAT_INT8}, {"int4", KVP_FORMAT_INT4}};
+    {"fp16", KVP_FORMAT_FP16}, {"bf16", KVP_FORMAT_BF16}, {"int8", KVP_FORMAT_INT8}, {"int4", KVP_FORMAT_INT4},
+    {"int4_v1", KVP_FORMAT_INT4_V1}};
 
 typedef struct {
     kvp__tile tile;
@@ -93,7 +94,7 @@ static double run_stage(const stage_set_t *ss, stage_state *st, int s, int iters
 #define TOOL "kvpage-bench stages"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kvpage-bench stages [--format fp16|bf16|int8|int4 (int4)] "
+    fprintf(f, "usage: kvpage-bench stages [--format fp16|bf16|int8|int4|int4_v1 (int4)] "
                "[--isa auto|portable|avx2|avx512|avx512-bf16|neon|neon-dotprod (auto: best here)] [--page N (32; even, 2..64)] "
                "[--head-dim 64|80|96|128|256 (128)] [--iters N (4000; 1..100000000)]\n");
 }

@@ -8,6 +8,9 @@
  *   3. rows: one warp per (row, kv head, side) writes the row into its slot
  *      (staging pages in fp16, pool pages in their format) and counts
  *      non-finite inputs.
+ * Rotated values (int4, and their fp16 staging pages) go through the
+ * rotated basis as each token is encoded (codec.cuh); a seal takes its
+ * staged rows as they are, since they were rotated when they were staged.
  * Whoever writes a pool block also zeroes its padding (up to
  * KVP_BLOCK_ALIGN), so its bytes never depend on what the arena held.
  * Slots and seals are uploaded once per distinct set (every layer of a step
@@ -173,6 +176,8 @@ int kvp__cuda_append(kvp_store_t *s, const kvp_append_params_t *a, char *err, si
             src->esize = (int32_t)kvp__dtype_size(a->dtype);
         }
         cudaStream_t stream = cs->o.stream;
+        /* rotated values: a row per warp (codec.cuh) */
+        const size_t rsmem = kvp__enc_smem(k.g.fmt[1].rot || k.g.sfmt[1].rot, APPEND_THREADS, l->head_dim);
         /* 1. fp8 calibration, while some scale of this layer is still 0 */
         size_t table = (size_t)l->layers * (size_t)l->kv_heads;
         for (int side = 0; side < 2 && any_row; side++) {
@@ -191,7 +196,7 @@ int kvp__cuda_append(kvp_store_t *s, const kvp_append_params_t *a, char *err, si
         /* 2. seals, before any row reaches a staging page */
         if (nseal > 0) {
             rc = kvp__cuda_status(KVP_LAUNCH(k_seal, dim3((unsigned)nseal, (unsigned)l->kv_heads, 2),
-                                             dim3(APPEND_THREADS), 0, stream, k),
+                                             dim3(APPEND_THREADS), rsmem, stream, k),
                                   err, err_size, "seal kernel");
             if (rc != KVP_OK) goto out;
         }
@@ -199,7 +204,7 @@ int kvp__cuda_append(kvp_store_t *s, const kvp_append_params_t *a, char *err, si
         if (a->rows > 0) {
             uint64_t warps = (uint64_t)a->rows * (uint64_t)l->kv_heads * 2;
             uint64_t blocks = (warps + APPEND_THREADS / 32 - 1) / (APPEND_THREADS / 32);
-            rc = kvp__cuda_status(KVP_LAUNCH(k_rows, dim3((unsigned)blocks), dim3(APPEND_THREADS), 0,
+            rc = kvp__cuda_status(KVP_LAUNCH(k_rows, dim3((unsigned)blocks), dim3(APPEND_THREADS), rsmem,
                                              stream, k),
                                   err, err_size, "append kernel");
         }

@@ -55,6 +55,7 @@ int32_t kind_of(int32_t format) {
 bool fast_loader(const kvp__blockfmt &f, int32_t P) {
     switch (f.format) {
     case KVP_FORMAT_INT8: return P % 4 == 0;
+    case KVP_FORMAT_INT4_V1:
     case KVP_FORMAT_INT4: return f.is_key ? P % 8 == 0 : P % 4 == 0;
     default:
         if (!kvp__blockfmt_dim_major(&f)) return true;

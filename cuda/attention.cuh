@@ -36,6 +36,14 @@
  * dequantized (rounding to fp16 adds far less error than the format's own:
  * docs/cuda.md). A sequence's staging page is a tile of its own.
  *
+ * int4 values are stored in a rotated basis (kvp__rot_forward), their fp16
+ * staging pages too: the tiles hold rotated values, and attention over them
+ * is the rotated output. Each output row is taken back (kvp__rot_inverse,
+ * in fp32, before the conversion to the output dtype) where it is
+ * finished: in shared memory at the end of the attention kernel, or in the
+ * merge kernel for split sequences (the merge is linear, so the partials
+ * stay rotated).
+ *
  * Everything here compiles both with nvcc and, for CI, as C++ against the
  * kernel simulator (tests/cudasim): no block relies on another, every
  * thread reaches every barrier, every warp collective has all 32 lanes.
@@ -127,23 +135,24 @@ template <int D> struct smem_plan {
     /* With the copy pipeline: the stages, then the decoded tiles; after the
      * rest, each stage's block pointers (K, V) and page ids. */
     static __host__ __device__ int pipe_bytes(int stages, int stage_k, int stage_v, int dec_k, int dec_v,
-                                              int R, bool kint, int ppt) {
+                                              int R, bool kint, int ppt, int ro) {
         return main_area(stages * (stage_k + stage_v) + dec_k + dec_v, R) + rest(R) + stages * TT * 20 +
-               (kint ? kint_bytes(R, ppt) : 0) + 64;
+               (kint ? kint_bytes(R, ppt, ro) : 0) + 64;
     }
     /* Integer keys, after the page ids (offsets in this order, each a
      * multiple of 16): the rows' scaled queries qf [R][D] (fp32); per page
      * of the tile, the query quantized against the page's channel scales,
      * qq [ppt][R][D/4] x (hi, lo) words, a page's part padded by 16 bytes
      * so the pages' words fall in different banks; per page and row the
-     * step and constant of the logits, sc [ppt][R][2]; int4 outlier
-     * coefficients ko [ppt][R][D/32]; the warps' partial dot products
-     * part [NW][R][TT] (int32). */
+     * step and constant of the logits, sc [ppt][R][2]; the warps' partial
+     * dot products part [NW][R][TT] (int32); int4 outlier coefficients
+     * ko [ppt][R][ro] (ro: the key format's outlier channels, 0 for int8),
+     * last, so that no other offset depends on the format. */
     static __host__ __device__ int qq_page(int R) { return R * D * 2 + 16; }
     static __host__ __device__ int up16(int x) { return (x + 15) & ~15; }
-    static __host__ __device__ int kint_bytes(int R, int ppt) {
-        return R * D * 4 + ppt * qq_page(R) + up16(ppt * R * 8) + up16(ppt * R * (D / 32) * 4) +
-               NW * R * TT * 4;
+    static __host__ __device__ int kint_bytes(int R, int ppt, int ro) {
+        return R * D * 4 + ppt * qq_page(R) + up16(ppt * R * 8) + NW * R * TT * 4 +
+               up16(ppt * R * ro * 4);
     }
 };
 
@@ -291,7 +300,7 @@ enum : int32_t { LD_GENERIC = 0, LD_PLAIN_TM, LD_PLAIN_DM, LD_K8, LD_K4, LD_V8, 
 __device__ __forceinline__ int32_t loader_of(const kvp__blockfmt &f, bool fast) {
     if (!fast) return LD_GENERIC;
     if (f.format == KVP_FORMAT_INT8) return f.is_key ? LD_K8 : LD_V8;
-    if (f.format == KVP_FORMAT_INT4) return f.is_key ? LD_K4 : LD_V4;
+    if (KVP__IS_INT4(f.format)) return f.is_key ? LD_K4 : LD_V4;
     return kvp__blockfmt_dim_major(&f) ? LD_PLAIN_DM : LD_PLAIN_TM;
 }
 
@@ -557,8 +566,8 @@ __device__ void load_generic(const tile_ref &T, const kvp__blockfmt &f) {
  * generic loader's kvp__block_decode_one handles them already. */
 template <int D>
 __device__ void fix_k4_outliers(const tile_ref &T, const kvp__blockfmt &f) {
-    constexpr int R = KVP__K4_OUTLIERS(D);
-    if (R == 0) return;
+    const int R = KVP__K4_OUTLIERS(f.format, D); /* the format's count: D/8, or D/32 (int4_v1) */
+    if (R == 0) return; /* uniform */
     __syncthreads(); /* the loader's writes to these channels come first */
     for (int c = threadIdx.x; c < T.ntok * R; c += NT) {
         const int i = c / R, j = c % R;
@@ -632,6 +641,14 @@ struct walk {
         return false;
     }
 };
+
+/* Element d of output row `row` (token, query head) in the output dtype. */
+__device__ __forceinline__ void store_out(const params &p, size_t row, int d, float x) {
+    uint8_t *op = p.out + (row * (size_t)p.g.D + (size_t)d) * (size_t)p.esize;
+    if (p.dtype == KVP_FORMAT_FP32) *reinterpret_cast<float *>(op) = x;
+    else if (p.dtype == KVP_FORMAT_FP16) *reinterpret_cast<uint16_t *>(op) = f16_from(x);
+    else *reinterpret_cast<uint16_t *>(op) = bf16_from(x);
+}
 
 /* The kernel body; PIPE: the copy pipeline, else the single-buffer loader
  * (two kernels, so that each gets the registers of its own path). */
@@ -754,14 +771,15 @@ __device__ __forceinline__ void attention_body(const params &p) {
     const int ppt = P <= TT ? TT / P : 1; /* whole pages per tile */
 
     /* ---- integer keys (copy pipeline, pool int8 / int4 keys): the layout of smem_plan::kint_bytes ---- */
-    constexpr int QD = D / 4, RO = D / 32; /* channel quads; int4 outlier channels */
+    constexpr int QD = D / 4; /* channel quads */
+    static_assert(QD <= 64 && D / 8 <= 32, "a lane holds at most 2 quads, and at most 1 outlier entry");
     const bool kint = pipe && p.kint != 0;
     uint8_t *kint_at = reinterpret_cast<uint8_t *>(s_ids + TT * (pipe ? p.stages : 0));
     float *s_qf = reinterpret_cast<float *>(kint_at);                      /* [R][D] */
     uint8_t *s_qq = kint_at + R * D * 4;                                   /* [ppt] x qq_page */
     float *s_sc = reinterpret_cast<float *>(s_qq + ppt * smem_plan<D>::qq_page(R)); /* [ppt][R][2] */
-    float *s_ko = s_sc + smem_plan<D>::up16(ppt * R * 8) / 4;              /* [ppt][R][RO] */
-    int32_t *s_part = reinterpret_cast<int32_t *>(s_ko + smem_plan<D>::up16(ppt * R * RO * 4) / 4);
+    int32_t *s_part = reinterpret_cast<int32_t *>(s_sc + smem_plan<D>::up16(ppt * R * 8) / 4); /* [NW][R][TT] */
+    float *s_ko = reinterpret_cast<float *>(s_part + NW * R * TT);        /* [ppt][R][ro] */
     const bool k8 = g.fmt[0].format == KVP_FORMAT_INT8;
 
     /* Per page j of the tile in stage blocks kb and row r: the query folded
@@ -776,40 +794,44 @@ __device__ __forceinline__ void attention_body(const params &p) {
      * scale and min are excluded even when the bytes are not 0). One warp
      * per (page, row). */
     auto prep_int = [&](uint8_t *const *kb, int32_t np) {
+        const int RO = KVP__K4_OUTLIERS(g.fmt[0].format, D); /* int4 keys' outlier channels; 0 for int8 */
         for (int pr = warp; pr < np * R; pr += NW) { /* uniform per warp */
             const int j = pr / R, r = pr - j * R;
             const uint8_t *blk = kb[j];
             const uint8_t *sc = blk + (k8 ? (size_t)P * D : (size_t)P * D / 2), *mn = sc + 2 * D;
             const float *qr = s_qf + r * D;
-            int oidx[RO > 0 ? RO : 1]; /* int4: the outlier channels (D: none) */
             const uint8_t *ot = k8 ? nullptr : blk + (size_t)P * D / 2 + 4 * D; /* the outlier table */
-            KVP_UNROLL
-            for (int o = 0; o < RO; o++) oidx[o] = k8 ? D : (int)kvp__load_u16(ot + 2 * o);
-            /* the channel scale of d (0 for an int4 outlier channel) */
-            auto scale_of = [&](int d) {
-                float s = f16_bits(kvp__load_u16(sc + 2 * d));
-                KVP_UNROLL
-                for (int o = 0; o < RO; o++)
-                    if (oidx[o] == d) s = 0.0f;
-                return s;
-            };
+            /* int4: which of this lane's channels (4 qd + k of its quads qd =
+             * lane + 32 m: bit 4 m + k) are outlier channels, whose int4 scale
+             * and min do not count; lane o holds entry o (D and above: none) */
+            const int oent = !k8 && lane < RO ? (int)kvp__load_u16(ot + 2 * lane) : D;
+            unsigned omask = 0;
+            for (int o = 0; o < RO; o++) { /* uniform */
+                const int d = __shfl_sync(0xffffffffu, oent, o);
+                if (d < D && ((d >> 2) & 31) == lane) omask |= 1u << (4 * (d >> 7) + (d & 3));
+            }
             float am = 0.0f; /* max |q'| */
-            for (int d = lane; d < D; d += 32) am = fmaxf(am, fabsf(qr[d] * scale_of(d)));
+            for (int qd = lane, mq = 0; qd < QD; qd += 32, mq++)
+                KVP_UNROLL
+                for (int k = 0; k < 4; k++) {
+                    const int d = 4 * qd + k;
+                    const bool outl = (omask >> (4 * mq + k)) & 1u;
+                    const float sd = outl ? 0.0f : f16_bits(kvp__load_u16(sc + 2 * d));
+                    am = fmaxf(am, fabsf(qr[d] * sd));
+                }
             am = kvp__warp_max(am);
             const float inv = am > 0.0f ? 16256.0f / am : 0.0f, step = am * (1.0f / 16256.0f);
             const float mid = k8 ? 127.5f : 7.5f;
             float cst = 0.0f;
             uint2 *qq = reinterpret_cast<uint2 *>(s_qq + j * smem_plan<D>::qq_page(R)) + r * QD;
-            for (int qd = lane; qd < QD; qd += 32) {
+            for (int qd = lane, mq = 0; qd < QD; qd += 32, mq++) {
                 uint32_t hw = 0, lw = 0;
                 KVP_UNROLL
                 for (int k = 0; k < 4; k++) {
                     const int d = 4 * qd + k;
-                    const float s = scale_of(d);
-                    float m = f16_bits(kvp__load_u16(mn + 2 * d));
-                    KVP_UNROLL
-                    for (int o = 0; o < RO; o++)
-                        if (oidx[o] == d) m = 0.0f;
+                    const bool outl = (omask >> (4 * mq + k)) & 1u;
+                    const float s = outl ? 0.0f : f16_bits(kvp__load_u16(sc + 2 * d));
+                    const float m = outl ? 0.0f : f16_bits(kvp__load_u16(mn + 2 * d));
                     float v = qr[d] * s * inv; /* |v| <= 16256, but for rounding */
                     v = v != v ? 0.0f : fminf(fmaxf(v, -16256.0f), 16256.0f); /* NaN: foreign bytes */
                     const int x = __float2int_rn(v);
@@ -822,7 +844,7 @@ __device__ __forceinline__ void attention_body(const params &p) {
             }
             float ko = 0.0f, oc = 0.0f; /* lane o < RO: outlier o's coefficient and constant */
             if (!k8 && lane < RO) {
-                const int d = (int)kvp__load_u16(ot + 2 * lane);
+                const int d = oent;
                 if (d < D) {
                     ko = qr[d] * f16_bits(kvp__load_u16(ot + 2 * (RO + lane)));
                     oc = qr[d] * f16_bits(kvp__load_u16(ot + 2 * (2 * RO + lane)));
@@ -843,6 +865,7 @@ __device__ __forceinline__ void attention_body(const params &p) {
      * the warps' sums meet in s_part. Then a thread per (row, token) forms
      * the logit, adds int4 outliers, soft cap and mask, into Sl. */
     auto logits_int = [&](uint8_t *const *kb, int32_t ntok, int32_t pos0) {
+        const int RO = KVP__K4_OUTLIERS(g.fmt[0].format, D);
         constexpr int LT = 32 / TT; /* lanes per token: 1, or 2 at head_dim 256 */
         const int t = lane % TT, half = lane / TT;
         int acc8[R]; /* 128 dot(hi, c) + dot(lo, c), at most 2^30 in magnitude */
@@ -891,7 +914,6 @@ __device__ __forceinline__ void attention_body(const params &p) {
             float x = fmaf(s_sc[2 * (j * R + r)], (float)sum, s_sc[2 * (j * R + r) + 1]);
             if (!k8) {
                 const uint8_t *codes = kb[j] + (size_t)P * D / 2 + 4 * D + 6 * RO;
-                KVP_UNROLL
                 for (int o = 0; o < RO; o++)
                     x = fmaf(s_ko[(j * R + r) * RO + o], (float)codes[o * P + tt[u]], x);
             }
@@ -1174,6 +1196,10 @@ __device__ __forceinline__ void attention_body(const params &p) {
             red[(slice * R + r) * D + c2 + 1] = acc[r][1];
         }
     __syncthreads();
+    /* rotated values, unsplit: the rows' outputs go back to red's slice 0
+     * (in place: each (r, d) is summed and written by one thread), out of
+     * the rotated basis there, then out */
+    const bool unrot = g.fmt[1].rot != 0 && nsplit == 1;
     for (int e = tid; e < R * D; e += NT) {
         const int r = e / D, d = e % D;
         const int32_t rr = rb * R + r;
@@ -1194,12 +1220,20 @@ __device__ __forceinline__ void attention_body(const params &p) {
         }
         const float l = lfin[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
         const size_t row = (size_t)(qbase + i) * p.q_heads + qh;
-        uint8_t *op = p.out + (row * D + d) * p.esize;
-        const float x = o * inv;
-        if (p.dtype == KVP_FORMAT_FP32) *reinterpret_cast<float *>(op) = x;
-        else if (p.dtype == KVP_FORMAT_FP16) *reinterpret_cast<uint16_t *>(op) = f16_from(x);
-        else *reinterpret_cast<uint16_t *>(op) = bf16_from(x);
         if (d == 0 && p.lse != nullptr) p.lse[row] = mfin[r] + logf(l);
+        const float x = o * inv;
+        if (unrot) red[r * D + d] = x;
+        else store_out(p, row, d, x);
+    }
+    if (unrot) { /* uniform */
+        const int nr = rows_per_head - rb * R < R ? rows_per_head - rb * R : R;
+        __syncthreads();
+        kvp__rot_inverse_rows(red, nr, D, tid, NT, kvp__block_sync());
+        for (int e = tid; e < nr * D; e += NT) {
+            const int r = e / D, d = e % D;
+            const int32_t rr = rb * R + r, i = rr / p.group, qh = h * p.group + rr % p.group;
+            store_out(p, (size_t)(qbase + i) * p.q_heads + qh, d, red[e]);
+        }
     }
 }
 
@@ -1219,10 +1253,13 @@ __global__ void __launch_bounds__(NT, (min_ctas_pipe<D, R>())) k_attention_pipe(
 }
 
 /* Merge the split partials of one (sequence, unit): block per unit of the
- * split sequences (merge_start prefix), threads over (row, channel). */
+ * split sequences (merge_start prefix), threads over (row, channel).
+ * Rotated values: the merged rows are taken out of the rotated basis in
+ * shared memory before they are written. */
 template <int D, int R>
 __global__ void __launch_bounds__(NT) k_merge(params p) {
     __shared__ int32_t s_b;
+    __shared__ float s_o[R * D]; /* the merged rows (rotated values) */
     const int32_t m = (int32_t)blockIdx.x;
     if (threadIdx.x == 0) {
         int32_t lo = 0, hi = p.batch - 1;
@@ -1239,6 +1276,7 @@ __global__ void __launch_bounds__(NT) k_merge(params p) {
     const int32_t rows_per_head = q_len * p.group, RB = (rows_per_head + R - 1) / R;
     const int32_t h = unit / RB, rb = unit % RB;
     const int32_t qbase = p.qo[b];
+    const bool unrot = p.g.fmt[1].rot != 0;
     for (int e = threadIdx.x; e < R * D; e += NT) {
         const int r = e / D, d = e % D;
         const int32_t rr = rb * R + r;
@@ -1258,11 +1296,19 @@ __global__ void __launch_bounds__(NT) k_merge(params p) {
         const int32_t i = rr / p.group, qh = h * p.group + rr % p.group;
         const size_t row = (size_t)(qbase + i) * p.q_heads + qh;
         const float x = L > 0.0f ? o / L : 0.0f;
-        uint8_t *op = p.out + (row * D + d) * p.esize;
-        if (p.dtype == KVP_FORMAT_FP32) *reinterpret_cast<float *>(op) = x;
-        else if (p.dtype == KVP_FORMAT_FP16) *reinterpret_cast<uint16_t *>(op) = f16_from(x);
-        else *reinterpret_cast<uint16_t *>(op) = bf16_from(x);
         if (d == 0 && p.lse != nullptr) p.lse[row] = M + logf(L);
+        if (unrot) s_o[e] = x;
+        else store_out(p, row, d, x);
+    }
+    if (unrot) { /* uniform */
+        const int nr = rows_per_head - rb * R < R ? rows_per_head - rb * R : R;
+        __syncthreads();
+        kvp__rot_inverse_rows(s_o, nr, D, (int)threadIdx.x, NT, kvp__block_sync());
+        for (int e = threadIdx.x; e < nr * D; e += NT) {
+            const int r = e / D, d = e % D;
+            const int32_t rr = rb * R + r, i = rr / p.group, qh = h * p.group + rr % p.group;
+            store_out(p, (size_t)(qbase + i) * p.q_heads + qh, d, s_o[e]);
+        }
     }
 }
 
@@ -1309,14 +1355,16 @@ template <int D> pipe_plan plan_pipe(const kvp__geo &g, int32_t kind_k, int32_t 
     pl.slot_k = pl.copy_k + (pl.direct[0] ? 0 : 64);
     pl.slot_v = pl.copy_v + (pl.direct[1] ? 0 : 64);
     /* int8 / int4 keys: integer dot products (up to 8 pages a tile) */
-    pl.kint = (g.fmt[0].format == KVP_FORMAT_INT8 || g.fmt[0].format == KVP_FORMAT_INT4) && ppt <= 8;
+    pl.kint = (g.fmt[0].format == KVP_FORMAT_INT8 || KVP__IS_INT4(g.fmt[0].format)) && ppt <= 8;
+    const int ro = KVP__K4_OUTLIERS(g.fmt[0].format, D); /* int4 keys' outlier channels */
     const int sb = (int)g.sblock;
     pl.stage_k = ppt * pl.slot_k > sb ? ppt * pl.slot_k : sb;
     pl.stage_v = ppt * pl.slot_v > sb ? ppt * pl.slot_v : sb;
     pl.dec_k = (pl.direct[0] || pl.kint) && pl.sdirect ? 0 : smem_plan<D>::tile_bytes(kind_k);
     pl.dec_v = pl.direct[1] ? 0 : smem_plan<D>::tile_bytes(kind_v);
     for (int st = 3; st >= 2; st--) {
-        int bytes = smem_plan<D>::pipe_bytes(st, pl.stage_k, pl.stage_v, pl.dec_k, pl.dec_v, R, pl.kint, ppt);
+        int bytes =
+            smem_plan<D>::pipe_bytes(st, pl.stage_k, pl.stage_v, pl.dec_k, pl.dec_v, R, pl.kint, ppt, ro);
         if (bytes <= limit) {
             pl.ok = true;
             pl.stages = st;

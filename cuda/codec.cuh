@@ -15,7 +15,14 @@
  * sign of a zero minimum is the CPU's.
  *
  * Values come from a Source: src(t, d) is token t, channel d of the block
- * being encoded, as fp32 (rows of an append, a staging page, a tensor).
+ * being encoded, as fp32 (rows of an append, a staging page, a tensor), and
+ * src.rotated(t) says whether token t is in the rotated basis already (a
+ * staged row of rotated values).
+ *
+ * Rotated blocks (int4 values, and the fp16 staging values of such a store:
+ * kvp__blockfmt::rot) encode each token's row after kvp__rot_forward(): the
+ * warp forms the rotated row in a shared-memory row of its own, then
+ * encodes from it as from any other source.
  */
 #ifndef KVPAGE_CUDA_CODEC_CUH
 #define KVPAGE_CUDA_CODEC_CUH
@@ -32,6 +39,7 @@ struct kvp__row_source {
         int64_t at = ((row0 + t) * row_stride + (int64_t)h * D + d) * esize;
         return kvp__load_elem(base + at, dtype);
     }
+    __device__ __forceinline__ bool rotated(int) const { return false; }
 };
 
 /* A seal's page: its first `count` tokens from an fp16 staging block, the
@@ -46,7 +54,29 @@ struct kvp__seal_source {
             return kvp__f16_to_f32(kvp__load_u16(staging + kvp__plain_offset(&sfmt, t, d)));
         return rows(t - count, d);
     }
+    /* staged rows of rotated values were rotated when they were staged */
+    __device__ __forceinline__ bool rotated(int t) const { return t < count && sfmt.rot != 0; }
 };
+
+/* A token's row already in the rotated basis, in shared memory. */
+struct kvp__rotated_row {
+    const float *row;
+    __device__ __forceinline__ float operator()(int, int d) const { return row[d]; }
+    __device__ __forceinline__ bool rotated(int) const { return true; }
+};
+
+/* Rotated tokens are formed in a row of D floats per warp, in the dynamic
+ * shared memory of the kernel: its launch gives kvp__enc_smem() bytes
+ * (none where nothing is rotated, so that other kernels pay nothing). */
+static inline size_t kvp__enc_smem(bool rotated, int threads, int D) {
+    return rotated ? (size_t)(threads / 32) * (size_t)D * sizeof(float) : 0;
+}
+
+/* The calling warp's row. */
+__device__ __forceinline__ float *kvp__enc_row(int D) {
+    KVP_DYNAMIC_SMEM(float, rows);
+    return rows + (size_t)(threadIdx.x >> 5) * (size_t)D;
+}
 
 /* ---- warp reductions with the reference's tie rule ----------------------------------- */
 
@@ -78,10 +108,11 @@ __device__ __forceinline__ float kvp__warp_max_first(float v, int idx) {
 /* ---- one token, one warp ------------------------------------------------------------------ */
 
 /* Encode token t of block b (format f, which is not a per-page key format)
- * from src(t, d). All 32 lanes of the warp call it. fp8: `fp8_scale` > 0. */
+ * from src(t, d) as it stands (no rotation). All 32 lanes of the warp call
+ * it. fp8: `fp8_scale` > 0. */
 template <typename Source>
-__device__ void kvp__encode_token(const kvp__blockfmt &f, uint8_t *b, int t, const Source &src,
-                                  float fp8_scale) {
+__device__ void kvp__encode_token_raw(const kvp__blockfmt &f, uint8_t *b, int t, const Source &src,
+                                      float fp8_scale) {
     const int lane = (int)(threadIdx.x & 31u), D = f.head_dim, P = f.page_size;
     if (kvp__format_is_plain(f.format)) {
         float inv8 = f.format == KVP_FORMAT_FP8_E4M3 ? 1.0f / fp8_scale : 0.0f;
@@ -135,6 +166,27 @@ __device__ void kvp__encode_token(const kvp__blockfmt &f, uint8_t *b, int t, con
             b[o] = (uint8_t)(c0 | (c1 << 4));
         }
     }
+}
+
+/* Encode token t of block b from src(t, d): into the rotated basis first
+ * where the block is rotated and the token is not yet (in the warp's row of
+ * dynamic shared memory: kvp__enc_smem()). All 32 lanes of the warp call it. */
+template <typename Source>
+__device__ void kvp__encode_token(const kvp__blockfmt &f, uint8_t *b, int t, const Source &src,
+                                  float fp8_scale) {
+    if (!f.rot || src.rotated(t)) {
+        kvp__encode_token_raw(f, b, t, src, fp8_scale);
+        return;
+    }
+    const int lane = (int)(threadIdx.x & 31u), D = f.head_dim;
+    float *row = kvp__enc_row(D);
+    for (int d = lane; d < D; d += 32) row[d] = kvp__rot_load(src(t, d), d);
+    __syncwarp();
+    kvp__rot_forward_rows(row, 1, D, lane, 32, kvp__warp_sync());
+    kvp__rotated_row rr;
+    rr.row = row;
+    kvp__encode_token_raw(f, b, t, rr, fp8_scale);
+    __syncwarp(); /* the row is read before the warp's next token overwrites it */
 }
 
 /* ---- one channel of a page, one thread (int8 / int4 keys) -------------------------------- */
@@ -199,10 +251,11 @@ __device__ void kvp__encode_key_channel(const kvp__blockfmt &f, uint8_t *b, int 
  * them must call it: int4 keys pick their outlier channels together). */
 template <typename Source>
 __device__ void kvp__encode_key_page(const kvp__blockfmt &f, uint8_t *b, const Source &src) {
-    const int D = f.head_dim, R = f.format == KVP_FORMAT_INT4 ? KVP__K4_OUTLIERS(D) : 0;
+    const int D = f.head_dim, R = KVP__K4_OUTLIERS(f.format, D); /* 0 but for int4 */
     __shared__ float range[KVP_MAX_HEAD_DIM];
-    __shared__ uint16_t outl[KVP_MAX_HEAD_DIM / 32];
-    __shared__ int8_t entry[KVP_MAX_HEAD_DIM];
+    __shared__ uint16_t outl[KVP__K4_MAX_OUTLIERS];
+    __shared__ int8_t entry[KVP_MAX_HEAD_DIM]; /* a channel's outlier entry, or -1 */
+    static_assert(KVP__K4_MAX_OUTLIERS <= 128, "outlier entries are kept as int8");
     if (R > 0) {
         for (int d = (int)threadIdx.x; d < D; d += (int)blockDim.x) {
             float lo, hi;
@@ -222,7 +275,8 @@ __device__ void kvp__encode_key_page(const kvp__blockfmt &f, uint8_t *b, const S
     if (R > 0) __syncthreads(); /* the shared tables are reused by the next page */
 }
 
-/* Every token of a per-token block, by the warps of a block. */
+/* Every token of a per-token block, by the warps of a block (rotated
+ * blocks: kvp__enc_smem() bytes of dynamic shared memory). */
 template <typename Source>
 __device__ void kvp__encode_tokens(const kvp__blockfmt &f, uint8_t *b, int t0, int n,
                                    const Source &src, float fp8_scale) {

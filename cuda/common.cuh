@@ -252,4 +252,84 @@ template <typename T> __device__ __forceinline__ T kvp__warp_sum(T v) {
     return v;
 }
 
+/* ---- the rotated basis of int4 values (lib/blockfmt.h, kvp__rot_forward) ------------------
+ *
+ * Rows of D floats in shared memory, transformed by a group of threads
+ * (i = 0 .. n-1: the lanes of a warp, or a whole block) one butterfly stage
+ * at a time, every block of the row and every row of the group in the same
+ * stage, with the group's barrier between stages. A butterfly is the CPU's
+ * (a, b) -> (a + b, a - b) on the same two elements and the scales are
+ * powers of two, so each element sees the same IEEE operations in the same
+ * order as on the CPU: the same bits. */
+
+/* The group's barrier between stages. */
+struct kvp__warp_sync {
+    __device__ __forceinline__ void operator()() const { __syncwarp(); }
+};
+struct kvp__block_sync {
+    __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+
+/* Size of the rotation block holding channel d (< D). The blocks are the set
+ * bits of D, largest first, so the bits of d above its block's size are
+ * D's, and the size is the highest bit where d and D differ. */
+__device__ __forceinline__ int kvp__rot_block_of(int D, int d) {
+    unsigned x = (unsigned)(d ^ D);
+    while ((x & (x - 1u)) != 0u) x &= x - 1u;
+    return (int)x;
+}
+
+/* Channel d's value as the forward transform starts from it: non-finite
+ * as 0, the sign flipped where kvp__rot_neg(d). */
+__device__ __forceinline__ float kvp__rot_load(float v, int d) {
+    if (!isfinite(v)) v = 0.0f;
+    return kvp__rot_neg(d) ? -v : v;
+}
+
+/* The unnormalized Walsh-Hadamard transform of every block of `rows` rows
+ * at x (row r at x + r * D): stage `len` pairs channels j and j + len of
+ * each block larger than len. Ends with a barrier. */
+template <typename Sync>
+__device__ void kvp__rot_butterflies(float *x, int rows, int D, int i, int n, Sync sync) {
+    const int half = D / 2; /* pairs of a row per stage (blocks too small for a stage skip theirs) */
+    for (int len = 1; 2 * len <= D; len *= 2) {
+        for (int c = i; c < rows * half; c += n) {
+            const int r = c / half, k = c - r * half;
+            const int j = (k - k % len) * 2 + k % len; /* the k-th channel with bit `len` clear */
+            if (len >= kvp__rot_block_of(D, j)) continue;
+            float *p = x + (size_t)r * (size_t)D;
+            const float a = p[j], b = p[j + len];
+            p[j] = a + b;
+            p[j + len] = a - b;
+        }
+        sync();
+    }
+}
+
+/* kvp__rot_forward() of rows whose elements were loaded through
+ * kvp__rot_load() (and published by a barrier): transform, then each
+ * block's scale. Ends with a barrier. */
+template <typename Sync>
+__device__ void kvp__rot_forward_rows(float *x, int rows, int D, int i, int n, Sync sync) {
+    kvp__rot_butterflies(x, rows, D, i, n, sync);
+    for (int c = i; c < rows * D; c += n) {
+        const int d = c % D;
+        x[c] *= kvp__rot_scale(kvp__rot_block_of(D, d), 0);
+    }
+    sync();
+}
+
+/* kvp__rot_inverse() of rows published by a barrier: transform, each
+ * block's scale, the signs. Ends with a barrier. */
+template <typename Sync>
+__device__ void kvp__rot_inverse_rows(float *x, int rows, int D, int i, int n, Sync sync) {
+    kvp__rot_butterflies(x, rows, D, i, n, sync);
+    for (int c = i; c < rows * D; c += n) {
+        const int d = c % D;
+        float v = x[c] * kvp__rot_scale(kvp__rot_block_of(D, d), 1);
+        x[c] = kvp__rot_neg(d) ? -v : v;
+    }
+    sync();
+}
+
 #endif

@@ -3,7 +3,9 @@
  * block formats (kvp_cuda_quantize, kvp_cuda_dequantize), and
  * kvp_store_read() on a CUDA store. The bytes and the decoded values are the
  * CPU's: the encoders of codec.cuh and the reference decoder of
- * lib/blockfmt.h, compiled for the device.
+ * lib/blockfmt.h, compiled for the device. Rotated blocks (int4 values)
+ * are read back as kvp__block_read() does: each token's row decoded, then
+ * taken out of the rotated basis (kvp__rot_inverse, the same operations).
  */
 #include "codec.cuh"
 
@@ -21,6 +23,7 @@ struct tensor_source {
         int64_t at = (((page * P + t) * heads + h) * (int64_t)D + d) * esize;
         return kvp__load_elem(base + at, dtype);
     }
+    __device__ __forceinline__ bool rotated(int) const { return false; }
 };
 
 struct quant_args {
@@ -52,6 +55,12 @@ __global__ void __launch_bounds__(QUANT_THREADS) k_quantize(quant_args a) {
     }
 }
 
+/* An fp32 / fp16 / bf16 output element. */
+__device__ __forceinline__ void store_elem(uint8_t *o, int32_t dtype, float v) {
+    if (dtype == KVP_FORMAT_FP32) memcpy(o, &v, 4);
+    else kvp__store_u16(o, dtype == KVP_FORMAT_FP16 ? kvp__f32_to_f16(v) : kvp__f32_to_bf16(v));
+}
+
 __global__ void __launch_bounds__(QUANT_THREADS) k_dequantize(quant_args a) {
     const int64_t P = a.f.page_size, D = a.f.head_dim, per = P * D, n = a.blocks * per;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
@@ -61,8 +70,30 @@ __global__ void __launch_bounds__(QUANT_THREADS) k_dequantize(quant_args a) {
         float v = kvp__block_decode_one(&a.f, a.src + (uint64_t)i * a.block_bytes, t, d, a.fp8_scale);
         int64_t page = i / a.heads, h = i % a.heads;
         uint8_t *o = a.dst + (((page * P + t) * a.heads + h) * D + d) * a.esize;
-        if (a.dtype == KVP_FORMAT_FP32) memcpy(o, &v, 4);
-        else kvp__store_u16(o, a.dtype == KVP_FORMAT_FP16 ? kvp__f32_to_f16(v) : kvp__f32_to_bf16(v));
+        store_elem(o, a.dtype, v);
+    }
+}
+
+/* Rotated blocks: one warp per (block, token), the row decoded into the
+ * warp's row of dynamic shared memory (kvp__enc_smem()), then out of the
+ * rotated basis. */
+__global__ void __launch_bounds__(QUANT_THREADS) k_dequantize_rotated(quant_args a) {
+    const int64_t P = a.f.page_size, D = a.f.head_dim, n = a.blocks * P;
+    const int lane = (int)(threadIdx.x & 31u), wpb = (int)(blockDim.x >> 5);
+    float *row = kvp__enc_row((int)D);
+    const int64_t step = (int64_t)gridDim.x * wpb;
+    for (int64_t w = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); w < n; w += step) { /* per warp */
+        const int64_t i = w / P, page = i / a.heads, h = i % a.heads;
+        const int t = (int)(w % P);
+        const uint8_t *b = a.src + (uint64_t)i * a.block_bytes;
+        for (int d = lane; d < (int)D; d += 32)
+            row[d] = kvp__block_decode_one(&a.f, b, t, d, a.fp8_scale);
+        __syncwarp();
+        kvp__rot_inverse_rows(row, 1, (int)D, lane, 32, kvp__warp_sync());
+        uint8_t *o = a.dst + ((page * P + t) * a.heads + h) * D * a.esize;
+        for (int d = lane; d < (int)D; d += 32)
+            store_elem(o + (int64_t)d * a.esize, a.dtype, row[d]);
+        __syncwarp(); /* the row is read before the warp's next token overwrites it */
     }
 }
 
@@ -79,8 +110,17 @@ __global__ void __launch_bounds__(QUANT_THREADS) k_read(read_args a) {
     const uint8_t *b = kvp__geo_block(a.g, side, a.page, h);
     float fp8 = kvp__geo_fp8(a.g, side, a.page, h);
     float *o = a.out + (size_t)side * a.n * a.g.H * a.g.D + ((size_t)i * a.g.H + h) * a.g.D;
+    if (!f.rot) { /* uniform per block */
+        for (int d = threadIdx.x; d < a.g.D; d += blockDim.x)
+            o[d] = kvp__block_decode_one(&f, b, a.t0 + i, d, fp8);
+        return;
+    }
+    __shared__ float row[KVP_MAX_HEAD_DIM];
     for (int d = threadIdx.x; d < a.g.D; d += blockDim.x)
-        o[d] = kvp__block_decode_one(&f, b, a.t0 + i, d, fp8);
+        row[d] = kvp__block_decode_one(&f, b, a.t0 + i, d, fp8);
+    __syncthreads();
+    kvp__rot_inverse_rows(row, 1, a.g.D, (int)threadIdx.x, (int)blockDim.x, kvp__block_sync());
+    for (int d = threadIdx.x; d < a.g.D; d += blockDim.x) o[d] = row[d];
 }
 
 int run_quant(const kvp_quant_desc_t *desc, const void *src, int64_t pages, void *dst,
@@ -102,10 +142,18 @@ int run_quant(const kvp_quant_desc_t *desc, const void *src, int64_t pages, void
     a.esize = (int32_t)kvp__dtype_size(desc->dtype);
     a.fp8_scale = desc->fp8_scale;
     cudaStream_t st = (cudaStream_t)stream;
+    const size_t rsmem = kvp__enc_smem(f.rot != 0, QUANT_THREADS, f.head_dim); /* a row per warp */
     if (quantize) {
         unsigned grid = a.blocks < (int64_t)QUANT_MAX_BLOCKS ? (unsigned)a.blocks : QUANT_MAX_BLOCKS;
-        return kvp__cuda_status(KVP_LAUNCH(k_quantize, dim3(grid), dim3(QUANT_THREADS), 0, st, a),
+        return kvp__cuda_status(KVP_LAUNCH(k_quantize, dim3(grid), dim3(QUANT_THREADS), rsmem, st, a),
                                 err, err_size, "quantize kernel");
+    }
+    if (f.rot) { /* a warp per token */
+        int64_t want = (a.blocks * f.page_size + QUANT_THREADS / 32 - 1) / (QUANT_THREADS / 32);
+        unsigned grid = want < (int64_t)QUANT_MAX_BLOCKS ? (unsigned)want : QUANT_MAX_BLOCKS;
+        return kvp__cuda_status(KVP_LAUNCH(k_dequantize_rotated, dim3(grid), dim3(QUANT_THREADS),
+                                           rsmem, st, a),
+                                err, err_size, "dequantize kernel");
     }
     int64_t n = a.blocks * f.page_size * f.head_dim;
     int64_t want = (n + QUANT_THREADS - 1) / QUANT_THREADS;

@@ -281,15 +281,23 @@ enum kvp_format {
     KVP_FORMAT_BF16 = 2,     /**< bfloat16. */
     KVP_FORMAT_FP8_E4M3 = 3, /**< OCP FP8 E4M3 (max 448), fp32 scale per layer and kv head. */
     KVP_FORMAT_INT8 = 4,     /**< K: asymmetric per channel over a page; V: symmetric per token and head. */
-    KVP_FORMAT_INT4 = 5      /**< K: asymmetric per channel over a page; V: asymmetric per 32-wide group. */
+    /** The first int4 (libkvpage 0.2, name "int4_v1"). K: asymmetric per channel over a page,
+     *  the head_dim/32 widest channels of each page as int8; V: asymmetric per 32-wide group.
+     *  Still read and written (stored pages and blobs, 8% fewer bytes than #KVP_FORMAT_INT4). */
+    KVP_FORMAT_INT4_V1 = 5,
+    /** int4 (name "int4"). K: as #KVP_FORMAT_INT4_V1 with head_dim/8 int8 channels per page;
+     *  V: asymmetric per 32-wide group of the token's values in a fixed rotated basis (sign
+     *  flips and a Walsh-Hadamard transform; attention and every decoder undo it). About 30%
+     *  less error than #KVP_FORMAT_INT4_V1 for 9% more bytes (docs/formats.md). */
+    KVP_FORMAT_INT4 = 6
 };
 
 /** @brief Number of formats in #kvp_format (valid values are 0 .. KVP_FORMAT_COUNT-1). */
-#define KVP_FORMAT_COUNT 6
+#define KVP_FORMAT_COUNT 7
 
 /**
  * @brief The canonical name of a format ("fp32", "fp16", "bf16", "fp8_e4m3",
- *        "int8", "int4").
+ *        "int8", "int4_v1", "int4").
  * @param[in] format A #kvp_format value.
  * @return A static string, or NULL if `format` is not a known format.
  */
@@ -1427,6 +1435,10 @@ KVP_API int kvp_quantize(const kvp_quant_desc_t *desc, const void *src, int64_t 
 
 /**
  * @brief Dequantize `pages` pages of blocks into a plain tensor.
+ *
+ * #KVP_FORMAT_INT4 values come back from their rotated basis (to within a
+ * few units in the last place of the rotation's arithmetic), so the result
+ * compares directly with what was quantized.
  * @param[in]  desc     Format and shape (as given to kvp_quantize()).
  * @param[in]  src      `[pages][heads]` blocks.
  * @param[in]  pages    Number of pages (>= 1).

@@ -345,8 +345,10 @@ enum kvp_region_kind {
  * block is at `t * token_stride + d * dim_stride` bytes; with token-major
  * keys and values this is FlashInfer's HND layout
  * (`[page][kv_head][token][head_dim]`). Quantized blocks (int8, int4) have
- * token_stride = dim_stride = 0: their bytes are in docs/formats.md. On a
- * CUDA store `base` is a device address.
+ * token_stride = dim_stride = 0: their bytes are in docs/formats.md. With
+ * #KVP_FORMAT_INT4 values, the value blocks (and the fp16 staging value
+ * blocks) hold each token's values in a rotated basis (docs/formats.md,
+ * "int4 values"). On a CUDA store `base` is a device address.
  */
 typedef struct kvp_region {
     uint32_t struct_size;  /**< Set by the caller to sizeof(kvp_region_t). */
@@ -412,6 +414,9 @@ KVP_API int kvp_store_get_fp8_scale(const kvp_store_t *store, int32_t layer,
 
 /**
  * @brief Dequantize tokens of one page to fp32, for inspection and tests.
+ *
+ * #KVP_FORMAT_INT4 values (pool pages, and the fp16 staging pages that
+ * hold them in their rotated basis) come back from that basis.
  * @param[in]  store   The store.
  * @param[in]  layer   0 .. layers-1.
  * @param[in]  page    A pool page id, or a staging id (>= num_pages).

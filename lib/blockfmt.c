@@ -79,8 +79,8 @@ static void encode_key_int(const kvp__blockfmt *f, uint8_t *b, const float *x, s
     int P = f->page_size, D = f->head_dim;
     int levels = f->format == KVP_FORMAT_INT8 ? 255 : 15;
     uint8_t *sc = b + kvp__block_data_bytes(f), *mn = sc + 2 * (size_t)D;
-    uint16_t outl[KVP_MAX_HEAD_DIM / 32] = {0};
-    int R = levels == 15 ? pick_outliers(x, stride, P, D, kvp__k4_outliers(D), outl) : 0;
+    uint16_t outl[KVP__K4_MAX_OUTLIERS] = {0};
+    int R = levels == 15 ? pick_outliers(x, stride, P, D, kvp__k4_outliers(f->format, D), outl) : 0;
     uint8_t *ot = mn + 2 * (size_t)D, *codes8 = ot + 6 * (size_t)R;
     for (int d = 0, j = 0; d < D; d++) {
         bool is_outlier = j < R && outl[j] == d;
@@ -152,6 +152,18 @@ static void encode_value_int4(const kvp__blockfmt *f, uint8_t *b, int t0, int n,
 uint64_t kvp__block_encode(const kvp__blockfmt *f, void *block, int t0, int n,
                            const float *x, size_t stride, float fp8_scale) {
     uint8_t *b = (uint8_t *)block;
+    if (f->rot) { /* row by row through the rotated basis (per-token formats only) */
+        kvp__blockfmt raw = *f;
+        raw.rot = 0;
+        float row[KVP_MAX_HEAD_DIM];
+        for (int i = 0; i < n; i++) {
+            memcpy(row, x + (size_t)i * stride, (size_t)f->head_dim * sizeof(float));
+            kvp__rot_forward(row, f->head_dim);
+            (void)kvp__block_encode(&raw, b, t0 + i, 1, row, (size_t)f->head_dim, fp8_scale);
+        }
+        if (n == 0) (void)kvp__block_encode(&raw, b, t0, 0, x, stride, fp8_scale); /* the padding */
+        return kvp__count_nonfinite(x, stride, n, f->head_dim);
+    }
     if (kvp__format_is_plain(f->format)) encode_plain(f, b, t0, n, x, stride, fp8_scale);
     else if (f->is_key) encode_key_int(f, b, x, stride);
     else if (f->format == KVP_FORMAT_INT8) encode_value_int8(f, b, t0, n, x, stride);
@@ -229,8 +241,8 @@ int kvp__block_check_tokens(const kvp__blockfmt *f, const uint8_t *b, int32_t to
         return 0;
     }
     if (check_pairs(sc, sc + 2 * D, D, "channel", why, why_size) != 0) return -1;
-    if (f->format != KVP_FORMAT_INT4) return 0;
-    const int R = KVP__K4_OUTLIERS(f->head_dim);
+    if (!kvp__format_is_int4(f->format)) return 0;
+    const int R = KVP__K4_OUTLIERS(f->format, f->head_dim);
     const uint8_t *ot = kvp__k4_table(f, b);
     for (int j = 0; j < R; j++) {
         unsigned d = kvp__load_u16(ot + 2 * (size_t)j);
@@ -312,7 +324,7 @@ void kvp__block_decode(const kvp__blockfmt *f, const void *block, int t0, int n,
         }
         /* the outlier channels over them, last entry first: where a table
          * repeats a channel the first entry wins (kvp__k4_find) */
-        const int R = KVP__K4_OUTLIERS(D);
+        const int R = KVP__K4_OUTLIERS(f->format, D);
         const uint8_t *ot = kvp__k4_table(f, b);
         for (int j = R - 1; j >= 0; j--) {
             unsigned d = kvp__load_u16(ot + 2 * (size_t)j);
@@ -356,6 +368,13 @@ void kvp__block_decode(const kvp__blockfmt *f, const void *block, int t0, int n,
             }
         }
     }
+}
+
+void kvp__block_read(const kvp__blockfmt *f, const void *block, int t0, int n, float *y,
+                     size_t stride, float fp8_scale) {
+    kvp__block_decode(f, block, t0, n, y, stride, fp8_scale);
+    if (f->rot)
+        for (int i = 0; i < n; i++) kvp__rot_inverse(y + (size_t)i * stride, f->head_dim);
 }
 
 /* ---- plain tensors --------------------------------------------------------- */

@@ -21,6 +21,7 @@ typedef struct {
     int32_t order;     /* kvp_k_order for plain-element keys; token-major otherwise */
     int32_t page_size; /* tokens per block (P) */
     int32_t head_dim;  /* channels per token (D) */
+    int32_t rot;       /* 1: rows are stored in the rotated basis (kvp__rot_forward) */
 } kvp__blockfmt;
 
 /* int4 values are quantized per token in groups of this many channels. */
@@ -41,6 +42,7 @@ KVP__HD static inline kvp__blockfmt kvp__blockfmt_make(int32_t format, int32_t i
     f.order = order;
     f.page_size = page_size;
     f.head_dim = head_dim;
+    f.rot = !is_key && format == KVP_FORMAT_INT4;
     return f;
 }
 
@@ -63,7 +65,7 @@ KVP__HD static inline int kvp__v4_groups(int32_t head_dim) {
 }
 /* Tokens quantized together (a whole page for per-channel keys). */
 KVP__HD static inline bool kvp__blockfmt_per_page(const kvp__blockfmt *f) {
-    return f->is_key && (f->format == KVP_FORMAT_INT8 || f->format == KVP_FORMAT_INT4);
+    return f->is_key && (f->format == KVP_FORMAT_INT8 || KVP__IS_INT4(f->format));
 }
 
 /* Byte offset of the element data of (token t, channel d) in a plain block. */
@@ -189,6 +191,76 @@ KVP__HD static inline int8_t kvp__sym8_code(float v, float inv) {
     return (int8_t)c;
 }
 
+/* ---- the rotated basis of int4 values (docs/formats.md, "int4 values") -------- */
+
+/* The channels of a row split into blocks whose sizes are the set bits of
+ * head_dim, largest first (80 = 64 + 16). Each block is multiplied by a
+ * Walsh-Hadamard matrix after fixed sign flips of its channels: an
+ * orthogonal map up to a power-of-two factor, which spreads a channel of
+ * large values over the block before the values are quantized. */
+
+/* Whether channel d's sign is flipped (a fixed hash of d). */
+KVP__HD static inline int kvp__rot_neg(int d) {
+    uint32_t h = (uint32_t)d * 0x9E3779B1u;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    return (int)(h >> 31);
+}
+/* Size of the block that starts at channel `base` of a D-channel row. */
+KVP__HD static inline int kvp__rot_block(int D, int base) {
+    int left = D - base, b = 1;
+    while (b * 2 <= left) b *= 2;
+    return b;
+}
+/* The power of two a block of size B = 2^k is multiplied by after the
+ * transform: 2^-floor(k/2) going into the basis, 2^-ceil(k/2) coming back,
+ * so that the two maps are exact inverses in exact arithmetic. */
+KVP__HD static inline float kvp__rot_scale(int B, int inverse) {
+    int k = 0;
+    while ((1 << k) < B) k++;
+    return 1.0f / (float)(1 << (inverse ? (k + 1) / 2 : k / 2));
+}
+/* Unnormalized fast Walsh-Hadamard transform of n floats: stages of pair
+ * distance 1, 2, 4, ...; (a, b) -> (a + b, a - b). Every backend keeps this
+ * order of operations, so the rotated values are the same bits everywhere. */
+KVP__HD static inline void kvp__rot_fwht(float *x, int n) {
+    for (int len = 1; len < n; len *= 2)
+        for (int i = 0; i < n; i += 2 * len)
+            for (int j = i; j < i + len; j++) {
+                float a = x[j], b = x[j + len];
+                x[j] = a + b;
+                x[j + len] = a - b;
+            }
+}
+/* A row of D values into the rotated basis, in place: signs, transform,
+ * scale. A non-finite value counts as 0 (it would spread over its block). */
+KVP__HD static inline void kvp__rot_forward(float *x, int D) {
+    for (int d = 0; d < D; d++) {
+        if (!isfinite(x[d])) x[d] = 0.0f;
+        if (kvp__rot_neg(d)) x[d] = -x[d];
+    }
+    for (int base = 0; base < D;) {
+        int B = kvp__rot_block(D, base);
+        float k = kvp__rot_scale(B, 0);
+        kvp__rot_fwht(x + base, B);
+        for (int d = base; d < base + B; d++) x[d] *= k;
+        base += B;
+    }
+}
+/* A row of the rotated basis back to D values, in place: kvp__rot_forward's inverse. */
+KVP__HD static inline void kvp__rot_inverse(float *x, int D) {
+    for (int base = 0; base < D;) {
+        int B = kvp__rot_block(D, base);
+        float k = kvp__rot_scale(B, 1);
+        kvp__rot_fwht(x + base, B);
+        for (int d = base; d < base + B; d++) x[d] *= k;
+        base += B;
+    }
+    for (int d = 0; d < D; d++)
+        if (kvp__rot_neg(d)) x[d] = -x[d];
+}
+
 /* int4 keys' outlier table (docs/formats.md): after scale[D], min[D],
  * idx[R] (u16), oscale[R], omin[R] (fp16), then codes [R][P] (u8). */
 KVP__HD static inline const uint8_t *kvp__k4_table(const kvp__blockfmt *f, const uint8_t *b) {
@@ -219,7 +291,8 @@ KVP__HD static inline int kvp__k4_find(const uint8_t *table, int R, int d) {
 }
 
 /* One element (token t, channel d) of a block, as fp32: the decoding every
- * backend and kernel reproduces. */
+ * backend and kernel reproduces. Rotated values (f->rot) come out in the
+ * rotated basis, as the kernels see them. */
 KVP__HD static inline float kvp__block_decode_one(const kvp__blockfmt *f, const uint8_t *b, int t,
                                                   int d, float fp8_scale) {
     int P = f->page_size, D = f->head_dim, high = 0;
@@ -242,7 +315,7 @@ KVP__HD static inline float kvp__block_decode_one(const kvp__blockfmt *f, const 
         if (f->format == KVP_FORMAT_INT8) {
             c = b[kvp__k8_offset(P, t, d)];
         } else {
-            const int R = KVP__K4_OUTLIERS(D);
+            const int R = KVP__K4_OUTLIERS(f->format, D);
             const uint8_t *ot = kvp__k4_table(f, b);
             int j = kvp__k4_find(ot, R, d);
             if (j >= 0) {
@@ -285,14 +358,21 @@ uint64_t kvp__block_used_bytes(const kvp__blockfmt *f);
 
 /* Non-finite values among n rows of d floats, `stride` floats apart. */
 uint64_t kvp__count_nonfinite(const float *x, size_t stride, int n, int d);
-/* Encode tokens [t0, t0+n) of a block from fp32 rows x[i*stride + d].
- * Per-page formats (int8/int4 keys) need t0 == 0 and n == page_size.
+/* Encode tokens [t0, t0+n) of a block from fp32 rows x[i*stride + d]
+ * (rotated first where f->rot). Per-page formats (int8/int4 keys) need
+ * t0 == 0 and n == page_size.
  * fp8 uses `fp8_scale` (> 0). Returns the number of non-finite inputs. */
 uint64_t kvp__block_encode(const kvp__blockfmt *f, void *block, int t0, int n,
                            const float *x, size_t stride, float fp8_scale);
-/* Decode tokens [t0, t0+n) into fp32 rows y[i*stride + d]. */
+/* Decode tokens [t0, t0+n) into fp32 rows y[i*stride + d], as stored:
+ * rotated values (f->rot) stay in the rotated basis (what kernels and
+ * re-encoding into another block of the same basis use). */
 void kvp__block_decode(const kvp__blockfmt *f, const void *block, int t0, int n,
                        float *y, size_t stride, float fp8_scale);
+/* kvp__block_decode(), then rotated rows back to the values that were
+ * encoded: what the public decoders return. */
+void kvp__block_read(const kvp__blockfmt *f, const void *block, int t0, int n, float *y,
+                     size_t stride, float fp8_scale);
 
 
 /* Checks of kvp_quantize() / kvp_dequantize() (lib/quant.c): the block

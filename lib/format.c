@@ -7,7 +7,7 @@
 #include <string.h>
 
 static const char *const format_names[KVP_FORMAT_COUNT] = {
-    "fp32", "fp16", "bf16", "fp8_e4m3", "int8", "int4",
+    "fp32", "fp16", "bf16", "fp8_e4m3", "int8", "int4_v1", "int4",
 };
 
 const char *kvp_format_name(int32_t format) {
@@ -29,7 +29,7 @@ int kvp_format_parse(const char *name, int32_t *format, char *err,
         return KVP_OK;
     }
     return kvp__errf(err, err_size, KVP_EINVAL,
-                     "unknown format '%.64s' (known: fp32 fp16 bf16 fp8_e4m3 int8 int4)",
+                     "unknown format '%.64s' (known: fp32 fp16 bf16 fp8_e4m3 int8 int4 int4_v1)",
                      name);
 }
 
@@ -40,6 +40,7 @@ int kvp__format_bits(int32_t f) {
     case KVP_FORMAT_BF16: return 16;
     case KVP_FORMAT_FP8_E4M3:
     case KVP_FORMAT_INT8: return 8;
+    case KVP_FORMAT_INT4_V1:
     case KVP_FORMAT_INT4: return 4;
     default: return 0;
     }
@@ -48,7 +49,7 @@ int kvp__format_bits(int32_t f) {
 /* Elements of one (page, layer, kv head) block plus its scale data, before
  * padding. Scales and minimums are fp16 (2 bytes each):
  *   K int8/int4: scale + min per channel (head_dim pairs) over the page;
- *   K int4 also: R = head_dim/32 outlier channels kept as int8: an index
+ *   K int4 also: R = head_dim/8 (int4_v1: head_dim/32) outlier channels kept as int8: an index
  *                (u16), scale and min (fp16) each, then R x page_size codes;
  *   V int8:      one scale per token;
  *   V int4:      scale + min per token per group of 32 along head_dim. */
@@ -56,10 +57,11 @@ uint64_t kvp__block_bytes(int32_t f, bool is_key, uint64_t page_size, uint64_t h
     uint64_t elems = page_size * head_dim;
     uint64_t data = elems * (uint64_t)kvp__format_bits(f) / 8;
     uint64_t groups = (head_dim + 31) / 32;
-    uint64_t outliers = (uint64_t)kvp__k4_outliers((int32_t)head_dim);
+    uint64_t outliers = (uint64_t)kvp__k4_outliers(f, (int32_t)head_dim);
     switch (f) {
     case KVP_FORMAT_INT8:
         return is_key ? data + head_dim * 4 : data + page_size * 2;
+    case KVP_FORMAT_INT4_V1:
     case KVP_FORMAT_INT4:
         return is_key ? data + head_dim * 4 + outliers * (6 + page_size)
                       : data + page_size * groups * 4;
@@ -89,7 +91,7 @@ int kvp_layout_compute(int32_t layers, int32_t kv_heads, int32_t head_dim,
         return kvp__errf(err, err_size, KVP_EINVAL, "unknown K format %d", (int)k_format);
     if (!kvp__format_valid(v_format))
         return kvp__errf(err, err_size, KVP_EINVAL, "unknown V format %d", (int)v_format);
-    if (k_format == KVP_FORMAT_INT4 && page_size % 2 != 0)
+    if (kvp__format_is_int4(k_format) && page_size % 2 != 0)
         return kvp__errf(err, err_size, KVP_EINVAL,
                          "int4 keys pack two tokens per byte: page_size must be even, got %d",
                          (int)page_size);

@@ -102,10 +102,22 @@ static inline bool kvp__format_valid(int32_t f) {
 }
 /* Element bits of a format (32, 16, 8 or 4); 0 for an unknown format. */
 int kvp__format_bits(int32_t f);
-/* int4 keys keep the head_dim/32 channels with the widest range in each page
- * as int8 (docs/formats.md, "int4 keys"). */
-#define KVP__K4_OUTLIERS(head_dim) ((head_dim) / 32)
-static inline int kvp__k4_outliers(int32_t head_dim) { return KVP__K4_OUTLIERS(head_dim); }
+/* The two int4 formats (one layout; they differ in the number of int8 key
+ * channels and in the values' rotation). */
+#define KVP__IS_INT4(f) ((f) == KVP_FORMAT_INT4 || (f) == KVP_FORMAT_INT4_V1)
+static inline bool kvp__format_is_int4(int32_t f) { return KVP__IS_INT4(f); }
+/* int4 keys keep the channels with the widest range in each page as int8
+ * (docs/formats.md, "int4 keys"): head_dim/8 of them (int4), head_dim/32
+ * (int4_v1). */
+#define KVP__K4_OUTLIERS(format, head_dim) \
+    ((format) == KVP_FORMAT_INT4 ? (head_dim) / 8 : (format) == KVP_FORMAT_INT4_V1 ? (head_dim) / 32 : 0)
+/* The most outlier channels of any int4 key block. */
+#define KVP__K4_MAX_OUTLIERS (KVP_MAX_HEAD_DIM / 8)
+static inline int kvp__k4_outliers(int32_t format, int32_t head_dim) {
+    return KVP__K4_OUTLIERS(format, head_dim);
+}
+/* int4 values are stored in a rotated basis (docs/formats.md, "int4 values"). */
+static inline bool kvp__format_v_rotated(int32_t f) { return f == KVP_FORMAT_INT4; }
 
 /* Bytes of one (page, layer, kv head) block before padding: elements plus
  * scale data. The one formula kvp_layout_compute() and the codec share. */
@@ -113,7 +125,7 @@ uint64_t kvp__block_bytes(int32_t format, bool is_key, uint64_t page_size, uint6
 
 /* Keys quantized per channel over a page need an fp16 staging page. */
 static inline bool kvp__format_k_needs_staging(int32_t f) {
-    return f == KVP_FORMAT_INT8 || f == KVP_FORMAT_INT4;
+    return f == KVP_FORMAT_INT8 || KVP__IS_INT4(f);
 }
 
 /* Case-insensitive ASCII string compare (no locale). */

@@ -112,7 +112,7 @@ int kvp_dequantize(const kvp_quant_desc_t *q, const void *src, int64_t pages, vo
         for (size_t h = 0; h < H; h++) {
             const uint8_t *b = (const uint8_t *)src + ((size_t)pg * H + h) * (size_t)block;
             for (size_t t = 0; t < P; t++) {
-                kvp__block_decode(&f, b, (int)t, 1, row, D, q->fp8_scale);
+                kvp__block_read(&f, b, (int)t, 1, row, D, q->fp8_scale);
                 size_t at = (((size_t)pg * P + t) * H + h) * D;
                 kvp__store_f32(q->dtype, row, D, (uint8_t *)dst + at * es);
             }

@@ -30,6 +30,9 @@ static void store_init_geometry(kvp_store_t *s) {
     s->skfmt = kvp__blockfmt_make(KVP_FORMAT_FP16, 1, s->k_order, l->page_size, l->head_dim);
     s->svfmt = kvp__blockfmt_make(KVP_FORMAT_FP16, 0, KVP_K_ORDER_TOKEN_MAJOR, l->page_size,
                                   l->head_dim);
+    /* staged values in the pool's basis: attention reads both alike, and a
+     * seal quantizes the staged rows as they are */
+    s->svfmt.rot = s->vfmt.rot;
     s->page_stride_k = H * l->k_block_bytes;
     s->page_stride_v = H * l->v_block_bytes;
     s->head_stride_k = l->k_block_bytes;

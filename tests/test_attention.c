@@ -305,6 +305,7 @@ static double bound_of(int32_t f) {
     case KVP_FORMAT_FP16: return 2.5e-3;
     case KVP_FORMAT_BF16: return 2e-2;
     case KVP_FORMAT_INT8: return 1.5e-2;
+    case KVP_FORMAT_INT4_V1:
     case KVP_FORMAT_INT4: return 0.16;
     default: return 0.3; /* fp8 on outlier keys, see test_fp8_accuracy */
     }
@@ -314,7 +315,7 @@ static double bound_of(int32_t f) {
 
 static void check_formats(int32_t isa, int32_t kv_len, int32_t page) {
     static const int32_t fmts[] = {KVP_FORMAT_FP32, KVP_FORMAT_FP16, KVP_FORMAT_BF16,
-                                   KVP_FORMAT_INT8, KVP_FORMAT_INT4};
+                                   KVP_FORMAT_INT8, KVP_FORMAT_INT4, KVP_FORMAT_INT4_V1};
     int32_t q_len = 1;
     kvp_ctx_t *c = make_ctx(isa, 2);
     for (size_t i = 0; i < sizeof fmts / sizeof *fmts; i++) {
@@ -580,7 +581,8 @@ static void test_prefill_blocks(void **state) {
 static void test_denormal_query(void **state) {
     (void)state;
     static const int32_t fmts[][2] = {{KVP_FORMAT_INT8, KVP_FORMAT_INT8}, {KVP_FORMAT_INT4, KVP_FORMAT_INT4},
-                                      {KVP_FORMAT_BF16, KVP_FORMAT_INT4}, {KVP_FORMAT_FP16, KVP_FORMAT_INT8}};
+                                      {KVP_FORMAT_BF16, KVP_FORMAT_INT4}, {KVP_FORMAT_FP16, KVP_FORMAT_INT8},
+                                      {KVP_FORMAT_INT4_V1, KVP_FORMAT_INT4_V1}, {KVP_FORMAT_INT8, KVP_FORMAT_INT4}};
     for (int32_t isa = KVP_ISA_PORTABLE; isa < KVP_ISA_COUNT; isa++) {
         if (!kvp_isa_supported(isa)) continue;
         kvp_ctx_t *c = make_ctx(isa, 2);

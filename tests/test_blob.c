@@ -460,8 +460,8 @@ static void test_chain_vectors(void **state) {
     assert_int_equal(kvp_blob_chain_root(ca, 1, &root1), KVP_OK);
     assert_memory_not_equal(root1.bytes, root.bytes, 32);
 
-    /* vector B: int8 keys, int4 values, shard 1 of 2 */
-    shape_t b = {2, 2, 64, 4, KVP_FORMAT_INT8, KVP_FORMAT_INT4, KVP_K_ORDER_TOKEN_MAJOR};
+    /* vector B: int8 keys, int4_v1 values, shard 1 of 2 */
+    shape_t b = {2, 2, 64, 4, KVP_FORMAT_INT8, KVP_FORMAT_INT4_V1, KVP_K_ORDER_TOKEN_MAJOR};
     kvp_store_t *sb = store_make(&b, 2, NULL);
     kvp_blob_codec_t *cb = codec_make(sb, 0, 1, 2, NULL, 0);
     assert_int_equal(kvp_blob_chain_root(cb, 0x0123456789abcdefull, &root), KVP_OK);

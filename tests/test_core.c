@@ -170,8 +170,8 @@ static void test_copy_out_respects_struct_size(void **state) {
 
 static void test_format_names(void **state) {
     (void)state;
-    static const char *const names[KVP_FORMAT_COUNT] = {"fp32", "fp16", "bf16",
-                                                         "fp8_e4m3", "int8", "int4"};
+    static const char *const names[KVP_FORMAT_COUNT] = {"fp32", "fp16", "bf16",     "fp8_e4m3",
+                                                         "int8", "int4_v1", "int4"};
     for (int32_t f = 0; f < KVP_FORMAT_COUNT; f++) {
         assert_string_equal(kvp_format_name(f), names[f]);
         int32_t back = -1;

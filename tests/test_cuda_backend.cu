@@ -434,6 +434,12 @@ static void test_append_bytes(void **state) {
         {KVP_FORMAT_INT4, KVP_FORMAT_INT8, 0, 6, 8, KVP_FORMAT_FP32},
         {KVP_FORMAT_INT8, KVP_FORMAT_BF16, 0, 5, 16, KVP_FORMAT_FP16},
         {KVP_FORMAT_FP16, KVP_FORMAT_INT4, 0, 3, 48, KVP_FORMAT_FP32},
+        {KVP_FORMAT_INT4_V1, KVP_FORMAT_INT4_V1, 0, 8, 40, KVP_FORMAT_FP16},
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT4_V1, 1, 4, 32, KVP_FORMAT_FP32},
+        /* rotated values over blocks of 32 + 16 + 8 channels, fp16 keys (no staging) */
+        {KVP_FORMAT_BF16, KVP_FORMAT_INT4, 1, 4, 56, KVP_FORMAT_BF16},
+        /* ... and staged (int4 keys), 64 + 32 + 16 + 8 channels */
+        {KVP_FORMAT_INT4, KVP_FORMAT_INT4, 0, 4, 120, KVP_FORMAT_FP16},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         run_append_case(cases[i].kf, cases[i].vf, cases[i].order, cases[i].P, cases[i].D,
@@ -474,6 +480,7 @@ static void test_ops_read_and_swap(void **state) {
     static const int32_t fmts[][3] = {
         {KVP_FORMAT_INT8, KVP_FORMAT_INT4, 16}, {KVP_FORMAT_INT4, KVP_FORMAT_FP8_E4M3, 8},
         {KVP_FORMAT_FP16, KVP_FORMAT_INT8, 16}, {KVP_FORMAT_BF16, KVP_FORMAT_FP32, 4},
+        {KVP_FORMAT_INT4_V1, KVP_FORMAT_INT4_V1, 8}, {KVP_FORMAT_FP16, KVP_FORMAT_INT4, 4},
     };
     for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++) {
         twin t;
@@ -626,6 +633,74 @@ static void test_fp8_scales(void **state) {
 
 /* ---- standalone quantize / dequantize ----------------------------------------------------------- */
 
+/* kvp_cuda_quantize / kvp_cuda_dequantize against kvp_quantize / kvp_dequantize
+ * for one block shape: the bytes, then the values back. */
+static void quantize_case(int32_t f, int32_t is_value, int32_t order, int32_t P, int32_t D,
+                          int32_t heads, int64_t pages, int32_t dtype, kvd_rng *rng) {
+    kvp_quant_desc_t q;
+    memset(&q, 0, sizeof q);
+    q.struct_size = sizeof q;
+    q.format = f;
+    q.is_value = is_value;
+    q.k_order = order;
+    q.page_size = P;
+    q.head_dim = D;
+    q.heads = heads;
+    q.dtype = dtype;
+    q.fp8_scale = 0.125f;
+    size_t n = (size_t)pages * q.page_size * q.heads * q.head_dim;
+    float *x = (float *)malloc(n * 4);
+    kvd_fill_normal(rng, n, x);
+    for (size_t i = 0; i < n; i += 7 * (size_t)D + 3) x[i] *= 20.0f; /* a few wide values */
+    x[3] = NAN;
+    x[n - 1] = -INFINITY;
+    uint8_t *src = as_dtype(x, n, q.dtype);
+    size_t es = q.dtype == KVP_FORMAT_FP32 ? 4 : 2;
+    uint64_t block = 0;
+    char err[KVP_ERR_SIZE];
+    assert_int_equal(kvp_quant_block_bytes(&q, &block, err, sizeof err), KVP_OK);
+    size_t bytes = (size_t)(pages * q.heads) * (size_t)block;
+    uint8_t *cpu = (uint8_t *)malloc(bytes), *gpu = (uint8_t *)malloc(bytes);
+    memset(cpu, 0x33, bytes);
+    /* every block's padding: zeros (kvp_cuda_quantize writes them over the 0x33) */
+    uint64_t used = kvp__block_bytes(f, !is_value, (uint64_t)q.page_size, (uint64_t)q.head_dim);
+    for (size_t b = 0; b < (size_t)(pages * q.heads); b++)
+        memset(cpu + b * (size_t)block + used, 0, (size_t)(block - used));
+    assert_int_equal(kvp_quantize(&q, src, pages, cpu, err, sizeof err), KVP_OK);
+    void *dsrc = dev_copy(src, n * es), *dblk = dev_alloc(bytes);
+    assert_int_equal(cudaMemset(dblk, 0x33, bytes), cudaSuccess);
+    int rc = kvp_cuda_quantize(&q, dsrc, pages, dblk, nullptr, err, sizeof err);
+    if (rc != KVP_OK) print_error("kvp_cuda_quantize: %s\n", err);
+    assert_int_equal(rc, KVP_OK);
+    to_host(gpu, dblk, bytes);
+    if (memcmp(cpu, gpu, bytes) != 0)
+        print_error("quantize %s %s order %d, P %d, D %d: bytes differ\n", kvp_format_name(f),
+                    is_value ? "values" : "keys", (int)order, (int)P, (int)D);
+    assert_memory_equal(cpu, gpu, bytes);
+    /* and back: the CPU's exact values, in the tensor's dtype */
+    uint8_t *cout = (uint8_t *)malloc(n * es), *gout = (uint8_t *)malloc(n * es);
+    assert_int_equal(kvp_dequantize(&q, cpu, pages, cout, err, sizeof err), KVP_OK);
+    void *dout = dev_alloc(n * es);
+    assert_int_equal(kvp_cuda_dequantize(&q, dblk, pages, dout, nullptr, err, sizeof err), KVP_OK);
+    to_host(gout, dout, n * es);
+    if (memcmp(cout, gout, n * es) != 0)
+        print_error("dequantize %s %s order %d, P %d, D %d: values differ\n", kvp_format_name(f),
+                    is_value ? "values" : "keys", (int)order, (int)P, (int)D);
+    assert_memory_equal(cout, gout, n * es);
+    /* bad input: the same checks as the CPU, nothing launched */
+    assert_int_equal(kvp_cuda_quantize(&q, dsrc, 0, dblk, nullptr, err, sizeof err), KVP_EINVAL);
+    assert_int_equal(kvp_cuda_dequantize(&q, NULL, 1, dout, nullptr, err, sizeof err), KVP_EINVAL);
+    cudaFree(dsrc);
+    cudaFree(dblk);
+    cudaFree(dout);
+    free(x);
+    free(src);
+    free(cpu);
+    free(gpu);
+    free(cout);
+    free(gout);
+}
+
 static void test_quantize_standalone(void **state) {
     (void)state;
     kvd_rng rng;
@@ -633,70 +708,19 @@ static void test_quantize_standalone(void **state) {
     for (int32_t f = 0; f < KVP_FORMAT_COUNT; f++)
         for (int32_t is_value = 0; is_value < 2; is_value++)
             for (int32_t order = 0; order < 2; order++) {
-                kvp_quant_desc_t q;
-                memset(&q, 0, sizeof q);
-                q.struct_size = sizeof q;
-                q.format = f;
-                q.is_value = is_value;
-                q.k_order = order;
-                q.page_size = 2 + 6 * order; /* 2 and 8 */
-                q.head_dim = is_value ? 40 : 24;
-                q.heads = 3;
-                q.dtype = (f + order) % 3 == 0 ? KVP_FORMAT_FP32
-                                                : (f + order) % 3 == 1 ? KVP_FORMAT_FP16 : KVP_FORMAT_BF16;
-                q.fp8_scale = 0.125f;
-                const int64_t pages = 3;
-                size_t n = (size_t)pages * q.page_size * q.heads * q.head_dim;
-                float *x = (float *)malloc(n * 4);
-                kvd_fill_normal(&rng, n, x);
-                x[3] = NAN;
-                x[n - 1] = -INFINITY;
-                uint8_t *src = as_dtype(x, n, q.dtype);
-                size_t es = q.dtype == KVP_FORMAT_FP32 ? 4 : 2;
-                uint64_t block = 0;
-                char err[KVP_ERR_SIZE];
-                assert_int_equal(kvp_quant_block_bytes(&q, &block, err, sizeof err), KVP_OK);
-                size_t bytes = (size_t)(pages * q.heads) * (size_t)block;
-                uint8_t *cpu = (uint8_t *)malloc(bytes), *gpu = (uint8_t *)malloc(bytes);
-                memset(cpu, 0x33, bytes);
-                /* every block's padding: zeros (kvp_cuda_quantize writes them over the 0x33) */
-                uint64_t used = kvp__block_bytes(f, !is_value, (uint64_t)q.page_size,
-                                                 (uint64_t)q.head_dim);
-                for (size_t b = 0; b < (size_t)(pages * q.heads); b++)
-                    memset(cpu + b * (size_t)block + used, 0, (size_t)(block - used));
-                assert_int_equal(kvp_quantize(&q, src, pages, cpu, err, sizeof err), KVP_OK);
-                void *dsrc = dev_copy(src, n * es), *dblk = dev_alloc(bytes);
-                assert_int_equal(cudaMemset(dblk, 0x33, bytes), cudaSuccess);
-                int rc = kvp_cuda_quantize(&q, dsrc, pages, dblk, nullptr, err, sizeof err);
-                if (rc != KVP_OK) print_error("kvp_cuda_quantize: %s\n", err);
-                assert_int_equal(rc, KVP_OK);
-                to_host(gpu, dblk, bytes);
-                if (memcmp(cpu, gpu, bytes) != 0)
-                    print_error("quantize %s %s order %d: bytes differ\n", kvp_format_name(f),
-                                is_value ? "values" : "keys", (int)order);
-                assert_memory_equal(cpu, gpu, bytes);
-                /* and back: the CPU's exact values, in the tensor's dtype */
-                uint8_t *cout = (uint8_t *)malloc(n * es), *gout = (uint8_t *)malloc(n * es);
-                assert_int_equal(kvp_dequantize(&q, cpu, pages, cout, err, sizeof err), KVP_OK);
-                void *dout = dev_alloc(n * es);
-                assert_int_equal(kvp_cuda_dequantize(&q, dblk, pages, dout, nullptr, err, sizeof err),
-                                 KVP_OK);
-                to_host(gout, dout, n * es);
-                assert_memory_equal(cout, gout, n * es);
-                /* bad input: the same checks as the CPU, nothing launched */
-                assert_int_equal(kvp_cuda_quantize(&q, dsrc, 0, dblk, nullptr, err, sizeof err), KVP_EINVAL);
-                assert_int_equal(kvp_cuda_dequantize(&q, NULL, 1, dout, nullptr, err, sizeof err),
-                                 KVP_EINVAL);
-                cudaFree(dsrc);
-                cudaFree(dblk);
-                cudaFree(dout);
-                free(x);
-                free(src);
-                free(cpu);
-                free(gpu);
-                free(cout);
-                free(gout);
+                int32_t dtype = (f + order) % 3 == 0 ? KVP_FORMAT_FP32
+                                : (f + order) % 3 == 1 ? KVP_FORMAT_FP16 : KVP_FORMAT_BF16;
+                quantize_case(f, is_value, order, 2 + 6 * order /* 2 and 8 */, is_value ? 40 : 24, 3,
+                              3, dtype, &rng);
             }
+    /* int4 at the extremes of head_dim: the most outlier channels (128 at
+     * 1024), rotation blocks of every size from 512 down to 8, the smallest row */
+    quantize_case(KVP_FORMAT_INT4, 0, 0, 4, 1024, 2, 1, KVP_FORMAT_FP32, &rng);
+    quantize_case(KVP_FORMAT_INT4_V1, 0, 0, 4, 1024, 1, 1, KVP_FORMAT_FP16, &rng);
+    quantize_case(KVP_FORMAT_INT4, 1, 0, 4, 1016, 2, 1, KVP_FORMAT_FP32, &rng);
+    quantize_case(KVP_FORMAT_INT4, 1, 0, 2, 1024, 1, 2, KVP_FORMAT_BF16, &rng);
+    quantize_case(KVP_FORMAT_INT4, 1, 0, 3, 8, 5, 2, KVP_FORMAT_FP16, &rng);
+    quantize_case(KVP_FORMAT_INT4, 0, 0, 2, 8, 5, 2, KVP_FORMAT_FP32, &rng);
 }
 
 /* ---- attention ---------------------------------------------------------------------------------- */
@@ -921,14 +945,15 @@ static double ref_bound(int32_t f) {
     case KVP_FORMAT_FP16: return 2.5e-3;
     case KVP_FORMAT_BF16: return 2e-2;
     case KVP_FORMAT_INT8: return 1.5e-2;
-    case KVP_FORMAT_INT4: return 0.16;
+    case KVP_FORMAT_INT4:
+    case KVP_FORMAT_INT4_V1: return 0.16;
     default: return 0.3;
     }
 }
 
 /* Tiles with fp16-rounded dequantized values: int8/int4 keys, int4 values. */
 static double tolerance(int32_t kf, int32_t vf) {
-    bool rounded = kf == KVP_FORMAT_INT8 || kf == KVP_FORMAT_INT4 || vf == KVP_FORMAT_INT4;
+    bool rounded = kf == KVP_FORMAT_INT8 || KVP__IS_INT4(kf) || KVP__IS_INT4(vf);
     return rounded ? TOL_F16 : TOL_EXACT;
 }
 
@@ -1000,7 +1025,7 @@ static void test_attention_formats(void **state) {
     int32_t kv_len[] = {93, 40}, q_len[] = {1, 2};
     for (int32_t f = 0; f < KVP_FORMAT_COUNT; f++)
         for (int32_t order = 0; order < 2; order++) {
-            if (order == 1 && (f == KVP_FORMAT_INT8 || f == KVP_FORMAT_INT4)) continue;
+            if (order == 1 && (f == KVP_FORMAT_INT8 || KVP__IS_INT4(f))) continue;
             batch_spec s = {2, 8, 64, 16, f, f, order, 2, kv_len, q_len, 300 + (uint64_t)f};
             check_batch(&s, cc, gc, &plain_opts, "format");
         }
@@ -1008,7 +1033,8 @@ static void test_attention_formats(void **state) {
         {KVP_FORMAT_INT8, KVP_FORMAT_INT4, 0},  {KVP_FORMAT_INT4, KVP_FORMAT_INT8, 1},
         {KVP_FORMAT_FP16, KVP_FORMAT_INT8, 1},  {KVP_FORMAT_INT8, KVP_FORMAT_FP8_E4M3, 0},
         {KVP_FORMAT_BF16, KVP_FORMAT_FP32, 0},  {KVP_FORMAT_FP8_E4M3, KVP_FORMAT_BF16, 1},
-        {KVP_FORMAT_INT4, KVP_FORMAT_FP16, 0},
+        {KVP_FORMAT_INT4, KVP_FORMAT_FP16, 0},  {KVP_FORMAT_FP16, KVP_FORMAT_INT4, 1},
+        {KVP_FORMAT_INT8, KVP_FORMAT_INT4_V1, 0}, {KVP_FORMAT_INT4_V1, KVP_FORMAT_INT4, 0},
     };
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
         batch_spec s = {2, 4, 64, 8, pairs[i][0], pairs[i][1], pairs[i][2], 2, kv_len, q_len, 320 + i};
@@ -1028,7 +1054,7 @@ static void test_attention_shapes(void **state) {
     for (size_t d = 0; d < 5; d++)
         for (size_t p = 0; p < 5; p++)
             for (size_t f = 0; f < 3; f++) {
-                if (fmts[f] == KVP_FORMAT_INT4 && pages[p] % 2 != 0) continue;
+                if (KVP__IS_INT4(fmts[f]) && pages[p] % 2 != 0) continue;
                 int32_t kv_len = pages[p] > 8 ? 2 * pages[p] + 5 : 3 * pages[p] + 5, q_len = 2;
                 batch_spec s = {1, 2, dims[d], pages[p], fmts[f], fmts[f], (int32_t)((d + p) % 2), 1,
                                 &kv_len, &q_len, 400 + d * 10 + p};
@@ -1067,28 +1093,34 @@ static void test_attention_odd_pages(void **state) {
 /* Ragged batches (chunked prefill, decode, speculative rows, a one-token
  * sequence, one across hundreds of pages), GQA 1/4/8 and MQA; split-KV on
  * (the simulator's 132 SMs want splits for any small batch) and off (a
- * workspace too small for partials). */
+ * workspace too small for partials). int4 values (with int8 keys: staged
+ * values in a partly filled page) leave the rotated basis in the merge
+ * kernel with splits, in the attention kernel without. */
 static void test_attention_ragged_and_splits(void **state) {
     (void)state;
-    static const int32_t groups[][2] = {{4, 4}, {2, 8}, {1, 8}, {4, 32}};
+    static const int32_t groups[][4] = {{4, 4, KVP_FORMAT_FP16, KVP_FORMAT_FP16},
+                                        {2, 8, KVP_FORMAT_INT8, KVP_FORMAT_INT8},
+                                        {1, 8, KVP_FORMAT_FP16, KVP_FORMAT_FP16},
+                                        {4, 32, KVP_FORMAT_INT8, KVP_FORMAT_INT8},
+                                        {2, 8, KVP_FORMAT_INT8, KVP_FORMAT_INT4}};
     int32_t kv_len[] = {1, 7, 130, 1603, 33};
     int32_t q_len[] = {1, 7, 5, 1, 16};
     kvp_ctx_t *cc = cpu_ctx(), *split = gpu_ctx(0), *nosplit = gpu_ctx(4096);
-    for (size_t g = 0; g < 4; g++) {
-        int32_t f = g % 2 ? KVP_FORMAT_INT8 : KVP_FORMAT_FP16;
-        batch_spec s = {groups[g][0], groups[g][1], 64, 8, f, f, 0, 5, kv_len, q_len, 500 + g};
+    for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+        const int32_t f = groups[g][2], vf = groups[g][3];
+        batch_spec s = {groups[g][0], groups[g][1], 64, 8, f, vf, 0, 5, kv_len, q_len, 500 + g};
         batch bt;
         batch_build(&bt, &s);
         attn_result a = compare_batch(&bt, cc, split, &plain_opts, true);
         attn_result b = compare_batch(&bt, cc, nosplit, &plain_opts, true);
-        double tol = tolerance(f, f);
+        double tol = tolerance(f, vf), rb = ref_bound(f) > ref_bound(vf) ? ref_bound(f) : ref_bound(vf);
         if (getenv("KVP_TEST_VERBOSE") || !(a.vs_cpu < tol && b.vs_cpu < tol && a.lse < tol && b.lse < tol))
-            print_message("  kv %d q %d %s: split %.2e (lse %.2e), no split %.2e (lse %.2e)\n",
-                          (int)groups[g][0], (int)groups[g][1], kvp_format_name(f), a.vs_cpu, a.lse,
-                          b.vs_cpu, b.lse);
+            print_message("  kv %d q %d K %s V %s: split %.2e (lse %.2e), no split %.2e (lse %.2e)\n",
+                          (int)groups[g][0], (int)groups[g][1], kvp_format_name(f), kvp_format_name(vf),
+                          a.vs_cpu, a.lse, b.vs_cpu, b.lse);
         assert_true(a.vs_cpu < tol && a.lse < tol);
         assert_true(b.vs_cpu < tol && b.lse < tol);
-        assert_true(a.vs_ref < ref_bound(f) && b.vs_ref < ref_bound(f));
+        assert_true(a.vs_ref < rb && b.vs_ref < rb);
         batch_free(&bt);
     }
     kvp_ctx_destroy(cc);
@@ -1138,6 +1170,8 @@ static void test_attention_pipeline(void **state) {
         {KVP_FORMAT_FP8_E4M3, KVP_FORMAT_FP8_E4M3, 0, 8, 128, 2, 4},
         {KVP_FORMAT_INT8, KVP_FORMAT_INT8, 0, 16, 128, 2, 8},
         {KVP_FORMAT_INT4, KVP_FORMAT_INT4, 0, 32, 128, 1, 4},    /* int4 keys' outliers */
+        {KVP_FORMAT_INT4_V1, KVP_FORMAT_INT4_V1, 0, 16, 128, 1, 4}, /* ... fewer of them */
+        {KVP_FORMAT_INT4, KVP_FORMAT_INT4, 0, 4, 256, 2, 4},     /* 32 outliers, 4 pages a tile */
         {KVP_FORMAT_INT8, KVP_FORMAT_INT4, 0, 8, 80, 2, 2},
         {KVP_FORMAT_INT4, KVP_FORMAT_FP16, 0, 16, 96, 1, 1},
         {KVP_FORMAT_INT8, KVP_FORMAT_INT8, 0, 6, 64, 1, 2},      /* element-wise loader */
@@ -1165,7 +1199,7 @@ static void test_attention_pipeline(void **state) {
         const size_t n = (size_t)bt.rows * (size_t)s.q_heads * (size_t)s.head_dim;
         const size_t nl = (size_t)bt.rows * (size_t)s.q_heads;
         /* int8 / int4 keys take the integer path where a tile holds at most 8 pages */
-        const bool kint = (s.k_format == KVP_FORMAT_INT8 || s.k_format == KVP_FORMAT_INT4) &&
+        const bool kint = (s.k_format == KVP_FORMAT_INT8 || KVP__IS_INT4(s.k_format)) &&
                           P >= (s.head_dim >= 256 ? 2 : 4);
         for (int o = 0; o < 2; o++) {
             const attn_opts *opt = o == 0 ? &plain_opts : &window;
@@ -2247,7 +2281,7 @@ static int attend_page0(kvp_ctx_t *c, kvp_store_t *st, bool gpu, int32_t D, int3
  * pages of arbitrary bytes in every format are read without a fault. */
 static void test_foreign_page_bytes(void **state) {
     (void)state;
-    const int32_t D = 128, P = 16, R = D / 32;
+    const int32_t D = 128, P = 16, R = KVP__K4_OUTLIERS(KVP_FORMAT_INT4, D);
     kvd_rng rng;
     kvd_seed(&rng, 77);
     float *k = (float *)malloc((size_t)P * D * 4), *v = (float *)malloc((size_t)P * D * 4);
@@ -2275,8 +2309,8 @@ static void test_foreign_page_bytes(void **state) {
     assert_int_equal(kvp_quantize(&qd, v, 1, page + tw.lay.k_block_bytes, err, sizeof err), KVP_OK);
     uint8_t *idx = page + (size_t)P * D / 2 + 4 * (size_t)D; /* docs/formats.md */
     const uint16_t bad[3] = {200, 1029, 0xFFFF}, big = 0x63D0;
-    for (int32_t j = 1; j < R; j++) {
-        memcpy(idx + 2 * j, &bad[j - 1], 2);
+    for (int32_t j = 1; j < R; j += 3) { /* every third entry past the first */
+        memcpy(idx + 2 * j, &bad[j / 3 % 3], 2);
         memcpy(idx + 2 * R + 2 * j, &big, 2);
         for (int32_t t = 0; t < P; t++) idx[6 * R + j * P + t] = (uint8_t)(t * 37);
     }
@@ -2293,8 +2327,9 @@ static void test_foreign_page_bytes(void **state) {
     twin_free(&tw);
     /* every format pair over arbitrary bytes (the arenas start as 0xA7,
      * then page 0 gets random bytes): a status, no fault */
-    static const int32_t formats[] = {KVP_FORMAT_FP32, KVP_FORMAT_FP16, KVP_FORMAT_BF16,
-                                      KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
+    static const int32_t formats[] = {KVP_FORMAT_FP32,     KVP_FORMAT_FP16, KVP_FORMAT_BF16,
+                                      KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, KVP_FORMAT_INT4,
+                                      KVP_FORMAT_INT4_V1};
     for (int32_t kf : formats)
         for (int32_t vf : formats) {
             twin_make(&tw, 1, 1, D, P, kf, vf, 0, 2, 1);
@@ -2323,6 +2358,7 @@ static const int32_t blob_formats[][2] = {
     {KVP_FORMAT_INT4, KVP_FORMAT_INT4},
     {KVP_FORMAT_INT8, KVP_FORMAT_INT4},
     {KVP_FORMAT_FP16, KVP_FORMAT_INT8}, /* a partly filled pool page with per-token value scales */
+    {KVP_FORMAT_INT4_V1, KVP_FORMAT_INT4_V1},
 };
 #define BLOB_NUM_FORMATS ((int)(sizeof blob_formats / sizeof blob_formats[0]))
 #define BLOB_MAX_PAGES 16

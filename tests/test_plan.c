@@ -43,8 +43,11 @@ static uint64_t ref_block(int32_t f, int is_key, uint64_t P, uint64_t D) {
     case KVP_FORMAT_BF16: return 2 * P * D;
     case KVP_FORMAT_FP8_E4M3: return P * D;
     case KVP_FORMAT_INT8: return is_key ? P * D + D * (2 + 2) : P * D + P * 2;
-    case KVP_FORMAT_INT4: /* keys: + D/32 outlier channels as int8 (index, scale, min, codes) */
+    case KVP_FORMAT_INT4_V1: /* keys: + D/32 outlier channels as int8 (index, scale, min, codes) */
         return is_key ? P * D / 2 + D * (2 + 2) + (D / 32) * (2 + 2 + 2 + P)
+                      : P * D / 2 + P * ((D + 31) / 32) * (2 + 2);
+    case KVP_FORMAT_INT4: /* keys: D/8 outlier channels */
+        return is_key ? P * D / 2 + D * (2 + 2) + (D / 8) * (2 + 2 + 2 + P)
                       : P * D / 2 + P * ((D + 31) / 32) * (2 + 2);
     }
     return 0;
@@ -62,19 +65,24 @@ static void test_layout_fp16_llama70b(void **state) {
     assert_int_equal(l.fixed_bytes, 0);
 }
 
-/* Byte ratios over fp16 at page 32, head_dim 128: int8 ~1.87x, int4 ~3.1x
- * (3.2x before the 4 outlier channels' 152 bytes per block). */
+/* Byte ratios over fp16 at page 32, head_dim 128: int8 ~1.87x, int4 ~2.9x
+ * (int4_v1 ~3.1x: 4 int8 key channels, 152 bytes per block, instead of 16,
+ * 608 bytes; 3.2x with none). */
 static void test_layout_quantized_ratios(void **state) {
     (void)state;
     kvp_layout_t f16 = layout_of(32, 8, 128, 32, KVP_FORMAT_FP16, KVP_FORMAT_FP16);
     kvp_layout_t i8 = layout_of(32, 8, 128, 32, KVP_FORMAT_INT8, KVP_FORMAT_INT8);
-    kvp_layout_t i4 = layout_of(32, 8, 128, 32, KVP_FORMAT_INT4, KVP_FORMAT_INT4);
+    kvp_layout_t i4 = layout_of(32, 8, 128, 32, KVP_FORMAT_INT4_V1, KVP_FORMAT_INT4_V1);
+    kvp_layout_t r4 = layout_of(32, 8, 128, 32, KVP_FORMAT_INT4, KVP_FORMAT_INT4);
     assert_int_equal(i8.k_block_bytes, 32 * 128 + 128 * 4);
     assert_int_equal(i8.v_block_bytes, 32 * 128 + 32 * 2);
     assert_int_equal(i4.k_block_bytes, 2720); /* 32*128/2 + 128*4 + 4*(6+32) = 2712, padded to 16 */
     assert_int_equal(i4.v_block_bytes, 32 * 128 / 2 + 32 * 4 * 4);
     assert_true(fabs((double)f16.page_bytes / (double)i8.page_bytes - 1.8686) < 1e-3);
     assert_true(fabs((double)f16.page_bytes / (double)i4.page_bytes - 16384.0 / (2720 + 2560)) < 1e-9);
+    assert_int_equal(r4.k_block_bytes, 3168); /* 32*128/2 + 128*4 + 16*(6+32) = 3168 */
+    assert_int_equal(r4.v_block_bytes, i4.v_block_bytes);
+    assert_true(fabs((double)f16.page_bytes / (double)r4.page_bytes - 16384.0 / (3168 + 2560)) < 1e-9);
     /* staging: fp16 K and V of every layer and head for one page */
     assert_int_equal(i8.needs_staging, 1);
     assert_int_equal(i8.staging_page_bytes, 32ull * 8 * 32 * 128 * 2 * 2);
@@ -97,7 +105,8 @@ static void test_layout_all_formats_match_reference(void **state) {
                     assert_int_equal(l.v_block_bytes, vb);
                     assert_int_equal(l.page_bytes, 15 * (kb + vb));
                     assert_int_equal(l.needs_staging,
-                                     kf == KVP_FORMAT_INT8 || kf == KVP_FORMAT_INT4);
+                                     kf == KVP_FORMAT_INT8 || kf == KVP_FORMAT_INT4 ||
+                                         kf == KVP_FORMAT_INT4_V1);
                     assert_int_equal(l.staging_page_bytes,
                                      l.needs_staging ? 15 * P * D * 4 : 0);
                     uint64_t fixed = 15 * 4 * ((kf == KVP_FORMAT_FP8_E4M3) + (vf == KVP_FORMAT_FP8_E4M3));
@@ -135,7 +144,7 @@ static void test_layout_bad_input(void **state) {
         {32, 8, 2048, 16, 1, 1, "head_dim"},
         {32, 8, 128, 0, 1, 1, "page_size"},
         {32, 8, 128, 4097, 1, 1, "page_size"},
-        {32, 8, 128, 16, 6, 1, "K format"},
+        {32, 8, 128, 16, KVP_FORMAT_COUNT, 1, "K format"},
         {32, 8, 128, 16, 1, -1, "V format"},
         {32, 8, 128, 15, KVP_FORMAT_INT4, 1, "even"},
         {32, 8, 128, 1, KVP_FORMAT_INT4, 1, "even"},

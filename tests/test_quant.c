@@ -97,10 +97,37 @@ static kvp_quant_desc_t desc_of(int32_t f, int32_t is_value, int32_t order, int3
     return d;
 }
 
+/* int4 values in the rotated basis: the rounding bound of each rotated
+ * element (its 32-wide group's step / 2), carried back through the
+ * rotation's block (every element of it adds into channel d with weight
+ * +-2^-ceil(k/2)), plus float rounding in the two transforms. */
+static double allowed_error_rotated(const float *row, int32_t D, int32_t d) {
+    float r[KVP_MAX_HEAD_DIM];
+    memcpy(r, row, (size_t)D * sizeof(float));
+    kvp__rot_forward(r, D);
+    double norm = 0.0;
+    for (int32_t i = 0; i < D; i++) norm += fabs((double)row[i]);
+    int32_t base = 0, B = 0;
+    while (base + (B = kvp__rot_block(D, base)) <= d) base += B;
+    double sum = 0.0;
+    for (int32_t i = base; i < base + B; i++) {
+        int32_t g0 = i / 32 * 32, g1 = g0 + 32 < D ? g0 + 32 : D;
+        double lo = INFINITY, hi = -INFINITY;
+        for (int32_t k = g0; k < g1; k++) {
+            lo = fmin(lo, r[k]);
+            hi = fmax(hi, r[k]);
+        }
+        sum += (hi - lo) / 15.0 * 0.5 * 1.002 + fabs(lo) * 1e-3;
+    }
+    return sum * kvp__rot_scale(B, 1) + norm * 1e-6;
+}
+
 /* Largest allowed |x - dequant(quant(x))| of element (t, h, d) of a page. */
 static double allowed_error(int32_t f, int32_t is_value, const float *x, int32_t P, int32_t H,
                             int32_t D, int32_t t, int32_t h, int32_t d, float fp8_scale) {
     float v = x[((size_t)t * (size_t)H + (size_t)h) * (size_t)D + (size_t)d];
+    if (is_value && f == KVP_FORMAT_INT4)
+        return allowed_error_rotated(x + ((size_t)t * (size_t)H + (size_t)h) * (size_t)D, D, d);
     double lo = INFINITY, hi = -INFINITY, amax = 0.0;
     switch (f) {
     case KVP_FORMAT_FP32: return 0.0;
@@ -192,7 +219,7 @@ static void test_round_trip_all_formats(void **state) {
         for (int32_t side = 0; side < 2; side++)
             for (size_t d = 0; d < sizeof dims / sizeof *dims; d++)
                 for (size_t p = 0; p < sizeof pages / sizeof *pages; p++) {
-                    if (f == KVP_FORMAT_INT4 && !side && pages[p] % 2) continue;
+                    if (kvp__format_is_int4(f) && !side && pages[p] % 2) continue;
                     round_trip(f, side, (int32_t)(p % 2), pages[p], dims[d], &rng);
                 }
 }
@@ -251,7 +278,7 @@ static void test_nonfinite_rules(void **state) {
     kvd_seed(&rng, 17);
     kvd_fill_normal(&rng, n, x);
     static const float specials[] = {NAN, INFINITY, -INFINITY};
-    for (int32_t f = KVP_FORMAT_FP8_E4M3; f <= KVP_FORMAT_INT4; f++)
+    for (int32_t f = KVP_FORMAT_FP8_E4M3; f < KVP_FORMAT_COUNT; f++)
         for (int32_t side = 0; side < 2; side++)
             for (int s = 0; s < 3; s++) {
                 kvp_quant_desc_t q = desc_of(f, side, 0, P, D, H);
@@ -269,20 +296,22 @@ static void test_nonfinite_rules(void **state) {
                     for (int32_t j = 0; j < D; j++) {
                         size_t k = (size_t)i * D + (size_t)j;
                         assert_true(isfinite(yb[k])); /* nothing non-finite is stored */
-                        bool same_scale_set = side ? (f == KVP_FORMAT_INT4 ? i == t && j / 32 == d / 32 : i == t)
+                        bool same_scale_set = side ? (f == KVP_FORMAT_INT4_V1 ? i == t && j / 32 == d / 32 : i == t)
                                                    : j == d;
                         if (f == KVP_FORMAT_FP8_E4M3) same_scale_set = i == t && j == d;
                         if (!same_scale_set) assert_true(yb[k] == y[k]); /* untouched */
                     }
                 float got = yb[t * D + d];
-                if (s == 0) { /* NaN: the code nearest 0 */
+                if (side && f == KVP_FORMAT_INT4) { /* rotated values: counted as 0 */
+                    assert_true(fabsf(got) <= 0.5f);
+                } else if (s == 0) { /* NaN: the code nearest 0 */
                     assert_true(fabsf(got) <= fabsf(y[t * D + d]) + 1.0f);
                     if (f == KVP_FORMAT_FP8_E4M3 || (side && f == KVP_FORMAT_INT8)) assert_true(got == 0.0f);
                 } else { /* +-Inf: the extreme of the range */
                     float ext = specials[s] > 0 ? -INFINITY : INFINITY;
                     for (int32_t i = 0; i < P; i++)
                         for (int32_t j = 0; j < D; j++) {
-                            bool in = side ? (f == KVP_FORMAT_INT4 ? i == t && j / 32 == d / 32 : i == t) : j == d;
+                            bool in = side ? (f == KVP_FORMAT_INT4_V1 ? i == t && j / 32 == d / 32 : i == t) : j == d;
                             if (f == KVP_FORMAT_FP8_E4M3) in = true;
                             if (!in) continue;
                             float v = yb[(size_t)i * D + (size_t)j];
@@ -313,6 +342,111 @@ static void test_all_nan_channel(void **state) {
     assert_true(fabsf(y[1] - 0.1f) < 0.01f);
 }
 
+/* ---- the rotated basis of int4 values ------------------------------------------------------------- */
+
+/* docs/formats.md's definition, written out again: sign of channel d from
+ * the hash, blocks from the set bits of D (largest first), y = 2^-floor(k/2)
+ * * H_B * (signed x) with H_B[i][j] = (-1)^popcount(i & j), in double. */
+static int doc_neg(uint32_t d) {
+    uint32_t h = d * 0x9E3779B1u;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    return (int)(h >> 31);
+}
+
+static void doc_rotate(const float *x, int D, double *y) {
+    int base = 0;
+    for (int bit = 1 << 12; bit >= 1; bit >>= 1) {
+        if (!(D & bit)) continue;
+        int k = 0;
+        while ((1 << k) < bit) k++;
+        double scale = ldexp(1.0, -(k / 2));
+        for (int i = 0; i < bit; i++) {
+            double acc = 0.0;
+            for (int j = 0; j < bit; j++) {
+                double v = isfinite(x[base + j]) ? (double)x[base + j] : 0.0;
+                if (doc_neg((uint32_t)(base + j))) v = -v;
+                acc += (__builtin_popcount((unsigned)(i & j)) & 1) ? -v : v;
+            }
+            y[base + i] = acc * scale;
+        }
+        base += bit;
+    }
+}
+
+/* kvp__rot_forward is the documented map (to fp32 rounding), its inverse
+ * returns the row, the sign pattern is about half -1, a channel of large
+ * values is spread over its block, and non-finite inputs count as 0. */
+static void test_value_rotation(void **state) {
+    (void)state;
+    static const int dims[] = {8, 16, 24, 64, 80, 96, 128, 136, 256, 1024};
+    kvd_rng rng;
+    kvd_seed(&rng, 23);
+    float x[KVP_MAX_HEAD_DIM], r[KVP_MAX_HEAD_DIM];
+    double y[KVP_MAX_HEAD_DIM];
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+        const int D = dims[di];
+        for (int trial = 0; trial < 4; trial++) {
+            kvd_fill_normal(&rng, (size_t)D, x);
+            if (trial == 1) x[D / 3] = 300.0f; /* one wide channel */
+            if (trial == 2) x[D / 2] = NAN, x[1] = -INFINITY;
+            memcpy(r, x, sizeof(float) * (size_t)D);
+            kvp__rot_forward(r, D);
+            doc_rotate(x, D, y);
+            double norm = 0.0;
+            for (int d = 0; d < D; d++) norm += y[d] * y[d];
+            norm = sqrt(norm);
+            for (int d = 0; d < D; d++) {
+                if (!(fabs((double)r[d] - y[d]) <= 1e-6 * norm)) print_error("D %d channel %d: %g vs %g\n", D, d, (double)r[d], y[d]);
+                assert_true(fabs((double)r[d] - y[d]) <= 1e-6 * norm);
+            }
+            if (trial == 1 && D >= 64) { /* 300 spread: no rotated value above 300 / 2^2 + noise */
+                float m = 0.0f;
+                for (int d = 0; d < D; d++) m = fmaxf(m, fabsf(r[d]));
+                assert_true(m < 300.0f / 4.0f + 40.0f);
+            }
+            kvp__rot_inverse(r, D);
+            for (int d = 0; d < D; d++) {
+                float want = isfinite(x[d]) ? x[d] : 0.0f;
+                assert_true(fabsf(r[d] - want) <= 1e-5f * (1.0f + (float)norm));
+            }
+        }
+        int neg = 0;
+        for (int d = 0; d < D; d++) {
+            assert_int_equal(kvp__rot_neg(d), doc_neg((uint32_t)d));
+            neg += doc_neg((uint32_t)d);
+        }
+        if (D >= 64) assert_true(neg > D / 4 && neg < 3 * D / 4);
+    }
+    /* rotated values through the public codec: the bytes of the rotated
+     * rows under the unrotated layout, and reads that undo it */
+    const int32_t P = 8, D = 80;
+    kvp_quant_desc_t q = desc_of(KVP_FORMAT_INT4, 1, 0, P, D, 1);
+    uint64_t block;
+    assert_int_equal(kvp_quant_block_bytes(&q, &block, NULL, 0), KVP_OK);
+    float rows[8 * 80], rot[8 * 80], back[8 * 80];
+    kvd_fill_normal(&rng, (size_t)P * D, rows);
+    memcpy(rot, rows, sizeof rows);
+    for (int t = 0; t < P; t++) kvp__rot_forward(rot + t * D, D);
+    uint8_t *a = calloc(1, block), *b = calloc(1, block);
+    assert_int_equal(kvp_quantize(&q, rows, 1, a, NULL, 0), KVP_OK);
+    kvp__blockfmt raw = kvp__blockfmt_make(KVP_FORMAT_INT4, 0, 0, P, D);
+    assert_int_equal(raw.rot, 1);
+    raw.rot = 0;
+    kvp__block_encode(&raw, b, 0, P, rot, (size_t)D, 1.0f);
+    assert_memory_equal(a, b, block);
+    assert_int_equal(kvp_dequantize(&q, a, 1, back, NULL, 0), KVP_OK);
+    double err = 0.0, ref = 0.0;
+    for (int i = 0; i < P * D; i++) {
+        err += ((double)back[i] - rows[i]) * ((double)back[i] - rows[i]);
+        ref += (double)rows[i] * rows[i];
+    }
+    assert_true(sqrt(err / ref) < 0.12); /* int4's error, not a wrong basis (~1.4) */
+    free(a);
+    free(b);
+}
+
 /* ---- bad input ----------------------------------------------------------------------------------- */
 
 /* kvp__block_decode() (whole tokens at once: the portable kernels' and the
@@ -324,7 +458,8 @@ static void test_all_nan_channel(void **state) {
 static void test_block_decode_matches_elements(void **state) {
     (void)state;
     static const int32_t fmts[] = {KVP_FORMAT_FP32, KVP_FORMAT_FP16,     KVP_FORMAT_BF16,
-                                   KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, KVP_FORMAT_INT4};
+                                   KVP_FORMAT_FP8_E4M3, KVP_FORMAT_INT8, KVP_FORMAT_INT4_V1,
+                                   KVP_FORMAT_INT4};
     static const int32_t pages[] = {2, 6, 16, 18, 32}, dims[] = {64, 80, 96};
     uint8_t *blk = malloc(1 << 18);
     float *y = malloc((size_t)32 * 100 * sizeof(float));
@@ -345,12 +480,12 @@ static void test_block_decode_matches_elements(void **state) {
                             rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
                             blk[i] = (uint8_t)(rng >> 32);
                         }
-                        if (key && fmts[fi] == KVP_FORMAT_INT4) { /* outlier channels: in range,
+                        if (key && kvp__format_is_int4(fmts[fi])) { /* outlier channels: in range,
                                                                    repeated (entry 1 = entry 0), past D */
                             uint8_t *ot = blk + kvp__block_data_bytes(&f) + 4 * (size_t)D;
-                            for (int j = 0; j < D / 32; j++) {
+                            for (int j = 0; j < kvp__k4_outliers(fmts[fi], D); j++) {
                                 uint16_t c = j == 1 ? (uint16_t)(ot[0] | ot[1] << 8)
-                                                    : (uint16_t)((rng >> (8 * j)) % (uint64_t)(D + 4));
+                                                    : (uint16_t)((rng >> (8 * (j % 8))) % (uint64_t)(D + 4));
                                 ot[2 * j] = (uint8_t)c;
                                 ot[2 * j + 1] = (uint8_t)(c >> 8);
                             }
@@ -428,6 +563,7 @@ int main(void) {
         cmocka_unit_test(test_all_nan_channel),
         cmocka_unit_test(test_bad_descriptions),
         cmocka_unit_test(test_block_decode_matches_elements),
+        cmocka_unit_test(test_value_rotation),
     };
     return cmocka_run_group_tests_name("quant", tests, NULL, NULL);
 }

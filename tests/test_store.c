@@ -16,6 +16,7 @@
 #include "kvpage_ext.h"
 #include "kvpage_plan.h"
 #include "kvpage_tier.h"
+#include "blockfmt.h"
 #include "numeric.h"
 #include "testutil.h"
 #include "../bench/kvdist.h"
@@ -215,6 +216,7 @@ static void test_append_seal_matches_quantize(void **state) {
         v[i] = kvp__f16_to_f32(kvp__f32_to_f16(v[i]));
     }
     static const int32_t fmts[][2] = {{KVP_FORMAT_INT8, KVP_FORMAT_INT8}, {KVP_FORMAT_INT4, KVP_FORMAT_INT4},
+                                      {KVP_FORMAT_INT4_V1, KVP_FORMAT_INT4_V1}, {KVP_FORMAT_INT8, KVP_FORMAT_INT4},
                                       {KVP_FORMAT_INT8, KVP_FORMAT_FP16}, {KVP_FORMAT_INT4, KVP_FORMAT_FP8_E4M3},
                                       {KVP_FORMAT_FP16, KVP_FORMAT_INT8}, {KVP_FORMAT_BF16, KVP_FORMAT_INT4}};
     for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++) {
@@ -238,13 +240,17 @@ static void test_append_seal_matches_quantize(void **state) {
         int32_t seq = -1;
         assert_int_equal(kvp_table_seq_create(table, 0, 0, &seq), KVP_OK);
         static const int32_t steps[] = {1, 3, 1, 9, 2, 8, 5};
-        int32_t seals = 0;
+        int32_t seals = 0, staged[8] = {0}; /* per pool page: its seal's staged tokens */
         for (int32_t t0 = 0, si = 0; t0 < T; si++) {
             int32_t n = steps[si % 7] < T - t0 ? steps[si % 7] : T - t0, nops = 0;
             int64_t slots[16];
             kvp_page_op_t ops[16];
             assert_int_equal(kvp_table_append(table, seq, n, NULL, slots, ops, 16, &nops), KVP_OK);
-            for (int32_t i = 0; i < nops; i++) seals += ops[i].kind == KVP_OP_SEAL;
+            for (int32_t i = 0; i < nops; i++)
+                if (ops[i].kind == KVP_OP_SEAL) {
+                    seals++;
+                    if (ops[i].dst >= 0 && ops[i].dst < 8) staged[ops[i].dst] = ops[i].count;
+                }
             for (int32_t l = 0; l < L; l++) {
                 kvp_append_params_t a;
                 kvp_append_params_init(&a);
@@ -278,6 +284,24 @@ static void test_append_seal_matches_quantize(void **state) {
                 uint8_t *want = calloc(H, block);
                 assert_int_equal(kvp_quantize(&q, (side ? v : k) + (size_t)pg * P * H * D, 1, want, NULL, 0),
                                  KVP_OK);
+                if (side && lay.needs_staging && fmts[f][1] == KVP_FORMAT_INT4) {
+                    /* rotated values: the staged tokens were kept as fp16 in the
+                     * rotated basis, and the seal quantizes them as they are */
+                    kvp__blockfmt raw = kvp__blockfmt_make(KVP_FORMAT_INT4, 0, 0, P, D);
+                    raw.rot = 0;
+                    for (int32_t h = 0; h < H; h++) {
+                        float rows[16 * 64];
+                        assert_true(P <= 16 && D <= 64);
+                        for (int32_t t = 0; t < P; t++) {
+                            float *r = rows + (size_t)t * (size_t)D;
+                            memcpy(r, v + (((size_t)pg * P + (size_t)t) * H + (size_t)h) * D, (size_t)D * 4);
+                            kvp__rot_forward(r, D);
+                            if (t < staged[pages[pg]])
+                                for (int32_t d = 0; d < D; d++) r[d] = kvp__f16_to_f32(kvp__f32_to_f16(r[d]));
+                        }
+                        kvp__block_encode(&raw, want + h * block, 0, P, rows, (size_t)D, 1.0f);
+                    }
+                }
                 kvp_region_t r = {.struct_size = sizeof r};
                 assert_int_equal(kvp_store_region(s, 1, side ? KVP_REGION_V : KVP_REGION_K, &r), KVP_OK);
                 assert_true(pages[pg] >= 0 && pages[pg] < 8);
@@ -342,11 +366,11 @@ static void test_append_strides_and_skips(void **state) {
     kvp_store_destroy(s);
 }
 
-/* COPY (pool and staging) and UNSEAL. */
-static void test_page_ops(void **state) {
-    (void)state;
+/* COPY (pool and staging) and UNSEAL, with values in the rotated basis
+ * (int4) and not (int4_v1). */
+static void page_ops(int32_t v_format) {
     const int32_t H = 1, D = 64, P = 8, L = 2;
-    kvp_store_t *s = make_store(L, H, D, P, KVP_FORMAT_INT8, KVP_FORMAT_INT4, 0, 4, 3);
+    kvp_store_t *s = make_store(L, H, D, P, KVP_FORMAT_INT8, v_format, 0, 4, 3);
     kvd_rng rng;
     kvd_seed(&rng, 5);
     float k[8 * 64], v[8 * 64];
@@ -380,7 +404,10 @@ static void test_page_ops(void **state) {
         assert_int_equal(kvp_store_read(s, l, 6, 0, 5, b8, bv), KVP_OK);
         for (int i = 0; i < 5 * 64; i++) { /* UNSEAL: the quantized values, as fp16 */
             assert_true(b8[i] == kvp__f16_to_f32(kvp__f32_to_f16(a8[i])));
-            assert_true(bv[i] == kvp__f16_to_f32(kvp__f32_to_f16(av[i])));
+            if (v_format == KVP_FORMAT_INT4) /* fp16 of the rotated values: about as close */
+                assert_true(fabsf(bv[i] - av[i]) <= 4e-3f * (1.0f + fabsf(av[i])));
+            else
+                assert_true(bv[i] == kvp__f16_to_f32(kvp__f32_to_f16(av[i])));
         }
     }
     /* bad operations: checked before any runs, nothing changes */
@@ -405,6 +432,12 @@ static void test_page_ops(void **state) {
     kvp_page_op_t un = {KVP_OP_UNSEAL, 0, 2, 1, -1};
     assert_int_equal(kvp_store_apply_ops(s, &un, 1), KVP_EINVAL);
     kvp_store_destroy(s);
+}
+
+static void test_page_ops(void **state) {
+    (void)state;
+    page_ops(KVP_FORMAT_INT4);
+    page_ops(KVP_FORMAT_INT4_V1);
 }
 
 static void test_fp8_scales(void **state) {

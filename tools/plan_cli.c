@@ -45,7 +45,7 @@ static void usage(FILE *f) {
         "                       cache takes (default 0.90)\n"
         "  --kv-budget SIZE     the KV budget directly, instead of all of the above\n"
         "format:\n"
-        "  --format F           K and V format: fp32 fp16 bf16 fp8_e4m3 int8 int4\n"
+        "  --format F           K and V format: fp32 fp16 bf16 fp8_e4m3 int8 int4 int4_v1\n"
         "  --k-format F --v-format F   chosen separately (e.g. int8 and int4)\n"
         "  --page-size N        tokens per page (default 16)\n"
         "  --context N          tokens per sequence, e.g. 8192 or 32k (default 4096)\n"

@@ -155,15 +155,17 @@ float *kv_contig_data(kv_cache_t *kv, int32_t seq_id, int32_t layer, int is_v);
  * rounded as a paged int8/int4 cache would store them (fp16 tail page, each
  * full page quantized when it fills), in schemes libkvpage does not have,
  * so they can be measured before anyone builds them:
- * keys fp16, int8, int4 (per channel over the page, as libkvpage), int4wN
+ * keys fp16, int8, int4 (per channel over the page, as libkvpage's int4_v1), int4wN
  * (int4, but the N channels of widest range in each page kept as int8),
  * int4sN (int4, but the first N tokens of the sequence kept in fp16);
- * values fp16, int8, int4 (as libkvpage), int4 values ending in sym
+ * values fp16, int8, int4 (as libkvpage's int4_v1), int4 values ending in sym
  * (symmetric, codes -7..7) and gN (N channels a group, not 32):
  * int4g16, int4hsymg16; int8/int4 keys or values with an
  * h (int4h, int4hwN, int8h) quantized in a randomized Hadamard basis
  * (head_dim a power of two); "+rN" at the end: the last N tokens stay
- * fp16. Spec "KEY/VALUE[@PAGE][+rN]". NULL with err on a bad spec. */
+ * fp16. libkvpage's int4 is close to "int4w8/int4h" at head_dim 64 (its
+ * rotation's signs differ). Spec "KEY/VALUE[@PAGE][+rN]". NULL with err on
+ * a bad spec. */
 kv_cache_t *kv_sim_create(const kv_shape_t *shape, pool_t *pool, const char *spec, char *err, size_t err_size);
 int kv_sim_check(const char *spec, char *err, size_t err_size); /* 0, or -1 with err */
 /* The rounded values it holds (as kv_contig_data), for tests. */
@@ -194,7 +196,7 @@ typedef struct {
 
 void kv_paged_opts_init(kv_paged_opts_t *o); /* fp16/fp16, page 16, prefix cache on */
 /* Parse a KV variant name into formats and page size: "fp32", "fp16",
- * "bf16", "fp8" (or "fp8_e4m3"), "int8", "int4", "k8v4" (K int8, V int4),
+ * "bf16", "fp8" (or "fp8_e4m3"), "int8", "int4", "int4_v1", "k8v4" (K int8, V int4),
  * "KFMT/VFMT" (e.g. "int4/fp16"), each optionally followed by "@PAGE"
  * ("int4@32"). Other fields of *o are left as they are. 0, or -1 with a
  * sentence in err. */

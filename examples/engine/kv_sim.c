@@ -327,7 +327,7 @@ static int parse_scheme(const char *p, size_t len, int is_key, int *fmt, int *wi
     }
     if (!strcmp(buf, "fp16")) *fmt = FMT_FP16;
     else if (!strcmp(buf, "int8")) *fmt = FMT_INT8;
-    else if (!strcmp(buf, "int4")) *fmt = FMT_INT4, *wide = -1; /* libkvpage's: head_dim / 32 */
+    else if (!strcmp(buf, "int4")) *fmt = FMT_INT4, *wide = -1; /* libkvpage's int4_v1: head_dim / 32 */
     else if (is_key && (!strncmp(buf, "int4w", 5) || !strncmp(buf, "int4s", 5))) {
         char *end;
         long n = strtol(buf + 5, &end, 10);

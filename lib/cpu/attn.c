@@ -45,6 +45,10 @@ typedef struct {
     const kvp_attention_params_t *params;
     int32_t batch, kv_heads, group, q_heads, D, P, layer;
     float sm_scale;
+    /* rotated values (int4): each channel's sign and scale of the way back
+     * (kvp__rot_inverse), applied to the output rows; NULL otherwise */
+    const float *unrot;
+    float unrot_buf[KVP__ATTN_MAX_D];
     stage_set pool_stages, staging_stages;
     kvp__softmax_fn softmax;
     kvp__pf_block_fn pf_block; /* NULL: no prefill blocks (the ISA has none, or a soft cap) */
@@ -408,10 +412,21 @@ static void scale_row(float *restrict dst, const float *restrict src, float w, i
         for (int k = 0; k < 16; k++) dst[d + k] = src[d + k] * w;
 }
 
+/* kvp__rot_inverse() of a row, its signs and scales taken from `unrot`. */
+static void unrotate_row(float *restrict x, int32_t D, const float *restrict unrot) {
+    for (int32_t base = 0; base < D;) {
+        int B = kvp__rot_block(D, base);
+        kvp__rot_fwht(x + base, B);
+        base += B;
+    }
+    for (int32_t d = 0; d < D; d++) x[d] *= unrot[d];
+}
+
 static void store_out_row(const attn_job *j, int32_t b, int32_t i, int32_t qh, const float *o,
                           float m, float l, float *tmp) {
     size_t D = (size_t)j->D;
     scale_row(tmp, o, l > 0.0f ? 1.0f / l : 0.0f, j->D);
+    if (j->unrot != NULL) unrotate_row(tmp, j->D, j->unrot);
     const kvp_attention_params_t *p = j->params;
     size_t row = (size_t)(p->qo_indptr[b] + i) * (size_t)j->q_heads + (size_t)qh;
     kvp__store_f32(p->dtype, tmp, D, (uint8_t *)p->out + row * D * kvp__dtype_size(p->dtype));
@@ -883,6 +898,15 @@ int kvp__cpu_attention(kvp_ctx_t *c, const kvp__attn_args *a) {
     j.layer = a->p->layer;
     j.sm_scale = a->sm_scale;
     pick_stages(&j, &s->kfmt, &s->vfmt, &s->skfmt, &s->svfmt);
+    if (s->vfmt.rot) { /* the attention of rotated values is the rotated output */
+        for (int32_t base = 0; base < j.D;) {
+            const int B = kvp__rot_block(j.D, base);
+            const float k = kvp__rot_scale(B, 1);
+            for (int32_t d = base; d < base + B; d++) j.unrot_buf[d] = kvp__rot_neg(d) ? -k : k;
+            base += B;
+        }
+        j.unrot = j.unrot_buf;
+    }
     /* prefill blocks have no soft cap */
     if (a->p->logit_soft_cap <= 0.0f)
         j.pf_block = kvp__pick_pf_block(c->isa, s->kfmt.format, s->vfmt.format, s->layout.page_size,

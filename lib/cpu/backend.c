@@ -161,6 +161,18 @@ static uint64_t seal_side(kvp_store_t *s, const kvp_append_params_t *a, const kv
             load_head(s, src, op->row + (t - op->count), h, D, rows + (size_t)t * (size_t)D);
         uint8_t *db = value ? kvp__block_v(s, a->layer, op->dst, h)
                             : kvp__block_k(s, a->layer, op->dst, h);
+        if (pf->rot) {
+            /* the staged rows are in the rotated basis already: the appended
+             * ones join them there, and the page is encoded as it stands */
+            kvp__blockfmt raw = *pf;
+            raw.rot = 0;
+            for (int32_t t = op->count; t < P; t++) {
+                bad += (uint64_t)s->enc->nonfinite(rows + (size_t)t * (size_t)D, D);
+                kvp__rot_forward(rows + (size_t)t * (size_t)D, D);
+            }
+            (void)kvp__encode(s->enc, &raw, db, 0, P, rows, (size_t)D, 0.0f);
+            continue;
+        }
         bad += kvp__encode(s->enc, pf, db, 0, P, rows, (size_t)D, block_fp8_scale(s, pf, a->layer, h));
         for (int32_t t = 0; t < op->count; t++) /* counted when they were staged */
             bad -= (uint64_t)s->enc->nonfinite(rows + (size_t)t * (size_t)D, D);
@@ -248,6 +260,8 @@ static void copy_page(kvp_store_t *s, int32_t src, int32_t dst) {
 
 static void unseal_page(kvp_store_t *s, const kvp_page_op_t *op) {
     int32_t D = s->layout.head_dim;
+    kvp__blockfmt svraw = s->svfmt; /* rotated values stay in their basis */
+    svraw.rot = 0;
     for (int32_t l = 0; l < s->layout.layers; l++)
         for (int32_t h = 0; h < s->layout.kv_heads; h++) {
             kvp__block_decode(&s->kfmt, kvp__block_k(s, l, op->src, h), 0, op->count, s->scratch,
@@ -256,7 +270,7 @@ static void unseal_page(kvp_store_t *s, const kvp_page_op_t *op) {
                         (size_t)D, 0.0f);
             kvp__block_decode(&s->vfmt, kvp__block_v(s, l, op->src, h), 0, op->count, s->scratch,
                               (size_t)D, block_fp8_scale(s, &s->vfmt, l, h));
-            kvp__encode(s->enc, &s->svfmt, kvp__block_v(s, l, op->dst, h), 0, op->count, s->scratch,
+            kvp__encode(s->enc, &svraw, kvp__block_v(s, l, op->dst, h), 0, op->count, s->scratch,
                         (size_t)D, 0.0f);
         }
 }
@@ -281,11 +295,11 @@ static int cpu_read(const kvp_store_t *s, int32_t layer, int32_t page, int32_t t
     for (int32_t h = 0; h < H; h++) {
         const kvp__blockfmt *kf = kvp__fmt_k(s, page), *vf = kvp__fmt_v(s, page);
         if (k != NULL)
-            kvp__block_decode(kf, kvp__block_k(s, layer, page, h), t0, n, k + (size_t)h * (size_t)D,
-                              stride, block_fp8_scale(s, kf, layer, h));
+            kvp__block_read(kf, kvp__block_k(s, layer, page, h), t0, n, k + (size_t)h * (size_t)D,
+                            stride, block_fp8_scale(s, kf, layer, h));
         if (v != NULL)
-            kvp__block_decode(vf, kvp__block_v(s, layer, page, h), t0, n, v + (size_t)h * (size_t)D,
-                              stride, block_fp8_scale(s, vf, layer, h));
+            kvp__block_read(vf, kvp__block_v(s, layer, page, h), t0, n, v + (size_t)h * (size_t)D,
+                            stride, block_fp8_scale(s, vf, layer, h));
     }
     return KVP_OK;
 }

@@ -199,12 +199,12 @@ static void encode_key_int(const kvp__enc_prims *e, const kvp__blockfmt *f, uint
         hi[d] = fix_zero_sign(hi[d], x + d, stride, P);
     }
     /* int4: the channels of widest range go to the int8 outlier table */
-    uint16_t outl[KVP_MAX_HEAD_DIM / 32] = {0};
+    uint16_t outl[KVP__K4_MAX_OUTLIERS] = {0};
     int R = 0;
     if (!int8) {
         float range[KVP_MAX_HEAD_DIM];
         for (int d = 0; d < D; d++) range[d] = lo[d] > hi[d] ? 0.0f : hi[d] - lo[d];
-        R = kvp__k4_pick(range, D, kvp__k4_outliers(D), outl);
+        R = kvp__k4_pick(range, D, kvp__k4_outliers(f->format, D), outl);
     }
     uint8_t *ot = mnb + 2 * (size_t)D, *codes8 = ot + 6 * (size_t)R;
     for (int d = 0, j = 0; d < D; d++) {
@@ -301,10 +301,41 @@ static void encode_value_int4(const kvp__enc_prims *e, const kvp__blockfmt *f, u
     }
 }
 
+/* Rows into the rotated basis (kvp__rot_forward, the same operations in
+ * the same order), then encoded one at a time: values only, per token. */
+static void encode_rotated(const kvp__enc_prims *e, const kvp__blockfmt *f, uint8_t *b, int t0, int n,
+                           const float *x, size_t stride, float fp8_scale) {
+    const int D = f->head_dim;
+    float k[KVP_MAX_HEAD_DIM], row[KVP_MAX_HEAD_DIM];
+    for (int base = 0; base < D;) {
+        const int B = kvp__rot_block(D, base);
+        const float s = kvp__rot_scale(B, 0);
+        for (int d = base; d < base + B; d++) k[d] = s;
+        base += B;
+    }
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * stride;
+        for (int d = 0; d < D; d++) {
+            const float v = isfinite(xi[d]) ? xi[d] : 0.0f;
+            row[d] = kvp__rot_neg(d) ? -v : v;
+        }
+        for (int base = 0; base < D;) {
+            const int B = kvp__rot_block(D, base);
+            kvp__rot_fwht(row + base, B);
+            base += B;
+        }
+        for (int d = 0; d < D; d++) row[d] *= k[d];
+        if (kvp__format_is_plain(f->format)) encode_plain(e, f, b, t0 + i, 1, row, (size_t)D, fp8_scale);
+        else if (f->format == KVP_FORMAT_INT8) encode_value_int8(e, f, b, t0 + i, 1, row, (size_t)D);
+        else encode_value_int4(e, f, b, t0 + i, 1, row, (size_t)D);
+    }
+}
+
 uint64_t kvp__encode(const kvp__enc_prims *e, const kvp__blockfmt *f, void *block, int t0, int n,
                      const float *x, size_t stride, float fp8_scale) {
     uint8_t *b = (uint8_t *)block;
-    if (kvp__format_is_plain(f->format)) encode_plain(e, f, b, t0, n, x, stride, fp8_scale);
+    if (f->rot) encode_rotated(e, f, b, t0, n, x, stride, fp8_scale);
+    else if (kvp__format_is_plain(f->format)) encode_plain(e, f, b, t0, n, x, stride, fp8_scale);
     else if (f->is_key) encode_key_int(e, f, b, x, stride);
     else if (f->format == KVP_FORMAT_INT8) encode_value_int8(e, f, b, t0, n, x, stride);
     else encode_value_int4(e, f, b, t0, n, x, stride);

@@ -298,19 +298,22 @@ TGT_INLINE static __m128i load_halves(const uint8_t *p, int count) {
 TGT void kvp__k4_outlier_prep(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
     if (o.count == 0) return;
-    /* count = head_dim/32 <= 8: scales and mins converted 8 at a time */
-    uint16_t idx[8];
-    memcpy(idx, o.table, 2 * (size_t)o.count);
-    float sm[16] KVP__ALIGN64; /* scales, then mins */
-    _mm256_store_ps(sm, _mm256_cvtph_ps(load_halves(o.table + 2 * (size_t)o.count, o.count)));
-    _mm256_store_ps(sm + 8, _mm256_cvtph_ps(load_halves(o.table + 4 * (size_t)o.count, o.count)));
+    /* count <= KVP__ATTN_MAX_D / 8 = 32: scales and mins converted 8 at a time */
     float cst[R] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int j = 0; j < o.count; j++)
-        for (int r = 0; r < R; r++) {
-            float q = kvp__k4_outlier_q(t, r, idx[j]);
-            t->k4a[r][j] = q * sm[j];
-            cst[r] += q * sm[8 + j];
-        }
+    for (int j0 = 0; j0 < o.count; j0 += 8) {
+        const int c = o.count - j0 < 8 ? o.count - j0 : 8;
+        uint16_t idx[8];
+        memcpy(idx, o.table + 2 * (size_t)j0, 2 * (size_t)c);
+        float sm[16] KVP__ALIGN64; /* scales, then mins */
+        _mm256_store_ps(sm, _mm256_cvtph_ps(load_halves(o.table + 2 * (size_t)(o.count + j0), c)));
+        _mm256_store_ps(sm + 8, _mm256_cvtph_ps(load_halves(o.table + 2 * (size_t)(2 * o.count + j0), c)));
+        for (int j = 0; j < c; j++)
+            for (int r = 0; r < R; r++) {
+                float q = kvp__k4_outlier_q(t, r, idx[j]);
+                t->k4a[r][j0 + j] = q * sm[j];
+                cst[r] += q * sm[8 + j];
+            }
+    }
     for (int r = 0; r < R; r++) t->qconst[r] += cst[r];
 }
 

@@ -319,35 +319,46 @@ TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
 
 /* The int4 keys' outlier channels (docs/formats.md), as
  * kvp__k4_outlier_prep: t->k4a[r][j] = q[r][idx_j]·oscale_j, and
- * Σ_j q[r][idx_j]·omin_j returned in lane 4r. The outlier channels of a
- * head rarely change from page to page, so the q values at them are kept
- * with the channel list (k4q, k4idx) and gathered again only when the list
- * differs; the rest is two vectors of 8-lane rows. (The scalar fold
- * measured 19 of the prep's 81 ns; a vgatherdps version was slower still.) */
+ * Σ_j q[r][idx_j]·omin_j returned in lane 4r. The q values at the
+ * outlier channels are kept with the channel list (k4q, k4idx) and
+ * gathered again only when the list differs: int4_v1's 4 channels (head_dim
+ * 128) rarely change from page to page, int4's 16 mostly do, so the gather
+ * is vgatherdps, 16 channels a row at a time; the rest goes 16 channels a
+ * vector. */
 TGT_INLINE static __m512 k4_outlier_fold(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
-    if (o.count <= 0) return _mm512_setzero_ps();
-    const __mmask8 m8 = (__mmask8)((1u << o.count) - 1u);
-    __m128i idx = _mm_maskz_loadu_epi16(m8, o.table);
-    if (!t->k4valid || _mm_movemask_epi8(_mm_cmpeq_epi8(idx, _mm_loadu_si128((const __m128i *)(const void *)t->k4idx))) != 0xFFFF) {
-        _mm_storeu_si128((__m128i *)(void *)t->k4idx, idx);
-        for (int r = 0; r < R; r++)
-            for (int j = 0; j < KVP__ATTN_MAX_D / 32; j++)
-                t->k4q[r][j] = j < o.count ? kvp__k4_outlier_q(t, r, t->k4idx[j]) : 0.0f;
+    const int C = o.count; /* at most KVP__ATTN_MAX_D / 8 = 32 */
+    if (C <= 0) return _mm512_setzero_ps();
+    const __mmask32 m32 = C >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << C) - 1u);
+    __m512i idx = _mm512_maskz_loadu_epi16(m32, o.table);
+    if (!t->k4valid || _mm512_cmpneq_epi16_mask(idx, _mm512_loadu_si512((const void *)t->k4idx)) != 0) {
+        /* 16 channels a gather; an index past head_dim reads nothing and
+         * gives 0 (kvp__k4_outlier_q), as do the lanes past the count */
+        _mm512_storeu_si512((void *)t->k4idx, idx);
+        for (int h = 0; 16 * h < C; h++) {
+            __m512i ix = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(t->k4idx + 16 * h)));
+            __mmask16 ok = mask16(C - 16 * h) & _mm512_cmplt_epu32_mask(ix, _mm512_set1_epi32(t->D));
+            UNROLL for (int r = 0; r < R; r++)
+                _mm512_store_ps(&t->k4q[r][16 * h], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), ok, ix, &t->q[r][0], 4));
+        }
         t->k4valid = 1;
     }
-    /* rows 0-1 / 2-3: the 8-lane halves (k4q / k4a rows are 8 floats) */
-    __m512 sc = _mm512_castsi512_ps(_mm512_broadcast_i32x8(_mm256_castps_si256(
-        _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m8, o.table + 2 * (size_t)o.count)))));
-    __m512 mn = _mm512_castsi512_ps(_mm512_broadcast_i32x8(_mm256_castps_si256(
-        _mm256_cvtph_ps(_mm_maskz_loadu_epi16(m8, o.table + 4 * (size_t)o.count)))));
-    __m512 q01 = _mm512_load_ps(&t->k4q[0][0]), q23 = _mm512_load_ps(&t->k4q[2][0]);
-    _mm512_store_ps(&t->k4a[0][0], _mm512_mul_ps(q01, sc));
-    _mm512_store_ps(&t->k4a[2][0], _mm512_mul_ps(q23, sc));
-    __m512 c01 = _mm512_mul_ps(q01, mn), c23 = _mm512_mul_ps(q23, mn), out;
-    REDUCE4(_mm512_add_ps, _mm512_maskz_mov_ps(0x00FF, c01), _mm512_maskz_mov_ps(0xFF00, c01),
-            _mm512_maskz_mov_ps(0x00FF, c23), _mm512_maskz_mov_ps(0xFF00, c23), out);
-    return out;
+    /* 16 channels a vector: k4a = q * oscale, the constant sum q * omin */
+    __m512 c[R];
+    UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
+    for (int h = 0; 16 * h < C; h++) {
+        const __mmask16 m = mask16(C - 16 * h);
+        __m512 sc = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, o.table + 2 * (size_t)C + 32 * (size_t)h));
+        __m512 mn = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, o.table + 4 * (size_t)C + 32 * (size_t)h));
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 q = _mm512_load_ps(&t->k4q[r][16 * h]);
+            _mm512_store_ps(&t->k4a[r][16 * h], _mm512_mul_ps(q, sc));
+            c[r] = _mm512_fmadd_ps(q, mn, c[r]);
+        }
+    }
+    float lanes[16] KVP__ALIGN64 = {0};
+    UNROLL for (int r = 0; r < R; r++) lanes[4 * r] = _mm512_reduce_add_ps(c[r]);
+    return _mm512_load_ps(lanes);
 }
 
 /* Where vpackssdw + vpacksswb (or their unsigned forms) leave 4 vectors'
@@ -546,7 +557,7 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
      * order) added before the logits are stored, not in a second pass over
      * them: their codes as fp32, tokens 0-15 and 16-31 */
     const kvp__k4_outl ol = kvp__k4_outliers_of(kb, f);
-    __m512 oc[KVP__ATTN_MAX_D / 32][2];
+    __m512 oc[KVP__ATTN_MAX_D / 8][2];
     for (int jo = 0; jo < ol.count; jo++)
         UNROLL for (int hh = 0; hh < 2; hh++)
             oc[jo][hh] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
@@ -1129,7 +1140,7 @@ TGT static void pf_kdec_int4(const uint8_t *kb, const kvp__blockfmt *f, int t0, 
                              float *kc) {
     const int P = f->page_size, D = f->head_dim;
     if ((t0 | P) & 1) {
-        kvp__kernels_portable.pf_kdec[KVP_FORMAT_INT4][0](kb, f, t0, n, fp8_scale, kc);
+        kvp__kernels_portable.pf_kdec[KVP_FORMAT_INT4_V1][0](kb, f, t0, n, fp8_scale, kc);
         return;
     }
     float sc[KVP__ATTN_MAX_D] KVP__ALIGN64, mn[KVP__ATTN_MAX_D] KVP__ALIGN64;
@@ -1689,7 +1700,7 @@ const kvp__kernels kvp__kernels_avx512 = {
      * and 1.32 - 1.71x. The tiles prepare the query per page: pages under
      * 32 tokens cost them twice. int4 keys or values at page 32 and more
      * keep the tiles. */
-    ((1u << KVP_FORMAT_COUNT) - 1u) & ~(1u << KVP_FORMAT_INT4),
+    ((1u << KVP_FORMAT_COUNT) - 1u) & ~(1u << KVP_FORMAT_INT4_V1), /* entries: int4 is int4_v1's */
     (1u << KVP_FORMAT_COUNT) - 1u,
     AVX512_PF_DECODERS,
     0,
@@ -1709,7 +1720,7 @@ const kvp__kernels kvp__kernels_avx512_bf16 = {
     (1u << KVP_FORMAT_COUNT) - 1u,
     (1u << KVP_FORMAT_COUNT) - 1u,
     AVX512_PF_DECODERS,
-    (1u << KVP_FORMAT_INT4) | (1u << KVP_FORMAT_FP8_E4M3),
+    (1u << KVP_FORMAT_INT4_V1) | (1u << KVP_FORMAT_FP8_E4M3),
     {NULL, pf_block_bf16_k, pf_block_bf16_v, pf_block_bf16_kv},
     pf_qpack_bf16,
     pf_kvpack_bf16,

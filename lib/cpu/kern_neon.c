@@ -384,7 +384,7 @@ static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) 
 }
 
 /* The outlier channels' fold of an int4 key page: k4a[r][j] = q[r][idx_j] *
- * scale_j, and Σ_j q[r][idx_j] * min_j added to qconst (count <= 8). */
+ * scale_j, and Σ_j q[r][idx_j] * min_j added to qconst (count <= 32). */
 static void k4_outlier_prep(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
     kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
     for (int j = 0; j < o.count; j++) {

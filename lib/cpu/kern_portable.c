@@ -203,7 +203,7 @@ void kvp__qprep_int(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) {
 /* Per outlier channel j and tile row r: a[r][j] = q[r][idx_j] * scale_j and
  * the constant sum_j q[r][idx_j] * min_j. Returns the count. (The SIMD
  * preps do this once per page in kvp__k4_outlier_prep, with F16C.) */
-static int k4_outlier_fold(const kvp__tile *t, const kvp__k4_outl *o, float a[][KVP_MAX_HEAD_DIM / 32],
+static int k4_outlier_fold(const kvp__tile *t, const kvp__k4_outl *o, float a[][KVP__K4_MAX_OUTLIERS],
                            float *cst) {
     for (int r = 0; r < KVP__TILE_ROWS; r++) {
         float c = 0.0f;
@@ -224,7 +224,7 @@ static int k4_outlier_fold(const kvp__tile *t, const kvp__k4_outl *o, float a[][
 void kvp__k4_outlier_logits(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0,
                             int n) {
     kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
-    float a[KVP__TILE_ROWS][KVP_MAX_HEAD_DIM / 32], cst[KVP__TILE_ROWS];
+    float a[KVP__TILE_ROWS][KVP__K4_MAX_OUTLIERS], cst[KVP__TILE_ROWS];
     k4_outlier_fold(t, &o, a, cst);
     for (int r = 0; r < KVP__TILE_ROWS; r++)
         for (int i = 0; i < n; i++) {
@@ -249,6 +249,13 @@ void kvp__vacc_tail(kvp__tile *t, const uint8_t *vb, const kvp__blockfmt *f, int
 
 /* ---- stage lookup --------------------------------------------------------------------------- */
 
+/* The tables' entry of a format: both int4 formats have one layout and the
+ * same kernels (the int8 key channels' count is in the block format; the
+ * rotated values' basis is undone on the output rows). */
+static int32_t entry_of(int32_t format) {
+    return format == KVP_FORMAT_INT4 ? KVP_FORMAT_INT4_V1 : format;
+}
+
 static const kvp__kernels *table_of(int32_t isa) {
     switch (isa) {
     case KVP_ISA_AVX512: return &kvp__kernels_avx512;
@@ -262,12 +269,14 @@ static const kvp__kernels *table_of(int32_t isa) {
 
 kvp__kprep_fn kvp__pick_kprep(int32_t isa, int32_t format) {
     const kvp__kernels *k = table_of(isa);
+    format = entry_of(format);
     /* a SIMD klogits that needs a prep has it in the same table */
     return k->klogits[format][0] != NULL || k->klogits[format][1] != NULL ? k->kprep[format]
                                                                           : NULL;
 }
 
 kvp__klogits_fn kvp__pick_klogits(int32_t isa, int32_t format, int dim_major) {
+    format = entry_of(format);
     kvp__klogits_fn f = table_of(isa)->klogits[format][dim_major ? 1 : 0];
     return f != NULL ? f : kvp__kernels_portable.klogits[format][dim_major ? 1 : 0];
 }
@@ -278,22 +287,25 @@ kvp__softmax_fn kvp__pick_softmax(int32_t isa) {
 }
 
 kvp__vacc_fn kvp__pick_vacc(int32_t isa, int32_t format) {
+    format = entry_of(format);
     kvp__vacc_fn f = table_of(isa)->vacc[format];
     return f != NULL ? f : kvp__kernels_portable.vacc[format];
 }
 
 kvp__vacc2_fn kvp__pick_vacc2(int32_t isa, int32_t format) {
     /* the ISA's own only: its softmax takes the pair's 2 * P tokens */
-    return table_of(isa)->vacc2[format];
+    return table_of(isa)->vacc2[entry_of(format)];
 }
 
 kvp__vacc4_fn kvp__pick_vacc4(int32_t isa, int32_t format) {
-    return table_of(isa)->vacc4[format]; /* as vacc2: 4 * P tokens */
+    return table_of(isa)->vacc4[entry_of(format)]; /* as vacc2: 4 * P tokens */
 }
 
 kvp__pf_block_fn kvp__pick_pf_block(int32_t isa, int32_t k_format, int32_t v_format,
                                     int32_t page_size, int *kbf, int *vbf) {
     const kvp__kernels *k = table_of(isa); /* the ISA's own, or its tiles take every item */
+    k_format = entry_of(k_format);
+    v_format = entry_of(v_format);
     uint32_t m = page_size < KVP__PF_CHUNK ? k->pf_formats_small : k->pf_formats;
     *kbf = (int)(k->pf_bf16 >> k_format & 1u);
     *vbf = (int)(k->pf_bf16 >> v_format & 1u);
@@ -321,11 +333,13 @@ void kvp__pick_pf_pack(int32_t isa, kvp__pf_qpack_fn *qpack, kvp__pf_kvpack_fn *
 }
 
 kvp__pf_kdec_fn kvp__pick_pf_kdec(int32_t isa, int32_t format, int dim_major) {
+    format = entry_of(format);
     kvp__pf_kdec_fn f = table_of(isa)->pf_kdec[format][dim_major ? 1 : 0];
     return f != NULL ? f : kvp__kernels_portable.pf_kdec[format][dim_major ? 1 : 0];
 }
 
 kvp__pf_vdec_fn kvp__pick_pf_vdec(int32_t isa, int32_t format) {
+    format = entry_of(format);
     kvp__pf_vdec_fn f = table_of(isa)->pf_vdec[format];
     return f != NULL ? f : kvp__kernels_portable.pf_vdec[format];
 }

@@ -643,15 +643,20 @@ static void check_paged(const char *spec, double tol) {
 
 /* Largest absolute error of an output element (values in [-1, 1], keys in
  * [-3, 3]). Measured: fp32 1.7e-7 (summation order only), fp16 4.0e-4,
- * bf16 3.6e-3, int8 5.4e-3, int4 keys 4.1e-2, k8v4 6.2e-2; the bounds are
- * 2-6x those. */
+ * bf16 3.6e-3, int8 5.4e-3, int4 keys 4.1e-2, int8 keys with int4_v1
+ * values 6.2e-2, k8v4 0.138; the bounds are 2-6x those. (int4 values are
+ * rotated: on uniform values, with no wide channel to spread, the rotated
+ * rows' groups have a wider range and each output element's error is a
+ * sum of many, so the largest one is twice int4_v1's; on a model's values
+ * the mean error falls, docs/PERFORMANCE.md.) */
 static void test_kv_paged_attention(void **state) {
     (void)state;
     check_paged("fp32", 1e-6);
     check_paged("fp16", 1.5e-3);
     check_paged("bf16", 1e-2);
     check_paged("int8", 1.5e-2);
-    check_paged("k8v4", 1.2e-1);
+    check_paged("k8v4", 3e-1);
+    check_paged("int8/int4_v1", 1.2e-1);
     check_paged("int4/fp16", 1e-1);
 }
 
@@ -710,9 +715,11 @@ static void test_kv_paged_parse(void **state) {
     assert_int_equal(kv_paged_parse("int8", &o, err, sizeof err), 0);
     assert_int_equal(o.k_format, 4), assert_int_equal(o.v_format, 4), assert_int_equal(o.page_size, 16);
     assert_int_equal(kv_paged_parse("k8v4", &o, err, sizeof err), 0);
-    assert_int_equal(o.k_format, 4), assert_int_equal(o.v_format, 5);
+    assert_int_equal(o.k_format, KVP_FORMAT_INT8), assert_int_equal(o.v_format, KVP_FORMAT_INT4);
     assert_int_equal(kv_paged_parse("int4/fp16@32", &o, err, sizeof err), 0);
-    assert_int_equal(o.k_format, 5), assert_int_equal(o.v_format, 1), assert_int_equal(o.page_size, 32);
+    assert_int_equal(o.k_format, KVP_FORMAT_INT4), assert_int_equal(o.v_format, 1), assert_int_equal(o.page_size, 32);
+    assert_int_equal(kv_paged_parse("int4_v1/int4", &o, err, sizeof err), 0);
+    assert_int_equal(o.k_format, KVP_FORMAT_INT4_V1), assert_int_equal(o.v_format, KVP_FORMAT_INT4);
     assert_int_equal(kv_paged_parse("fp8", &o, err, sizeof err), 0);
     assert_int_equal(o.k_format, 3), assert_int_equal(o.v_format, 3), assert_int_equal(o.page_size, 32);
     assert_int_equal(kv_paged_parse("k8v4@16", &o, err, sizeof err), 0);
@@ -723,7 +730,7 @@ static void test_kv_paged_parse(void **state) {
         assert_int_equal(kv_paged_parse(bad[i], &o, err, sizeof err), -1);
         assert_true(strlen(err) > 0);
     }
-    assert_int_equal(o.k_format, 4), assert_int_equal(o.v_format, 5), assert_int_equal(o.page_size, 16);
+    assert_int_equal(o.k_format, KVP_FORMAT_INT8), assert_int_equal(o.v_format, KVP_FORMAT_INT4), assert_int_equal(o.page_size, 16);
     /* a shape the library refuses (head_dim 20) is reported, not crashed on */
     kv_shape_t sh = {1, 2, 1, 20, 1, 8};
     kv_paged_opts_init(&o);

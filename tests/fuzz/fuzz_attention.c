@@ -197,13 +197,15 @@ static void fa_fill_garbage(fa_world *w, fzi_cursor *c) {
         fzi_bytes(c, buf, size);
     }
     /* int4 keys: outlier channel indices far out of range in every K block */
-    if ((m & 4) && page < w->N && w->l.k_format == KVP_FORMAT_INT4 && w->D >= 32) {
+    const bool k4 = w->l.k_format == KVP_FORMAT_INT4 || w->l.k_format == KVP_FORMAT_INT4_V1;
+    if ((m & 4) && page < w->N && k4 && w->D >= 32) {
         uint64_t kb = w->l.k_block_bytes, vb = w->l.v_block_bytes;
+        const int32_t R = w->D / (w->l.k_format == KVP_FORMAT_INT4 ? 8 : 32);
         for (int32_t l = 0; l < w->L; l++)
             for (int32_t h = 0; h < w->H; h++) {
                 uint64_t at = (uint64_t)l * (uint64_t)w->H * (kb + vb) + (uint64_t)h * kb +
                               (uint64_t)w->P * (uint64_t)w->D / 2 + 4 * (uint64_t)w->D;
-                for (int32_t j = 0; j < w->D / 32; j++) {
+                for (int32_t j = 0; j < R; j++) {
                     uint16_t idx = (uint16_t)((m & 8) ? 0xffffu - (uint32_t)j : (uint32_t)w->D + (uint32_t)j * 97u);
                     memcpy(buf + at + 2 * (uint64_t)j, &idx, 2);
                 }
@@ -213,10 +215,11 @@ static void fa_fill_garbage(fa_world *w, fzi_cursor *c) {
      * take any bits; an outlier list pushed past head_dim never passes */
     int crc = kvp_store_page_check(w->s, page, buf, size);
     FZI_ASSERT(crc == KVP_OK || crc == KVP_EINVAL);
-    bool plain_k = w->l.k_format != KVP_FORMAT_INT8 && w->l.k_format != KVP_FORMAT_INT4;
-    bool plain_v = w->l.v_format != KVP_FORMAT_INT8 && w->l.v_format != KVP_FORMAT_INT4;
+    bool plain_k = w->l.k_format != KVP_FORMAT_INT8 && !k4;
+    bool plain_v = w->l.v_format != KVP_FORMAT_INT8 && w->l.v_format != KVP_FORMAT_INT4 &&
+                   w->l.v_format != KVP_FORMAT_INT4_V1;
     if (page >= w->N || (plain_k && plain_v)) FZI_ASSERT(crc == KVP_OK);
-    if ((m & 4) && page < w->N && w->l.k_format == KVP_FORMAT_INT4 && w->D >= 32)
+    if ((m & 4) && page < w->N && k4 && w->D >= 32)
         FZI_ASSERT(crc == KVP_EINVAL);
     if (crc != KVP_OK) FZI_ASSERT(kvp_store_last_error(w->s)[0] != '\0');
     FZI_ASSERT(kvp_store_page_from_host(w->s, page, off, buf + off, n) == KVP_OK);
@@ -569,8 +572,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sp.head_dim = dims[(b0 >> 2) & 7];
     sp.page_size = psz[b1 % 6];
     sp.k_order = (b1 >> 3) & 1;
-    sp.k_format = b2 % 6;
-    sp.v_format = (b2 / 6) % 6;
+    sp.k_format = b2 % KVP_FORMAT_COUNT;
+    sp.v_format = (b2 / KVP_FORMAT_COUNT) % KVP_FORMAT_COUNT;
     sp.num_pages = 1 + (b3 & 7);
     sp.num_staging = 1 + ((b3 >> 3) & 3);
     fa_alloc al = {0xA5, 0};

@@ -51,7 +51,7 @@ static const int32_t FB_FORMATS[][2] = {
     {KVP_FORMAT_FP16, KVP_FORMAT_FP16}, {KVP_FORMAT_BF16, KVP_FORMAT_BF16},
     {KVP_FORMAT_FP8_E4M3, KVP_FORMAT_FP8_E4M3}, {KVP_FORMAT_INT8, KVP_FORMAT_INT8},
     {KVP_FORMAT_INT8, KVP_FORMAT_INT4}, {KVP_FORMAT_INT4, KVP_FORMAT_INT4},
-    {KVP_FORMAT_FP32, KVP_FORMAT_FP32}};
+    {KVP_FORMAT_FP32, KVP_FORMAT_FP32}, {KVP_FORMAT_INT4_V1, KVP_FORMAT_INT4_V1}};
 #define FB_NFORMATS ((uint8_t)(sizeof FB_FORMATS / sizeof FB_FORMATS[0]))
 
 static const uint8_t FB_FP[32] = {0x5a, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
@@ -256,7 +256,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int32_t sa = -1;
     FZI_ASSERT(kvp_cache_seq_create(a, 0, 0, &sa) == KVP_OK);
     FZI_ASSERT(fb_step(a, sa, FB_PAGE + FB_PAGE - 1, tokens, 42, 0) == KVP_OK);
-    int staged = f[0] == KVP_FORMAT_INT8 || f[0] == KVP_FORMAT_INT4;
+    int staged = f[0] == KVP_FORMAT_INT8 || f[0] == KVP_FORMAT_INT4 || f[0] == KVP_FORMAT_INT4_V1;
     if (mode == 0) {
         size_t n = in.n;
         uint8_t *blob = malloc(n + 1);

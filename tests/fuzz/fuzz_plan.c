@@ -251,7 +251,7 @@ static int32_t fp_dim(fzi_cursor *c, int32_t small_max, int32_t step) {
 }
 
 static int fp_bits(int32_t f) {
-    static const int bits[] = {32, 16, 16, 8, 8, 4};
+    static const int bits[KVP_FORMAT_COUNT] = {32, 16, 16, 8, 8, 4, 4};
     return bits[f];
 }
 
@@ -260,7 +260,7 @@ static void fp_check_layout(const kvp_layout_t *l, int32_t layers, int32_t kvh, 
                             int32_t ps, int32_t kf, int32_t vf) {
     FZI_ASSERT(l->layers == layers && l->kv_heads == kvh && l->head_dim == hd &&
                l->page_size == ps && l->k_format == kf && l->v_format == vf);
-    bool staged = kf == KVP_FORMAT_INT8 || kf == KVP_FORMAT_INT4;
+    bool staged = kf == KVP_FORMAT_INT8 || kf == KVP_FORMAT_INT4 || kf == KVP_FORMAT_INT4_V1;
     FZI_ASSERT(l->needs_staging == (staged ? 1 : 0));
     FZI_ASSERT(l->k_block_bytes % KVP_BLOCK_ALIGN == 0 && l->v_block_bytes % KVP_BLOCK_ALIGN == 0);
     /* each block holds at least its elements */
@@ -292,7 +292,7 @@ static void fp_layout(fzi_cursor *c) {
     bool valid = layers >= 1 && layers <= 65536 && kvh >= 1 && kvh <= 65536 && hd >= 8 &&
                  hd <= KVP_MAX_HEAD_DIM && hd % 8 == 0 && ps >= 1 && ps <= KVP_MAX_PAGE_SIZE &&
                  kf >= 0 && kf < KVP_FORMAT_COUNT && vf >= 0 && vf < KVP_FORMAT_COUNT &&
-                 !(kf == KVP_FORMAT_INT4 && ps % 2 != 0);
+                 !((kf == KVP_FORMAT_INT4 || kf == KVP_FORMAT_INT4_V1) && ps % 2 != 0);
     FZI_ASSERT(rc == (valid ? KVP_OK : KVP_EINVAL));
     if (!valid) {
         FZI_ASSERT(err[0] != '\0' && fp_poisoned(&l, sizeof l, sizeof l.struct_size));

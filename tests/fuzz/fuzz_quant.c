@@ -28,6 +28,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "kvpage.h"
 #include "fuzz_input.h"
+#include "fuzz_rot.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -125,6 +126,7 @@ static uint64_t fq_doc_block_bytes(int32_t fmt, bool key, uint64_t P, uint64_t D
     case KVP_FORMAT_BF16: b = P * D * 2; break;
     case KVP_FORMAT_FP8_E4M3: b = P * D; break;
     case KVP_FORMAT_INT8: b = key ? P * D + 4 * D : P * D + 2 * P; break;
+    case KVP_FORMAT_INT4: b = key ? P * D / 2 + 4 * D + (D / 8) * (6 + P) : P * D / 2 + 4 * P * ((D + 31) / 32); break;
     default: b = key ? P * D / 2 + 4 * D + (D / 32) * (6 + P) : P * D / 2 + 4 * P * ((D + 31) / 32);
     }
     return (b + 15) / 16 * 16;
@@ -203,7 +205,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FZI_ASSERT(d.format >= 0 && d.format < KVP_FORMAT_COUNT && d.heads >= 1);
     FZI_ASSERT(d.head_dim >= 8 && d.head_dim <= KVP_MAX_HEAD_DIM && d.head_dim % 8 == 0);
     FZI_ASSERT(d.page_size >= 1 && d.page_size <= KVP_MAX_PAGE_SIZE);
-    FZI_ASSERT(!(d.format == KVP_FORMAT_INT4 && !d.is_value && d.page_size % 2 != 0));
+    FZI_ASSERT(!((d.format == KVP_FORMAT_INT4 || d.format == KVP_FORMAT_INT4_V1) && !d.is_value &&
+                 d.page_size % 2 != 0));
     FZI_ASSERT(block == fq_doc_block_bytes(d.format, !d.is_value, (uint64_t)d.page_size,
                                            (uint64_t)d.head_dim));
     FZI_ASSERT(kvp_quant_block_bytes(&d, NULL, NULL, 0) == KVP_EINVAL);
@@ -248,7 +251,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     float *want = malloc(tensor_elems * sizeof(float));
     FZI_ASSERT(blocks && tensor && back && want);
     bool quantized = d.format == KVP_FORMAT_FP8_E4M3 || d.format == KVP_FORMAT_INT8 ||
-                     d.format == KVP_FORMAT_INT4;
+                     d.format == KVP_FORMAT_INT4 || d.format == KVP_FORMAT_INT4_V1;
     /* fp8 decodes up to 448 x scale: finite in the output type? */
     float out_max = d.dtype == KVP_FORMAT_FP16 ? 65504.0f : 3.0e38f;
     bool fp8_finite = d.format != KVP_FORMAT_FP8_E4M3 || 448.0 * d.fp8_scale < out_max;
@@ -258,10 +261,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fzi_bytes(&c, blocks, blocks_bytes);
         if (fzi_u8(&c) & 1) {
             /* int4 keys: put huge outlier-channel indices in every block */
-            if (d.format == KVP_FORMAT_INT4 && !d.is_value && D >= 32)
+            if ((d.format == KVP_FORMAT_INT4 || d.format == KVP_FORMAT_INT4_V1) && !d.is_value && D >= 32)
                 for (size_t b = 0; b < (size_t)pages * H; b++) {
                     size_t at = b * block + P * D / 2 + 4 * D;
-                    for (size_t j = 0; j < D / 32; j++) {
+                    for (size_t j = 0; j < D / (d.format == KVP_FORMAT_INT4 ? 8 : 32); j++) {
                         uint16_t idx = (uint16_t)(0xffffu - j * 977u);
                         memcpy(blocks + at + 2 * j, &idx, 2);
                     }
@@ -326,10 +329,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (amax > 448.0f * d.fp8_scale) goto done;
                 tol += (double)d.fp8_scale / 256;
             }
+            static double rtol[KVP_MAX_HEAD_DIM];
+            const bool rotated = d.format == KVP_FORMAT_INT4 && d.is_value;
             for (size_t i = 0; i < n; i++) {
                 float got = fq_get(d.dtype, back, i);
                 FZI_ASSERT(isfinite(got));
-                FZI_ASSERT(fabs((double)got - (double)want[i]) <= tol);
+                double t = tol;
+                if (rotated) { /* the row's own bound, and the output type's rounding */
+                    if (i % D == 0) fz_rot_bound(want + i, (int)D, rtol);
+                    t = rtol[i % D] + (tol - rel * amax) + (d.dtype == KVP_FORMAT_FP32 ? 0.0
+                        : (d.dtype == KVP_FORMAT_FP16 ? 1.0 / 1024 : 1.0 / 128) * amax) + 1e-5 * amax;
+                }
+                FZI_ASSERT(fabs((double)got - (double)want[i]) <= t);
             }
         }
     }

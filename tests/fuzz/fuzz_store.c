@@ -58,6 +58,7 @@
 #include "kvpage_tier.h"
 #include "fuzz_input.h"
 #include "fuzz_device.h"
+#include "fuzz_rot.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -159,6 +160,27 @@ static float fs_put(int32_t dtype, uint8_t *base, size_t i, float x) {
 }
 
 /* ---- append ------------------------------------------------------------ */
+
+/* Element e of row r of an append's K and V input, as fp32. */
+static void fs_input(const kvp_append_params_t *a, const uint8_t *k, const uint8_t *v, int64_t kst,
+                     int64_t vst, int32_t r, int64_t e, float *xk, float *xv) {
+    if (a->dtype == KVP_FORMAT_FP32) {
+        memcpy(xk, k + 4 * (size_t)(r * kst + e), 4);
+        memcpy(xv, v + 4 * (size_t)(r * vst + e), 4);
+        return;
+    }
+    uint16_t hk, hv;
+    memcpy(&hk, k + 2 * (size_t)(r * kst + e), 2);
+    memcpy(&hv, v + 2 * (size_t)(r * vst + e), 2);
+    if (a->dtype == KVP_FORMAT_FP16) {
+        *xk = fs_h2f(hk);
+        *xv = fs_h2f(hv);
+    } else {
+        uint32_t bk = (uint32_t)hk << 16, bv = (uint32_t)hv << 16;
+        memcpy(xk, &bk, 4);
+        memcpy(xv, &bv, 4);
+    }
+}
 
 static void fs_append(fs_world *w, fzi_cursor *c) {
     const int32_t P = w->P, N = w->N, S = w->S;
@@ -317,36 +339,36 @@ static void fs_append(fs_world *w, fzi_cursor *c) {
         bool staging = page >= N;
         int32_t kf = staging ? KVP_FORMAT_FP16 : w->l.k_format;
         int32_t vf = staging ? KVP_FORMAT_FP16 : w->l.v_format;
+        /* int4 values: rotated, so each element's bound comes from its row */
+        const bool vrot = w->l.v_format == KVP_FORMAT_INT4;
+        static float xrow[2 * 256];
+        static double vtol[2 * 256];
+        for (int64_t e = 0; e < row; e++) {
+            float xk, xv;
+            fs_input(&a, k, v, kst, vst, r, e, &xk, &xv);
+            xrow[e] = xv;
+        }
+        if (vrot)
+            for (int64_t h0 = 0; h0 < row; h0 += w->l.head_dim) {
+                if (staging) fz_rot_bound_f16(xrow + h0, w->l.head_dim, vtol + h0);
+                else fz_rot_bound(xrow + h0, w->l.head_dim, vtol + h0);
+            }
         for (int64_t e = 0; e < row; e++) {
             FZI_ASSERT(isfinite(rk[e]) && isfinite(rv[e]));
             if (!unique) continue;
             float xk, xv;
-            if (a.dtype == KVP_FORMAT_FP32) {
-                memcpy(&xk, k + 4 * (size_t)(r * kst + e), 4);
-                memcpy(&xv, v + 4 * (size_t)(r * vst + e), 4);
-            } else {
-                uint16_t hk, hv;
-                memcpy(&hk, k + 2 * (size_t)(r * kst + e), 2);
-                memcpy(&hv, v + 2 * (size_t)(r * vst + e), 2);
-                if (a.dtype == KVP_FORMAT_FP16) {
-                    xk = fs_h2f(hk);
-                    xv = fs_h2f(hv);
-                } else {
-                    uint32_t bk = (uint32_t)hk << 16, bv = (uint32_t)hv << 16;
-                    memcpy(&xk, &bk, 4);
-                    memcpy(&xv, &bv, 4);
-                }
-            }
+            fs_input(&a, k, v, kst, vst, r, e, &xk, &xv);
             for (int side = 0; side < 2; side++) {
                 int32_t f = side ? vf : kf;
                 float x = side ? xv : xk, got = side ? rv[e] : rk[e];
                 double tol;
                 switch (f) {
                 case KVP_FORMAT_FP32: tol = 0; break;
-                case KVP_FORMAT_FP16: tol = fabsf(x) / 1024.0; break;
+                case KVP_FORMAT_FP16: tol = side && vrot ? vtol[e] : fabsf(x) / 1024.0; break;
                 case KVP_FORMAT_BF16: tol = fabsf(x) / 128.0; break;
                 case KVP_FORMAT_INT8: tol = side ? amax / 100.0 : -1; break;
-                case KVP_FORMAT_INT4: tol = side ? amax / 6.0 : -1; break;
+                case KVP_FORMAT_INT4_V1: tol = side ? amax / 6.0 : -1; break;
+                case KVP_FORMAT_INT4: tol = side ? vtol[e] : -1; break;
                 default: tol = -1; break; /* fp8: the scale may predate these rows */
                 }
                 if (tol >= 0) FZI_ASSERT(fabs((double)got - (double)x) <= tol + 1e-6);
@@ -607,8 +629,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sp.kv_heads = 1 + ((b0 >> 1) & 1);
     sp.head_dim = dims[(b0 >> 2) & 3];
     sp.page_size = psz[(b0 >> 4) % 6];
-    sp.k_format = b1 % 6;
-    sp.v_format = (b1 / 6) % 6;
+    sp.k_format = b1 % KVP_FORMAT_COUNT;
+    sp.v_format = (b1 / KVP_FORMAT_COUNT) % KVP_FORMAT_COUNT;
     sp.k_order = (b1 >> 7) & 1;
     sp.num_pages = 1 + (b2 & 7);
     sp.num_staging = (b2 >> 3) & 3;

@@ -23,7 +23,8 @@ class Format(enum.IntEnum):
     BF16 = 2
     FP8_E4M3 = 3
     INT8 = 4
-    INT4 = 5
+    INT4_V1 = 5  #: the first int4 ("int4_v1"): fewer int8 key channels, values not rotated
+    INT4 = 6  #: int4: head_dim/8 int8 key channels, values in a rotated basis
 
     def __str__(self) -> str:  # the library's canonical name, e.g. "fp8_e4m3"
         return L.kvp_format_name(int(self)).decode()

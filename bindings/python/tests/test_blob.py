@@ -51,7 +51,7 @@ def test_chain_hash_vector_a():
 
 def test_chain_hash_vector_b():
     store = Store(layers=2, kv_heads=2, head_dim=64, num_pages=4, page_size=4,
-                  k_format="int8", v_format="int4", num_staging=1)
+                  k_format="int8", v_format="int4_v1", num_staging=1)
     codec = BlobCodec(store, FP, shard_index=1, shard_count=2)
     root = codec.chain_root(0x0123456789ABCDEF)
     assert root.hex() == "1efd0f8f085a6886235ca1b122f8af5285ec3f4f1cbfbf150e9c32f2898ff549"

@@ -10,10 +10,11 @@ MIB = 1 << 20
 
 
 def test_formats():
-    assert [str(f) for f in Format] == ["fp32", "fp16", "bf16", "fp8_e4m3", "int8", "int4"]
+    assert [str(f) for f in Format] == ["fp32", "fp16", "bf16", "fp8_e4m3", "int8", "int4_v1", "int4"]
     assert kvpage.format_of("INT8") is Format.INT8
     assert kvpage.format_of("fp8") is Format.FP8_E4M3
-    assert kvpage.format_of(5) is Format.INT4
+    assert kvpage.format_of(5) is Format.INT4_V1
+    assert kvpage.format_of(6) is Format.INT4 and kvpage.format_of("int4") is Format.INT4
     with pytest.raises(kvpage.InvalidArgument, match="int3"):
         kvpage.format_of("int3")
     with pytest.raises(kvpage.InvalidArgument):
