@@ -301,30 +301,15 @@ static void encode_value_int4(const kvp__enc_prims *e, const kvp__blockfmt *f, u
     }
 }
 
-/* Rows into the rotated basis (kvp__rot_forward, the same operations in
- * the same order), then encoded one at a time: values only, per token. */
+/* Rows into the rotated basis (kvp__rot_forward), then encoded one at a
+ * time: values only, per token. */
 static void encode_rotated(const kvp__enc_prims *e, const kvp__blockfmt *f, uint8_t *b, int t0, int n,
                            const float *x, size_t stride, float fp8_scale) {
     const int D = f->head_dim;
-    float k[KVP_MAX_HEAD_DIM], row[KVP_MAX_HEAD_DIM];
-    for (int base = 0; base < D;) {
-        const int B = kvp__rot_block(D, base);
-        const float s = kvp__rot_scale(B, 0);
-        for (int d = base; d < base + B; d++) k[d] = s;
-        base += B;
-    }
+    float row[KVP_MAX_HEAD_DIM];
     for (int i = 0; i < n; i++) {
-        const float *xi = x + (size_t)i * stride;
-        for (int d = 0; d < D; d++) {
-            const float v = isfinite(xi[d]) ? xi[d] : 0.0f;
-            row[d] = kvp__rot_neg(d) ? -v : v;
-        }
-        for (int base = 0; base < D;) {
-            const int B = kvp__rot_block(D, base);
-            kvp__rot_fwht(row + base, B);
-            base += B;
-        }
-        for (int d = 0; d < D; d++) row[d] *= k[d];
+        memcpy(row, x + (size_t)i * stride, (size_t)D * sizeof(float));
+        kvp__rot_forward(row, D);
         if (kvp__format_is_plain(f->format)) encode_plain(e, f, b, t0 + i, 1, row, (size_t)D, fp8_scale);
         else if (f->format == KVP_FORMAT_INT8) encode_value_int8(e, f, b, t0 + i, 1, row, (size_t)D);
         else encode_value_int4(e, f, b, t0 + i, 1, row, (size_t)D);
