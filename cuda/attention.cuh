@@ -566,7 +566,7 @@ __device__ void load_generic(const tile_ref &T, const kvp__blockfmt &f) {
  * generic loader's kvp__block_decode_one handles them already. */
 template <int D>
 __device__ void fix_k4_outliers(const tile_ref &T, const kvp__blockfmt &f) {
-    const int R = KVP__K4_OUTLIERS(f.format, D); /* the format's count: D/8, or D/32 (int4_v1) */
+    const int R = KVP__K4_OUTLIERS(f.format, D); /* the format's count: 4 per 32 channels, or D/32 (int4_v1) */
     if (R == 0) return; /* uniform */
     __syncthreads(); /* the loader's writes to these channels come first */
     for (int c = threadIdx.x; c < T.ntok * R; c += NT) {
@@ -576,7 +576,7 @@ __device__ void fix_k4_outliers(const tile_ref &T, const kvp__blockfmt &f) {
         if (d >= D) continue; /* not written by the encoder: the entry is ignored */
         const float os = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (R + j)));
         const float om = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (2 * R + j)));
-        put(T.base + i * T.pitch, d, T.kind, fmaf(os, (float)ot[6 * R + j * f.page_size + T.tt[i]], om));
+        put(T.base + i * T.pitch, d, T.kind, fmaf(os, (float)ot[6 * R + kvp__k4_code_offset(f.format, f.page_size, j, T.tt[i])], om));
     }
 }
 
@@ -915,7 +915,8 @@ __device__ __forceinline__ void attention_body(const params &p) {
             if (!k8) {
                 const uint8_t *codes = kb[j] + (size_t)P * D / 2 + 4 * D + 6 * RO;
                 for (int o = 0; o < RO; o++)
-                    x = fmaf(s_ko[(j * R + r) * RO + o], (float)codes[o * P + tt[u]], x);
+                    x = fmaf(s_ko[(j * R + r) * RO + o],
+                             (float)codes[kvp__k4_code_offset(g.fmt[0].format, P, o, tt[u])], x);
             }
             if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
             const int32_t pos = pos0 + u;

@@ -225,8 +225,9 @@ __device__ void kvp__encode_key_channel(const kvp__blockfmt &f, uint8_t *b, int 
         kvp__store_u16(ot + 2 * (size_t)(2 * R + j), a.min16);
         kvp__store_u16(sc + 2 * (size_t)d, 0);
         kvp__store_u16(sc + 2 * (size_t)D + 2 * (size_t)d, 0);
-        uint8_t *codes = ot + 6 * (size_t)R + (size_t)j * (size_t)P;
-        for (int t = 0; t < P; t++) codes[t] = (uint8_t)kvp__asym_code(&a, src(t, d), 255);
+        uint8_t *codes = ot + 6 * (size_t)R;
+        for (int t = 0; t < P; t++)
+            codes[kvp__k4_code_offset(f.format, P, j, t)] = (uint8_t)kvp__asym_code(&a, src(t, d), 255);
         for (int t = 0; t < P; t += 2) {
             int high = 0;
             b[kvp__k4_offset(P, t, d, &high)] = 0;

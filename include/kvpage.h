@@ -285,7 +285,8 @@ enum kvp_format {
      *  the head_dim/32 widest channels of each page as int8; V: asymmetric per 32-wide group.
      *  Still read and written (stored pages and blobs, 8% fewer bytes than #KVP_FORMAT_INT4). */
     KVP_FORMAT_INT4_V1 = 5,
-    /** int4 (name "int4"). K: as #KVP_FORMAT_INT4_V1 with head_dim/8 int8 channels per page;
+    /** int4 (name "int4"). K: as #KVP_FORMAT_INT4_V1 with 4 int8 channels per 32 (head_dim/8)
+     *  per page, their codes in channel quads;
      *  V: asymmetric per 32-wide group of the token's values in a fixed rotated basis (sign
      *  flips and a Walsh-Hadamard transform; attention and every decoder undo it). About 30%
      *  less error than #KVP_FORMAT_INT4_V1 for 9% more bytes (docs/formats.md). */

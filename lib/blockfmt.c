@@ -104,7 +104,7 @@ static void encode_key_int(const kvp__blockfmt *f, uint8_t *b, const float *x, s
                 int high = 0;
                 uint64_t o = kvp__k4_offset(P, t, d, &high);
                 put_nibble(b + o, high, is_outlier ? 0u : c);
-                if (is_outlier) codes8[(size_t)j * (size_t)P + (size_t)t] = (uint8_t)c;
+                if (is_outlier) codes8[kvp__k4_code_offset(f->format, P, j, t)] = (uint8_t)c;
             }
         }
         j += is_outlier;
@@ -331,9 +331,10 @@ void kvp__block_decode(const kvp__blockfmt *f, const void *block, int t0, int n,
             if (d >= (unsigned)D) continue;
             float os = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (size_t)(R + j)));
             float om = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (size_t)(2 * R + j)));
-            const uint8_t *codes = ot + 6 * (size_t)R + (size_t)j * (size_t)P;
+            const uint8_t *codes = ot + 6 * (size_t)R;
             for (int i = 0; i < n; i++)
-                y[(size_t)i * stride + (size_t)d] = fma16(os, (float)codes[t0 + i], om);
+                y[(size_t)i * stride + (size_t)d] =
+                    fma16(os, (float)codes[kvp__k4_code_offset(f->format, P, j, t0 + i)], om);
         }
         return;
     }

@@ -262,9 +262,18 @@ KVP__HD static inline void kvp__rot_inverse(float *x, int D) {
 }
 
 /* int4 keys' outlier table (docs/formats.md): after scale[D], min[D],
- * idx[R] (u16), oscale[R], omin[R] (fp16), then codes [R][P] (u8). */
+ * idx[R] (u16), oscale[R], omin[R] (fp16), then the u8 codes at
+ * kvp__k4_code_offset. */
 KVP__HD static inline const uint8_t *kvp__k4_table(const kvp__blockfmt *f, const uint8_t *b) {
     return b + kvp__block_data_bytes(f) + 4 * (size_t)f->head_dim;
+}
+
+/* Where outlier entry j's code of token t sits in the codes (after the
+ * table's 6R bytes): int4 keeps channel quads [R/4][P][4], the int8 keys'
+ * layout (4 entries of one token in a 32-bit word); int4_v1 [R][P]. */
+KVP__HD static inline size_t kvp__k4_code_offset(int32_t format, int P, int j, int t) {
+    if (format == KVP_FORMAT_INT4) return ((size_t)(j / 4) * (size_t)P + (size_t)t) * 4 + (size_t)(j % 4);
+    return (size_t)j * (size_t)P + (size_t)t;
 }
 
 /* The R channels of widest range, in increasing channel order (ties: the
@@ -321,7 +330,7 @@ KVP__HD static inline float kvp__block_decode_one(const kvp__blockfmt *f, const 
             if (j >= 0) {
                 float os = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (size_t)(R + j)));
                 float om = kvp__f16_to_f32(kvp__load_u16(ot + 2 * (size_t)(2 * R + j)));
-                return fmaf(os, (float)ot[6 * (size_t)R + (size_t)j * (size_t)P + (size_t)t], om);
+                return fmaf(os, (float)ot[6 * (size_t)R + kvp__k4_code_offset(f->format, P, j, t)], om);
             }
             uint64_t o = kvp__k4_offset(P, t, d, &high); /* sets `high` before it is read */
             c = high ? (unsigned)(b[o] >> 4) : (unsigned)(b[o] & 0x0F);

@@ -49,8 +49,8 @@ int kvp__format_bits(int32_t f) {
 /* Elements of one (page, layer, kv head) block plus its scale data, before
  * padding. Scales and minimums are fp16 (2 bytes each):
  *   K int8/int4: scale + min per channel (head_dim pairs) over the page;
- *   K int4 also: R = head_dim/8 (int4_v1: head_dim/32) outlier channels kept as int8: an index
- *                (u16), scale and min (fp16) each, then R x page_size codes;
+ *   K int4 also: R = 4*ceil(head_dim/32) (int4_v1: head_dim/32) outlier channels kept as int8:
+ *                an index (u16), scale and min (fp16) each, then R x page_size codes;
  *   V int8:      one scale per token;
  *   V int4:      scale + min per token per group of 32 along head_dim. */
 uint64_t kvp__block_bytes(int32_t f, bool is_key, uint64_t page_size, uint64_t head_dim) {

@@ -107,10 +107,13 @@ int kvp__format_bits(int32_t f);
 #define KVP__IS_INT4(f) ((f) == KVP_FORMAT_INT4 || (f) == KVP_FORMAT_INT4_V1)
 static inline bool kvp__format_is_int4(int32_t f) { return KVP__IS_INT4(f); }
 /* int4 keys keep the channels with the widest range in each page as int8
- * (docs/formats.md, "int4 keys"): head_dim/8 of them (int4), head_dim/32
- * (int4_v1). */
-#define KVP__K4_OUTLIERS(format, head_dim) \
-    ((format) == KVP_FORMAT_INT4 ? (head_dim) / 8 : (format) == KVP_FORMAT_INT4_V1 ? (head_dim) / 32 : 0)
+ * (docs/formats.md, "int4 keys"): int4 4 per 32 channels or part of 32
+ * (head_dim/8 rounded up to a multiple of 4, so the codes fill channel
+ * quads), int4_v1 head_dim/32. */
+#define KVP__K4_OUTLIERS(format, head_dim)                                                         \
+    ((format) == KVP_FORMAT_INT4 ? ((head_dim) + 31) / 32 * 4                                      \
+     : (format) == KVP_FORMAT_INT4_V1 ? (head_dim) / 32                                             \
+                                      : 0)
 /* The most outlier channels of any int4 key block. */
 #define KVP__K4_MAX_OUTLIERS (KVP_MAX_HEAD_DIM / 8)
 static inline int kvp__k4_outliers(int32_t format, int32_t head_dim) {

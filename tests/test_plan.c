@@ -46,8 +46,8 @@ static uint64_t ref_block(int32_t f, int is_key, uint64_t P, uint64_t D) {
     case KVP_FORMAT_INT4_V1: /* keys: + D/32 outlier channels as int8 (index, scale, min, codes) */
         return is_key ? P * D / 2 + D * (2 + 2) + (D / 32) * (2 + 2 + 2 + P)
                       : P * D / 2 + P * ((D + 31) / 32) * (2 + 2);
-    case KVP_FORMAT_INT4: /* keys: D/8 outlier channels */
-        return is_key ? P * D / 2 + D * (2 + 2) + (D / 8) * (2 + 2 + 2 + P)
+    case KVP_FORMAT_INT4: /* keys: 4 outlier channels per 32 channels or part of 32 */
+        return is_key ? P * D / 2 + D * (2 + 2) + (D + 31) / 32 * 4 * (2 + 2 + 2 + P)
                       : P * D / 2 + P * ((D + 31) / 32) * (2 + 2);
     }
     return 0;

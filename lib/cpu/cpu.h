@@ -52,12 +52,18 @@ typedef struct {
     float qconst[KVP__TILE_ROWS]; /* logit terms shared by every token of the page */
     float k4a[KVP__TILE_ROWS][KVP__ATTN_MAX_D / 8] KVP__ALIGN64; /* int4 keys' outliers: q * oscale
                                                                      (SIMD paths) */
-    /* AVX-512 int4 prep: the outlier channels' q (k4q[r][j] = q[r][idx_j], 0
-     * past the count) for the channel list k4idx, kept while pages repeat
-     * it (k4valid: 0 after the tile's q is set) */
+    /* AVX-512 int4 prep: the outlier channels' q (k4q[r][j] = q[r][idx_j]
+     * for int4_v1, qn[r][idx_j] for int4; 0 past the count) for the channel
+     * list k4idx, kept while pages repeat it (k4valid: 1 for q, 2 for qn, 0
+     * after the tile's q is set) */
     float k4q[KVP__TILE_ROWS][KVP__ATTN_MAX_D / 8] KVP__ALIGN64;
     uint16_t k4idx[KVP__ATTN_MAX_D / 8];
     int32_t k4valid;
+    /* AVX-512, int4's outlier channels (channel quads): q[idx_j]·oscale_j
+     * as 15 bits x = 128·hi + lo, k4hl[r][0] the hi parts, [r][1] the lo
+     * parts; q' ~= k4step[r]·x */
+    int8_t k4hl[KVP__TILE_ROWS][2][KVP__ATTN_MAX_D / 8] KVP__ALIGN64;
+    float k4step[KVP__TILE_ROWS];
     /* AVX-512 integer-key preps: q * target / max|q| per row and max|q|
      * (qamax), formed once per tile for the target qnvalid holds (127 for
      * int4 keys, 16256 for int8; 0 after the tile's q is set) */
@@ -287,14 +293,16 @@ static inline float kvp__inv_or_zero(float num, float x) {
 /* Shared helpers for the kernels (portable code, used by every ISA). */
 /* int4 keys: the outlier channels' table of a block (docs/formats.md). */
 typedef struct {
-    int count;                /* outlier channels (head_dim/8; int4_v1: head_dim/32) */
+    int count;                /* outlier channels (int4: 4 per 32 channels; int4_v1: head_dim/32) */
+    bool quads;               /* codes in channel quads [R/4][P][4] (int4), else [R][P] (int4_v1) */
     const uint8_t *table;     /* idx[R] u16, scale[R] fp16, min[R] fp16 */
-    const uint8_t *codes;     /* [R][page_size] int8 codes */
+    const uint8_t *codes;     /* u8 codes (kvp__k4_code_offset) */
 } kvp__k4_outl;
 
 static inline kvp__k4_outl kvp__k4_outliers_of(const uint8_t *kb, const kvp__blockfmt *f) {
     kvp__k4_outl o;
     o.count = kvp__k4_outliers(f->format, f->head_dim);
+    o.quads = f->format == KVP_FORMAT_INT4;
     o.table = kb + kvp__block_data_bytes(f) + 4 * (size_t)f->head_dim;
     o.codes = o.table + 6 * (size_t)o.count;
     return o;

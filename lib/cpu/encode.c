@@ -243,8 +243,8 @@ static void encode_key_int(const kvp__enc_prims *e, const kvp__blockfmt *f, uint
         e->asym_codes(x + (size_t)t * stride, D, mn, inv, lv, c0);
         e->asym_codes(x + (size_t)(t + 1) * stride, D, mn, inv, lv, c1);
         for (int j = 0; j < R; j++) {
-            codes8[(size_t)j * (size_t)P + (size_t)t] = c0[outl[j]];
-            codes8[(size_t)j * (size_t)P + (size_t)t + 1] = c1[outl[j]];
+            codes8[kvp__k4_code_offset(f->format, P, j, t)] = c0[outl[j]];
+            codes8[kvp__k4_code_offset(f->format, P, j, t + 1)] = c1[outl[j]];
             c0[outl[j]] = c1[outl[j]] = 0;
         }
         uint8_t *pair = b + (size_t)(t / 2) * 4;

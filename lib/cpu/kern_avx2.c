@@ -384,15 +384,27 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
 }
 
 
-/* int4 keys' outlier channels (int8 codes, [R][P]): logits += a . code,
- * 8 tokens per vector (a and the constant from kvp__k4_outlier_prep). */
+/* int4 keys' outlier channels: logits += a . code, 8 tokens per vector (a
+ * and the constant from kvp__k4_outlier_prep). int4's codes come in channel
+ * quads ([R/4][P][4]: a token's 4 codes in one 32-bit lane, taken apart
+ * with shifts), int4_v1's as [R][P]. */
 TGT static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
     kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
+    const __m256i byte = _mm256_set1_epi32(0xFF);
     for (int i0 = 0; i0 < n; i0 += 8) {
         const __m256i valid = token_mask8(i0, n);
         __m256 acc[R];
         UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_maskload_ps(&t->logits[r][i0], valid);
-        for (int j = 0; j < o.count; j++) {
+        for (int j = 0; o.quads && j < o.count; j += 4) {
+            const uint8_t *p = o.codes + ((size_t)(j / 4) * (size_t)f->page_size + (size_t)(t0 + i0)) * 4;
+            __m256i w = _mm256_maskload_epi32((const int *)(const void *)p, valid);
+            UNROLL for (int k = 0; k < 4; k++) {
+                __m256 c = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 8 * k), byte));
+                UNROLL for (int r = 0; r < R; r++)
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(t->k4a[r][j + k]), c, acc[r]);
+            }
+        }
+        for (int j = 0; !o.quads && j < o.count; j++) {
             const uint8_t *p = o.codes + (size_t)j * (size_t)f->page_size + (size_t)(t0 + i0);
             uint8_t tmp[8] = {0};
             memcpy(tmp, p, (size_t)(n - i0 < 8 ? n - i0 : 8));

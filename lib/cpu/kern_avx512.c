@@ -317,9 +317,9 @@ TGT static void kprep_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt 
 }
 
 
-/* The int4 keys' outlier channels (docs/formats.md), as
- * kvp__k4_outlier_prep: t->k4a[r][j] = q[r][idx_j]·oscale_j, and
- * Σ_j q[r][idx_j]·omin_j returned in lane 4r. The q values at the
+/* The int4 keys' outlier channels (docs/formats.md): Σ_j q[r][idx_j]·omin_j
+ * returned in lane 4r, and q[r][idx_j]·oscale_j as t->k4a (int4_v1, as
+ * kvp__k4_outlier_prep) or as t->k4hl / k4step (int4). The q values at the
  * outlier channels are kept with the channel list (k4q, k4idx) and
  * gathered again only when the list differs: int4_v1's 4 channels (head_dim
  * 128) rarely change from page to page, int4's 16 mostly do, so the gather
@@ -331,33 +331,64 @@ TGT_INLINE static __m512 k4_outlier_fold(kvp__tile *t, const uint8_t *kb, const 
     if (C <= 0) return _mm512_setzero_ps();
     const __mmask32 m32 = C >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << C) - 1u);
     __m512i idx = _mm512_maskz_loadu_epi16(m32, o.table);
-    if (!t->k4valid || _mm512_cmpneq_epi16_mask(idx, _mm512_loadu_si512((const void *)t->k4idx)) != 0) {
-        /* 16 channels a gather; an index past head_dim reads nothing and
-         * gives 0 (kvp__k4_outlier_q), as do the lanes past the count */
+    /* int4 (channel quads) gathers qn (q·127/max|q|, kprep_int4 formed it),
+     * int4_v1 q: k4valid says which (1: q, 2: qn) */
+    const int32_t want = o.quads ? 2 : 1;
+    if (t->k4valid != want || _mm512_cmpneq_epi16_mask(idx, _mm512_loadu_si512((const void *)t->k4idx)) != 0) {
+        /* 16 channels a gather (as fast as vpermt2ps over each 32
+         * channels of q, measured); an index past head_dim reads nothing
+         * and gives 0 (kvp__k4_outlier_q), as do the lanes past the count */
         _mm512_storeu_si512((void *)t->k4idx, idx);
         for (int h = 0; 16 * h < C; h++) {
             __m512i ix = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(t->k4idx + 16 * h)));
             __mmask16 ok = mask16(C - 16 * h) & _mm512_cmplt_epu32_mask(ix, _mm512_set1_epi32(t->D));
             UNROLL for (int r = 0; r < R; r++)
-                _mm512_store_ps(&t->k4q[r][16 * h], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), ok, ix, &t->q[r][0], 4));
+                _mm512_store_ps(&t->k4q[r][16 * h], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), ok, ix,
+                                                                              o.quads ? &t->qn[r][0] : &t->q[r][0], 4));
         }
-        t->k4valid = 1;
+        t->k4valid = want;
     }
-    /* 16 channels a vector: k4a = q * oscale, the constant sum q * omin */
+    /* 16 channels a vector: the constant sum q * omin, and k4a = q * oscale
+     * (int4_v1), or for int4's channel quads q * oscale in 15 bits against
+     * the bound max|q|·max(oscale), split as x = 128·hi + lo (hi = x >> 7,
+     * lo = x & 127), for k4_outliers_int */
+    const int H = (C + 15) / 16; /* 1 or 2 */
+    __m512 sc[2], mn[2];
+    for (int h = 0; h < H; h++) {
+        const __mmask16 m = mask16(C - 16 * h);
+        sc[h] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, o.table + 2 * (size_t)C + 32 * (size_t)h));
+        mn[h] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, o.table + 4 * (size_t)C + 32 * (size_t)h));
+    }
     __m512 c[R];
     UNROLL for (int r = 0; r < R; r++) c[r] = _mm512_setzero_ps();
-    for (int h = 0; 16 * h < C; h++) {
-        const __mmask16 m = mask16(C - 16 * h);
-        __m512 sc = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, o.table + 2 * (size_t)C + 32 * (size_t)h));
-        __m512 mn = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, o.table + 4 * (size_t)C + 32 * (size_t)h));
+    if (o.quads) {
+        /* k4q is qn = q·127/max|q|: x = rne(qn·oscale·128/max(oscale)) */
+        const float omax = _mm512_reduce_max_ps(H > 1 ? _mm512_max_ps(sc[0], sc[1]) : sc[0]); /* >= 0 */
+        const __m512 oinv = _mm512_set1_ps(kvp__inv_or_zero(128.0f, omax));
+        const __m512i m127 = _mm512_set1_epi32(127);
+        __m512 sn[2];
+        for (int h = 0; h < H; h++) sn[h] = _mm512_mul_ps(sc[h], oinv);
         UNROLL for (int r = 0; r < R; r++) {
-            __m512 q = _mm512_load_ps(&t->k4q[r][16 * h]);
-            _mm512_store_ps(&t->k4a[r][16 * h], _mm512_mul_ps(q, sc));
-            c[r] = _mm512_fmadd_ps(q, mn, c[r]);
+            for (int h = 0; h < H; h++) {
+                __m512 q = _mm512_load_ps(&t->k4q[r][16 * h]);
+                __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(q, sn[h]));
+                _mm_store_si128((__m128i *)(void *)&t->k4hl[r][0][16 * h], PACK_S8(_mm512_srai_epi32(x, 7)));
+                _mm_store_si128((__m128i *)(void *)&t->k4hl[r][1][16 * h], PACK_S8(_mm512_and_si512(x, m127)));
+                c[r] = _mm512_fmadd_ps(q, mn[h], c[r]);
+            }
+            t->k4step[r] = t->qamax[r] * omax * (1.0f / 16256.0f);
         }
+    } else {
+        for (int h = 0; h < H; h++)
+            UNROLL for (int r = 0; r < R; r++) {
+                __m512 q = _mm512_load_ps(&t->k4q[r][16 * h]);
+                _mm512_store_ps(&t->k4a[r][16 * h], _mm512_mul_ps(q, sc[h]));
+                c[r] = _mm512_fmadd_ps(q, mn[h], c[r]);
+            }
     }
     float lanes[16] KVP__ALIGN64 = {0};
-    UNROLL for (int r = 0; r < R; r++) lanes[4 * r] = _mm512_reduce_add_ps(c[r]);
+    UNROLL for (int r = 0; r < R; r++) /* int4: back from qn's unit */
+        lanes[4 * r] = _mm512_reduce_add_ps(c[r]) * (o.quads ? t->qamax[r] * (1.0f / 127.0f) : 1.0f);
     return _mm512_load_ps(lanes);
 }
 
@@ -465,10 +496,41 @@ TGT static void klogits_int8(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     R4(K8_OUT)
 }
 
-/* int4 keys' outlier channels (int8 codes, [R][P]): logits += a . code,
- * 16 tokens per vector (a and the constant from k4_outlier_prep). */
+/* int4's outlier channels, codes in channel quads [R/4][P][4] (u8):
+ * logits += k4step·(128·Σ hi·c + Σ lo·c), two vpdpbusd per quad, row and
+ * 16 tokens, exact int32 sums (hi and lo from k4_outlier_fold; the
+ * constant is in qconst). */
+TGT static void k4_outliers_int(kvp__tile *t, const kvp__k4_outl *o, int P, int t0, int n) {
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        const __mmask64 m = n - i0 >= 16 ? ~(__mmask64)0 : (((__mmask64)1 << (4 * (n - i0))) - 1);
+        __m512i h[R], l[R];
+        UNROLL for (int r = 0; r < R; r++) h[r] = l[r] = _mm512_setzero_si512();
+        for (int g = 0; 4 * g < o->count; g++) {
+            __m512i k = _mm512_maskz_loadu_epi8(m, o->codes + ((size_t)g * (size_t)P + (size_t)(t0 + i0)) * 4);
+            UNROLL for (int r = 0; r < R; r++) {
+                DPBUSD_B(h[r], k, &t->k4hl[r][0][4 * g]);
+                DPBUSD_B(l[r], k, &t->k4hl[r][1][4 * g]);
+            }
+        }
+        const __mmask16 mt = mask16(n - i0);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m512 x = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h[r], 7), l[r]));
+            _mm512_mask_storeu_ps(&t->logits[r][i0], mt,
+                                  _mm512_fmadd_ps(x, _mm512_set1_ps(t->k4step[r]),
+                                                  _mm512_maskz_loadu_ps(mt, &t->logits[r][i0])));
+        }
+    }
+}
+
+/* int4 keys' outlier channels: int4's by k4_outliers_int, int4_v1's (int8
+ * codes, [R][P]) as logits += a . code, 16 tokens per vector (a and the
+ * constant from k4_outlier_prep). */
 TGT static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
     kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
+    if (o.quads) {
+        k4_outliers_int(t, &o, f->page_size, t0, n);
+        return;
+    }
     for (int i0 = 0; i0 < n; i0 += 16) {
         __mmask16 m = mask16(n - i0);
         __m512 acc[R];
@@ -557,8 +619,9 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
      * order) added before the logits are stored, not in a second pass over
      * them: their codes as fp32, tokens 0-15 and 16-31 */
     const kvp__k4_outl ol = kvp__k4_outliers_of(kb, f);
-    __m512 oc[KVP__ATTN_MAX_D / 8][2];
-    for (int jo = 0; jo < ol.count; jo++)
+    const int fc = ol.quads ? 0 : ol.count; /* int4_v1's, in fp32 here; int4's below */
+    __m512 oc[KVP__ATTN_MAX_D / 32][2];
+    for (int jo = 0; jo < fc; jo++)
         UNROLL for (int hh = 0; hh < 2; hh++)
             oc[jo][hh] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
                 _mm_maskz_loadu_epi8(mask16(n - 16 * hh), ol.codes + (size_t)jo * (size_t)P + (size_t)(t0 + 16 * hh))));
@@ -566,7 +629,7 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
     {                                                                                              \
         __m512 e = K4_LOGITS(r, e_##r), o = K4_LOGITS(r, _mm512_srai_epi32(o_##r, 4));             \
         __m512 l0 = _mm512_permutex2var_ps(e, lo_idx, o), l1 = _mm512_permutex2var_ps(e, hi_idx, o); \
-        for (int jo = 0; jo < ol.count; jo++) {                                                    \
+        for (int jo = 0; jo < fc; jo++) {                                                          \
             l0 = _mm512_fmadd_ps(_mm512_set1_ps(t->k4a[r][jo]), oc[jo][0], l0);                     \
             l1 = _mm512_fmadd_ps(_mm512_set1_ps(t->k4a[r][jo]), oc[jo][1], l1);                     \
         }                                                                                          \
@@ -574,6 +637,7 @@ TGT static void klogits_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfm
         _mm512_store_ps(&t->logits[r][16], l1);                                                    \
     }
     R4(K4_OUT)
+    if (ol.quads) k4_outliers_int(t, &ol, P, t0, n);
 }
 
 /* ---- softmax ---------------------------------------------------------------------------------------- */
@@ -1172,9 +1236,16 @@ TGT static void pf_kdec_int4(const uint8_t *kb, const kvp__blockfmt *f, int t0, 
         if (d >= (unsigned)D) continue;
         __m512 os = _mm512_set1_ps(kvp__f16_to_f32(kvp__load_u16(ol.table + 2 * (size_t)(ol.count + j))));
         __m512 om = _mm512_set1_ps(kvp__f16_to_f32(kvp__load_u16(ol.table + 2 * (size_t)(2 * ol.count + j))));
-        const uint8_t *codes = ol.codes + (size_t)j * (size_t)P + (size_t)t0;
         for (int i = 0; i < n; i += 16) {
-            __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask16(n - i), codes + i)));
+            __m512i w;
+            if (ol.quads) /* [R/4][P][4]: entry j is byte j%4 of each token's word */
+                w = _mm512_and_si512(_mm512_srli_epi32(_mm512_maskz_loadu_epi32(mask16(n - i), ol.codes +
+                                                           ((size_t)(j / 4) * (size_t)P + (size_t)(t0 + i)) * 4),
+                                                       8 * (unsigned)(j % 4)),
+                                     _mm512_set1_epi32(0xFF));
+            else
+                w = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask16(n - i), ol.codes + (size_t)j * (size_t)P + (size_t)(t0 + i)));
+            __m512 c = _mm512_cvtepi32_ps(w);
             _mm512_mask_storeu_ps(kc + (size_t)d * PFC + (size_t)i, mask16(n - i), _mm512_fmadd_ps(os, c, om));
         }
     }

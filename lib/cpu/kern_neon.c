@@ -423,8 +423,8 @@ static void kprep_int4(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f) 
     k4_outlier_prep(t, kb, f);
 }
 
-/* int4 keys' outlier channels (int8 codes, [R][P]): logits += a . code,
- * 8 tokens per pass. */
+/* int4 keys' outlier channels: logits += a . code, 8 tokens per pass
+ * (codes: int4's channel quads [R/4][P][4], int4_v1's [R][P]). */
 static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f, int t0, int n) {
     kvp__k4_outl o = kvp__k4_outliers_of(kb, f);
     if (o.count == 0) return;
@@ -435,10 +435,24 @@ static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt *f,
             a[r][0] = vld1q_f32(&t->logits[r][i0]);
             a[r][1] = vld1q_f32(&t->logits[r][i0 + 4]);
         }
+        uint8_t quad[4][8];
         for (int j = 0; j < o.count; j++) {
-            const uint8_t *p = o.codes + (size_t)j * (size_t)f->page_size + (size_t)(t0 + i0);
             uint8_t tmp[8] = {0};
-            memcpy(tmp, p, (size_t)w);
+            if (o.quads) { /* [R/4][P][4]: one de-interleaving load per quad */
+                if (j % 4 == 0) {
+                    uint8_t q4[32] = {0};
+                    memcpy(q4, o.codes + ((size_t)(j / 4) * (size_t)f->page_size + (size_t)(t0 + i0)) * 4,
+                           4 * (size_t)w);
+                    uint8x8x4_t v = vld4_u8(q4);
+                    vst1_u8(quad[0], v.val[0]);
+                    vst1_u8(quad[1], v.val[1]);
+                    vst1_u8(quad[2], v.val[2]);
+                    vst1_u8(quad[3], v.val[3]);
+                }
+                memcpy(tmp, quad[j % 4], 8);
+            } else {
+                memcpy(tmp, o.codes + (size_t)j * (size_t)f->page_size + (size_t)(t0 + i0), (size_t)w);
+            }
             uint16x8_t c = vmovl_u8(vld1_u8(tmp));
             float32x4_t c0 = vcvtq_f32_u32(vmovl_u16(vget_low_u16(c)));
             float32x4_t c1 = vcvtq_f32_u32(vmovl_high_u16(c));

@@ -230,7 +230,7 @@ void kvp__k4_outlier_logits(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
         for (int i = 0; i < n; i++) {
             float acc = cst[r];
             for (int j = 0; j < o.count; j++)
-                acc += a[r][j] * (float)o.codes[(size_t)j * (size_t)f->page_size + (size_t)(t0 + i)];
+                acc += a[r][j] * (float)o.codes[kvp__k4_code_offset(f->format, f->page_size, j, t0 + i)];
             t->logits[r][i] += acc;
         }
 }

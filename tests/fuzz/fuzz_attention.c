@@ -200,7 +200,8 @@ static void fa_fill_garbage(fa_world *w, fzi_cursor *c) {
     const bool k4 = w->l.k_format == KVP_FORMAT_INT4 || w->l.k_format == KVP_FORMAT_INT4_V1;
     if ((m & 4) && page < w->N && k4 && w->D >= 32) {
         uint64_t kb = w->l.k_block_bytes, vb = w->l.v_block_bytes;
-        const int32_t R = w->D / (w->l.k_format == KVP_FORMAT_INT4 ? 8 : 32);
+        /* the documented counts: int4 4 per 32 channels or part, int4_v1 D/32 */
+        const int32_t R = w->l.k_format == KVP_FORMAT_INT4 ? (w->D + 31) / 32 * 4 : w->D / 32;
         for (int32_t l = 0; l < w->L; l++)
             for (int32_t h = 0; h < w->H; h++) {
                 uint64_t at = (uint64_t)l * (uint64_t)w->H * (kb + vb) + (uint64_t)h * kb +

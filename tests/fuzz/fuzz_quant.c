@@ -126,7 +126,7 @@ static uint64_t fq_doc_block_bytes(int32_t fmt, bool key, uint64_t P, uint64_t D
     case KVP_FORMAT_BF16: b = P * D * 2; break;
     case KVP_FORMAT_FP8_E4M3: b = P * D; break;
     case KVP_FORMAT_INT8: b = key ? P * D + 4 * D : P * D + 2 * P; break;
-    case KVP_FORMAT_INT4: b = key ? P * D / 2 + 4 * D + (D / 8) * (6 + P) : P * D / 2 + 4 * P * ((D + 31) / 32); break;
+    case KVP_FORMAT_INT4: b = key ? P * D / 2 + 4 * D + 4 * ((D + 31) / 32) * (6 + P) : P * D / 2 + 4 * P * ((D + 31) / 32); break;
     default: b = key ? P * D / 2 + 4 * D + (D / 32) * (6 + P) : P * D / 2 + 4 * P * ((D + 31) / 32);
     }
     return (b + 15) / 16 * 16;
@@ -264,7 +264,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if ((d.format == KVP_FORMAT_INT4 || d.format == KVP_FORMAT_INT4_V1) && !d.is_value && D >= 32)
                 for (size_t b = 0; b < (size_t)pages * H; b++) {
                     size_t at = b * block + P * D / 2 + 4 * D;
-                    for (size_t j = 0; j < D / (d.format == KVP_FORMAT_INT4 ? 8 : 32); j++) {
+                    for (size_t j = 0; j < (d.format == KVP_FORMAT_INT4 ? (D + 31) / 32 * 4 : D / 32); j++) {
                         uint16_t idx = (uint16_t)(0xffffu - j * 977u);
                         memcpy(blocks + at + 2 * j, &idx, 2);
                     }
