@@ -514,6 +514,79 @@ static void test_block_decode_matches_elements(void **state) {
     free(y);
 }
 
+/* int4 keys read back by docs/formats.md's layout alone ("int4 keys"): the
+ * outlier count per head_dim, the table after scale[D] and min[D], the
+ * entries in increasing channel order, the widest channels chosen, their
+ * int4 entries and scales zero, and the codes where the layout puts them:
+ * channel quads (j/4)*P*4 + t*4 + j%4 for int4, j*P + t for int4_v1. */
+static void test_int4_key_layout(void **state) {
+    (void)state;
+    static const int32_t dims[] = {8, 24, 64, 80, 96, 128, 256};
+    static const int want4[] = {4, 4, 8, 12, 12, 16, 32}, want1[] = {0, 0, 2, 2, 3, 4, 8};
+    const int32_t P = 16;
+    float *x = malloc((size_t)P * 256 * sizeof(float)), *back = malloc((size_t)P * 256 * sizeof(float));
+    uint8_t *blk = malloc(1 << 16);
+    assert_true(x != NULL && back != NULL && blk != NULL);
+    for (int fi = 0; fi < 2; fi++)
+        for (size_t di = 0; di < sizeof dims / sizeof *dims; di++) {
+            const int32_t fmt = fi == 0 ? KVP_FORMAT_INT4 : KVP_FORMAT_INT4_V1, D = dims[di];
+            const int R = fi == 0 ? want4[di] : want1[di];
+            /* channel d's range is distinct for every d (a permutation of
+             * 1..D), so the R widest are known */
+            for (int32_t t = 0; t < P; t++)
+                for (int32_t d = 0; d < D; d++) {
+                    float w = (float)(1 + (d * 37 + 11) % D);
+                    x[(size_t)t * (size_t)D + (size_t)d] = w * ((float)((t * 5 + d) % P) / (float)(P - 1) - 0.5f);
+                }
+            kvp_quant_desc_t q;
+            memset(&q, 0, sizeof q);
+            q.struct_size = sizeof q;
+            q.format = fmt;
+            q.page_size = P;
+            q.head_dim = D;
+            q.heads = 1;
+            q.dtype = KVP_FORMAT_FP32;
+            uint64_t bytes = 0;
+            assert_int_equal(kvp_quant_block_bytes(&q, &bytes, NULL, 0), KVP_OK);
+            /* P*D/2 + 4D + R*(6 + P), then padding */
+            assert_true(bytes >= (uint64_t)(P * D / 2 + 4 * D + R * (6 + P)) && bytes <= (1u << 16));
+            assert_int_equal(kvp_quantize(&q, x, 1, blk, NULL, 0), KVP_OK);
+            assert_int_equal(kvp_dequantize(&q, blk, 1, back, NULL, 0), KVP_OK);
+            const uint8_t *sc = blk + P * D / 2, *mn = sc + 2 * D, *ot = mn + 2 * D;
+            const uint8_t *codes = ot + 6 * R;
+            /* the R widest channels: ranks of w = 1 + (d*37 + 11) % D above D - R */
+            int j = 0;
+            for (int32_t d = 0; d < D; d++) {
+                if (1 + (d * 37 + 11) % D <= D - R) continue;
+                assert_true(j < R);
+                uint16_t idx, s16, m16;
+                memcpy(&idx, ot + 2 * j, 2);
+                memcpy(&s16, ot + 2 * (R + j), 2);
+                memcpy(&m16, ot + 2 * (2 * R + j), 2);
+                assert_int_equal(idx, d);
+                uint16_t zs, zm;
+                memcpy(&zs, sc + 2 * d, 2);
+                memcpy(&zm, mn + 2 * d, 2);
+                assert_int_equal(zs, 0);
+                assert_int_equal(zm, 0);
+                for (int32_t t = 0; t < P; t++) {
+                    size_t at = fmt == KVP_FORMAT_INT4 ? (size_t)(j / 4) * (size_t)P * 4 + (size_t)t * 4 + (size_t)(j % 4)
+                                                       : (size_t)j * (size_t)P + (size_t)t;
+                    float v = fmaf(kvp__f16_to_f32(s16), (float)codes[at], kvp__f16_to_f32(m16));
+                    assert_memory_equal(&v, &back[(size_t)t * (size_t)D + (size_t)d], sizeof v);
+                    /* the int4 part holds 0 there (low nibble: even token) */
+                    uint8_t byte = blk[(size_t)(d / 4) * (size_t)(P / 2) * 4 + (size_t)(t / 2) * 4 + (size_t)(d % 4)];
+                    assert_int_equal((t % 2 ? byte >> 4 : byte & 0x0F), 0);
+                }
+                j++;
+            }
+            assert_int_equal(j, R);
+        }
+    free(x);
+    free(back);
+    free(blk);
+}
+
 static void test_bad_descriptions(void **state) {
     (void)state;
     float x[64 * 16];
@@ -563,6 +636,7 @@ int main(void) {
         cmocka_unit_test(test_all_nan_channel),
         cmocka_unit_test(test_bad_descriptions),
         cmocka_unit_test(test_block_decode_matches_elements),
+        cmocka_unit_test(test_int4_key_layout),
         cmocka_unit_test(test_value_rotation),
     };
     return cmocka_run_group_tests_name("quant", tests, NULL, NULL);
