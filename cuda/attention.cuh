@@ -914,9 +914,20 @@ __device__ __forceinline__ void attention_body(const params &p) {
             float x = fmaf(s_sc[2 * (j * R + r)], (float)sum, s_sc[2 * (j * R + r) + 1]);
             if (!k8) {
                 const uint8_t *codes = kb[j] + (size_t)P * D / 2 + 4 * D + 6 * RO;
-                for (int o = 0; o < RO; o++)
-                    x = fmaf(s_ko[(j * R + r) * RO + o],
-                             (float)codes[kvp__k4_code_offset(g.fmt[0].format, P, o, tt[u])], x);
+                const float *ko = &s_ko[(j * R + r) * RO];
+                if (g.fmt[0].format == KVP_FORMAT_INT4) {
+                    /* channel quads: a token's 4 codes in one aligned word
+                     * (the offset P*D/2 + 4D + 6*RO is a multiple of 8) */
+                    for (int o = 0; o < RO; o += 4) {
+                        const uint32_t w = *reinterpret_cast<const uint32_t *>(codes + ((size_t)(o / 4) * P + tt[u]) * 4);
+                        x = fmaf(ko[o], (float)(w & 0xFFu), x);
+                        x = fmaf(ko[o + 1], (float)((w >> 8) & 0xFFu), x);
+                        x = fmaf(ko[o + 2], (float)((w >> 16) & 0xFFu), x);
+                        x = fmaf(ko[o + 3], (float)(w >> 24), x);
+                    }
+                } else {
+                    for (int o = 0; o < RO; o++) x = fmaf(ko[o], (float)codes[(size_t)o * P + tt[u]], x);
+                }
             }
             if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
             const int32_t pos = pos0 + u;

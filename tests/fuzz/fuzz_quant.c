@@ -161,11 +161,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kvp_quant_desc_t d;
     memset(&d, 0, sizeof d);
     d.struct_size = sizeof d;
-    static const int32_t formats[] = {0, 1, 2, 3, 4, 5};
+    static const int32_t formats[] = {0, 1, 2, 3, 4, 5, 6};
     static const int32_t bools[] = {0, 1};
     static const int32_t dtypes[] = {0, 1, 2};
     static const int32_t heads[] = {1, 2, 3};
-    d.format = fq_pick(&c, formats, 6);
+    d.format = fq_pick(&c, formats, sizeof formats / sizeof formats[0]);
     d.is_value = fq_pick(&c, bools, 2);
     d.k_order = fq_pick(&c, bools, 2);
     d.page_size = fq_pick(&c, fq_page_sizes, sizeof fq_page_sizes / sizeof fq_page_sizes[0]);
