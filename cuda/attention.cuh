@@ -915,7 +915,7 @@ __device__ __forceinline__ void attention_body(const params &p) {
             if (!k8) {
                 const uint8_t *codes = kb[j] + (size_t)P * D / 2 + 4 * D + 6 * RO;
                 const float *ko = &s_ko[(j * R + r) * RO];
-                if (g.fmt[0].format == KVP_FORMAT_INT4) {
+                if (kvp__k4_quads(g.fmt[0].format)) {
                     /* channel quads: a token's 4 codes in one aligned word
                      * (the offset P*D/2 + 4D + 6*RO is a multiple of 8) */
                     for (int o = 0; o < RO; o += 4) {

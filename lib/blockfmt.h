@@ -268,11 +268,15 @@ KVP__HD static inline const uint8_t *kvp__k4_table(const kvp__blockfmt *f, const
     return b + kvp__block_data_bytes(f) + 4 * (size_t)f->head_dim;
 }
 
+/* Whether a format's outlier codes are in channel quads [R/4][P][4], the
+ * int8 keys' layout (4 entries of one token in a 32-bit word): int4's;
+ * int4_v1 keeps [R][P]. */
+KVP__HD static inline bool kvp__k4_quads(int32_t format) { return format == KVP_FORMAT_INT4; }
+
 /* Where outlier entry j's code of token t sits in the codes (after the
- * table's 6R bytes): int4 keeps channel quads [R/4][P][4], the int8 keys'
- * layout (4 entries of one token in a 32-bit word); int4_v1 [R][P]. */
+ * table's 6R bytes). */
 KVP__HD static inline size_t kvp__k4_code_offset(int32_t format, int P, int j, int t) {
-    if (format == KVP_FORMAT_INT4) return ((size_t)(j / 4) * (size_t)P + (size_t)t) * 4 + (size_t)(j % 4);
+    if (kvp__k4_quads(format)) return ((size_t)(j / 4) * (size_t)P + (size_t)t) * 4 + (size_t)(j % 4);
     return (size_t)j * (size_t)P + (size_t)t;
 }
 

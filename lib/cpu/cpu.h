@@ -302,8 +302,8 @@ typedef struct {
 static inline kvp__k4_outl kvp__k4_outliers_of(const uint8_t *kb, const kvp__blockfmt *f) {
     kvp__k4_outl o;
     o.count = kvp__k4_outliers(f->format, f->head_dim);
-    o.quads = f->format == KVP_FORMAT_INT4;
-    o.table = kb + kvp__block_data_bytes(f) + 4 * (size_t)f->head_dim;
+    o.quads = kvp__k4_quads(f->format);
+    o.table = kvp__k4_table(f, kb);
     o.codes = o.table + 6 * (size_t)o.count;
     return o;
 }

@@ -395,21 +395,24 @@ TGT static void k4_outliers(kvp__tile *t, const uint8_t *kb, const kvp__blockfmt
         const __m256i valid = token_mask8(i0, n);
         __m256 acc[R];
         UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_maskload_ps(&t->logits[r][i0], valid);
-        for (int j = 0; o.quads && j < o.count; j += 4) {
-            const uint8_t *p = o.codes + ((size_t)(j / 4) * (size_t)f->page_size + (size_t)(t0 + i0)) * 4;
-            __m256i w = _mm256_maskload_epi32((const int *)(const void *)p, valid);
-            UNROLL for (int k = 0; k < 4; k++) {
-                __m256 c = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 8 * k), byte));
-                UNROLL for (int r = 0; r < R; r++)
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(t->k4a[r][j + k]), c, acc[r]);
+        if (o.quads) {
+            for (int j = 0; j < o.count; j += 4) {
+                const uint8_t *p = o.codes + ((size_t)(j / 4) * (size_t)f->page_size + (size_t)(t0 + i0)) * 4;
+                __m256i w = _mm256_maskload_epi32((const int *)(const void *)p, valid);
+                UNROLL for (int k = 0; k < 4; k++) {
+                    __m256 c = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(w, 8 * k), byte));
+                    UNROLL for (int r = 0; r < R; r++)
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(t->k4a[r][j + k]), c, acc[r]);
+                }
             }
-        }
-        for (int j = 0; !o.quads && j < o.count; j++) {
-            const uint8_t *p = o.codes + (size_t)j * (size_t)f->page_size + (size_t)(t0 + i0);
-            uint8_t tmp[8] = {0};
-            memcpy(tmp, p, (size_t)(n - i0 < 8 ? n - i0 : 8));
-            __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)tmp)));
-            UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(t->k4a[r][j]), c, acc[r]);
+        } else {
+            for (int j = 0; j < o.count; j++) {
+                const uint8_t *p = o.codes + (size_t)j * (size_t)f->page_size + (size_t)(t0 + i0);
+                uint8_t tmp[8] = {0};
+                memcpy(tmp, p, (size_t)(n - i0 < 8 ? n - i0 : 8));
+                __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)tmp)));
+                UNROLL for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(t->k4a[r][j]), c, acc[r]);
+            }
         }
         UNROLL for (int r = 0; r < R; r++) _mm256_maskstore_ps(&t->logits[r][i0], valid, acc[r]);
     }
