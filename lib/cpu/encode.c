@@ -301,6 +301,15 @@ static void encode_value_int4(const kvp__enc_prims *e, const kvp__blockfmt *f, u
     }
 }
 
+/* Rows [t0, t0+n) in f's format, as given (f->rot aside). */
+static void encode_rows(const kvp__enc_prims *e, const kvp__blockfmt *f, uint8_t *b, int t0, int n,
+                        const float *x, size_t stride, float fp8_scale) {
+    if (kvp__format_is_plain(f->format)) encode_plain(e, f, b, t0, n, x, stride, fp8_scale);
+    else if (f->is_key) encode_key_int(e, f, b, x, stride);
+    else if (f->format == KVP_FORMAT_INT8) encode_value_int8(e, f, b, t0, n, x, stride);
+    else encode_value_int4(e, f, b, t0, n, x, stride);
+}
+
 /* Rows into the rotated basis (kvp__rot_forward), then encoded one at a
  * time: values only, per token. */
 static void encode_rotated(const kvp__enc_prims *e, const kvp__blockfmt *f, uint8_t *b, int t0, int n,
@@ -310,9 +319,7 @@ static void encode_rotated(const kvp__enc_prims *e, const kvp__blockfmt *f, uint
     for (int i = 0; i < n; i++) {
         memcpy(row, x + (size_t)i * stride, (size_t)D * sizeof(float));
         kvp__rot_forward(row, D);
-        if (kvp__format_is_plain(f->format)) encode_plain(e, f, b, t0 + i, 1, row, (size_t)D, fp8_scale);
-        else if (f->format == KVP_FORMAT_INT8) encode_value_int8(e, f, b, t0 + i, 1, row, (size_t)D);
-        else encode_value_int4(e, f, b, t0 + i, 1, row, (size_t)D);
+        encode_rows(e, f, b, t0 + i, 1, row, (size_t)D, fp8_scale);
     }
 }
 
@@ -320,10 +327,7 @@ uint64_t kvp__encode(const kvp__enc_prims *e, const kvp__blockfmt *f, void *bloc
                      const float *x, size_t stride, float fp8_scale) {
     uint8_t *b = (uint8_t *)block;
     if (f->rot) encode_rotated(e, f, b, t0, n, x, stride, fp8_scale);
-    else if (kvp__format_is_plain(f->format)) encode_plain(e, f, b, t0, n, x, stride, fp8_scale);
-    else if (f->is_key) encode_key_int(e, f, b, x, stride);
-    else if (f->format == KVP_FORMAT_INT8) encode_value_int8(e, f, b, t0, n, x, stride);
-    else encode_value_int4(e, f, b, t0, n, x, stride);
+    else encode_rows(e, f, b, t0, n, x, stride, fp8_scale);
     uint64_t used = kvp__block_used_bytes(f), padded = kvp__round_up_u64(used, KVP_BLOCK_ALIGN);
     if (padded > used) memset(b + used, 0, (size_t)(padded - used));
     uint64_t bad = 0;
