@@ -772,7 +772,7 @@ __device__ __forceinline__ void attention_body(const params &p) {
 
     /* ---- integer keys (copy pipeline, pool int8 / int4 keys): the layout of smem_plan::kint_bytes ---- */
     constexpr int QD = D / 4; /* channel quads */
-    static_assert(QD <= 64 && D / 8 <= 32, "a lane holds at most 2 quads, and at most 1 outlier entry");
+    static_assert(QD <= 64 && KVP__K4_OUTLIERS(KVP_FORMAT_INT4, D) <= 32, "a lane holds at most 2 quads, and at most 1 outlier entry");
     const bool kint = pipe && p.kint != 0;
     uint8_t *kint_at = reinterpret_cast<uint8_t *>(s_ids + TT * (pipe ? p.stages : 0));
     float *s_qf = reinterpret_cast<float *>(kint_at);                      /* [R][D] */
